@@ -1,0 +1,287 @@
+"""The offline trace checker (SPEC §8): verify a decision log against its own config.
+
+Safety properties, each with a finite bad prefix, are checked in log order and the first
+violation's position is reported:
+
+* AF       every assured arrival that fits its window's remaining floor is admitted entitled,
+           and no window grants more than `B` (recomputed from arrival times, the config's
+           `W`, `t0` and meter; the guard's own window field is not trusted);
+* DR       every drop satisfies `t + L(ℓ) > D` with the config's lower envelope;
+* ORDER    assured-first: no surplus request starts while a floor-entitled one waits;
+           FIFO: requests start (or drop) in admission order;
+* SLOTS    no backend ever has more than its `C` in flight;
+* TERMINAL every arrival ends in exactly one terminal outcome (reject, drop, complete, fail,
+           abort), and nothing ends twice or without arriving.
+
+SF (an entitled request completes by its deadline) is conditional (SPEC §6): late
+completions are reported, and fail the check only when `strict_sf` is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from floorguard.core.contract import ContractClass, DispatchOrder, GuardConfig, MeterKind
+from floorguard.core.events import (
+    TERMINAL_KINDS,
+    EventKind,
+    TraceEvent,
+    config_from_dict,
+    to_json,
+)
+from floorguard.core.request import RequestId
+from floorguard.errors import TraceError
+
+__all__ = ["CheckReport", "Violation", "check_trace", "format_prefix"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    prop: str
+    index: int
+    """Position of the violating event in the log (0-based); the bad prefix is [0, index]."""
+    request_id: RequestId | None
+    message: str
+
+
+@dataclass
+class CheckReport:
+    num_events: int = 0
+    num_requests: int = 0
+    num_entitled: int = 0
+    num_drops: int = 0
+    num_sf_late: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def failed(self, strict_sf: bool = False) -> list[Violation]:
+        return [v for v in self.violations if strict_sf or v.prop != "SF"]
+
+    def ok(self, strict_sf: bool = False) -> bool:
+        return not self.failed(strict_sf)
+
+
+@dataclass(slots=True)
+class _Open:
+    tenant: str | None
+    cls: ContractClass | None
+    arrival_at: float
+    deadline_at: float
+    num_output_tokens: int
+    num_prompt_tokens: int
+    expected_entitled: bool | None = None
+    entitled: bool = False
+    left_queue: bool = False
+    ended: bool = False
+    backend: int | None = None
+
+
+class _Checker:
+    def __init__(self, config: GuardConfig, report: CheckReport) -> None:
+        self.config = config
+        self.report = report
+        self.floors = {c.tenant: c.floor for c in config.contracts if c.assured}
+        self.used: dict[tuple[str, int], int] = {}
+        self.granted: Counter[tuple[str, int]] = Counter()
+        self.requests: dict[RequestId, _Open] = {}
+        self.waiting_entitled: set[RequestId] = set()
+        self.fifo: list[RequestId] = []
+        self.fifo_head = 0
+        self.in_flight = [0] * len(config.slots)
+        self.index = 0
+
+    def violate(self, prop: str, request_id: RequestId | None, message: str) -> None:
+        self.report.violations.append(Violation(prop, self.index, request_id, message))
+
+    def on_event(self, event: TraceEvent) -> None:
+        kind, rid = event.kind, event.request_id
+        if kind is EventKind.ARRIVE:
+            self._arrive(event)
+            return
+        if kind in (EventKind.PROPOSE, EventKind.ENQUEUE, EventKind.FIRST_TOKEN, EventKind.CONFIG):
+            return
+        state = self.requests.get(rid)  # type: ignore[arg-type]
+        if state is None:
+            self.violate("TERMINAL", rid, f"{kind.value} for a request that never arrived")
+            return
+        if state.ended:
+            self.violate("TERMINAL", rid, f"{kind.value} after the request already ended")
+            return
+        handler = getattr(self, f"_on_{kind.value}", None)
+        if handler is not None:
+            handler(event, state)
+        if kind in TERMINAL_KINDS:
+            state.ended = True
+            self.report.counts[kind.value] += 1
+
+    def _arrive(self, event: TraceEvent) -> None:
+        rid = event.request_id
+        if rid in self.requests:
+            self.violate("TERMINAL", rid, "arrived twice")
+            return
+        self.report.num_requests += 1
+        state = _Open(
+            event.tenant,
+            event.cls,
+            event.at,
+            event.deadline_at if event.deadline_at is not None else math.inf,
+            event.num_output_tokens or 0,
+            event.num_prompt_tokens or 0,
+        )
+        self.requests[rid] = state  # type: ignore[index]
+        floor = self.floors.get(event.tenant or "")
+        if floor is None:
+            return
+        schedule = self.config.schedule
+        window = math.floor((event.at - schedule.origin_at) / schedule.window_s)
+        weight = (
+            state.num_prompt_tokens + state.num_output_tokens
+            if self.config.meter is MeterKind.TOKEN
+            else 1
+        )
+        key = (event.tenant or "", window)
+        state.expected_entitled = self.used.get(key, 0) + weight <= floor
+        if state.expected_entitled:
+            self.used[key] = self.used.get(key, 0) + weight
+            self.report.num_entitled += 1
+
+    def _decided(self, state: _Open, rid: RequestId | None, entitled: bool, what: str) -> None:
+        if state.expected_entitled and not entitled:
+            self.violate("AF", rid, f"floor-entitled assured request was {what}")
+        if entitled and state.expected_entitled is False:
+            self.violate("AF", rid, "admitted from the floor beyond B in its window")
+        state.expected_entitled = None  # decided once
+
+    def _on_admit(self, event: TraceEvent, state: _Open) -> None:
+        state.entitled = bool(event.entitled)
+        if state.expected_entitled is not None:
+            self._decided(state, event.request_id, state.entitled, "admitted as surplus")
+        if state.entitled:
+            self.waiting_entitled.add(event.request_id)  # type: ignore[arg-type]
+        self.fifo.append(event.request_id)  # type: ignore[arg-type]
+
+    def _on_demote(self, event: TraceEvent, state: _Open) -> None:
+        if state.expected_entitled is not None:
+            self._decided(state, event.request_id, False, "demoted")
+
+    def _on_reject(self, event: TraceEvent, state: _Open) -> None:
+        if state.expected_entitled is not None:
+            self._decided(state, event.request_id, False, f"rejected ({event.reason})")
+
+    def _leave_queue(self, event: TraceEvent, state: _Open) -> None:
+        rid = event.request_id
+        dispatch = self.config.dispatch
+        if dispatch is DispatchOrder.ASSURED_FIRST and not state.entitled and self.waiting_entitled:
+            self.violate(
+                "ORDER",
+                rid,
+                f"surplus request left the queue while "
+                f"{len(self.waiting_entitled)} floor-entitled waited",
+            )
+        self.waiting_entitled.discard(rid)
+        if dispatch is DispatchOrder.FIFO:
+            self._skip_left()
+            if self.fifo_head < len(self.fifo) and self.fifo[self.fifo_head] != rid:
+                self.violate("ORDER", rid, "FIFO dispatch out of admission order")
+        state.left_queue = True
+
+    def _skip_left(self) -> None:
+        fifo, requests = self.fifo, self.requests
+        while self.fifo_head < len(fifo) and requests[fifo[self.fifo_head]].left_queue:
+            self.fifo_head += 1
+
+    def _on_dispatch(self, event: TraceEvent, state: _Open) -> None:
+        self._leave_queue(event, state)
+        backend = event.backend if event.backend is not None else 0
+        if not 0 <= backend < len(self.in_flight):
+            self.violate("SLOTS", event.request_id, f"dispatched to unknown backend {backend}")
+            return
+        state.backend = backend
+        self.in_flight[backend] += 1
+        if self.in_flight[backend] > self.config.slots[backend]:
+            self.violate(
+                "SLOTS",
+                event.request_id,
+                f"backend {backend} has {self.in_flight[backend]} in flight > C = "
+                f"{self.config.slots[backend]}",
+            )
+
+    def _on_drop(self, event: TraceEvent, state: _Open) -> None:
+        self._leave_queue(event, state)
+        self.report.num_drops += 1
+        lower = self.config.lower_envelope
+        if lower is None:
+            self.violate("DR", event.request_id, "dropped, but the config has no lower envelope")
+        elif not event.at + lower.at(state.num_output_tokens) > state.deadline_at:
+            slack = state.deadline_at - event.at - lower.at(state.num_output_tokens)
+            self.violate(
+                "DR",
+                event.request_id,
+                f"dropped with t + L(ℓ) ≤ D (slack {slack * 1e3:.1f} ms): not doomed",
+            )
+
+    def _free(self, state: _Open) -> None:
+        if state.backend is not None:
+            self.in_flight[state.backend] -= 1
+            state.backend = None
+
+    def _on_complete(self, event: TraceEvent, state: _Open) -> None:
+        self._free(state)
+        if state.entitled and event.at > state.deadline_at:
+            self.report.num_sf_late += 1
+            self.violate(
+                "SF",
+                event.request_id,
+                f"floor-entitled request completed "
+                f"{(event.at - state.deadline_at) * 1e3:.1f} ms after its deadline",
+            )
+
+    def _on_fail(self, event: TraceEvent, state: _Open) -> None:
+        self._free(state)
+
+    def _on_abort(self, event: TraceEvent, state: _Open) -> None:
+        self._free(state)
+        state.left_queue = True
+        self.waiting_entitled.discard(event.request_id)
+
+
+def check_trace(events: Iterable[TraceEvent], *, allow_open: bool = False) -> CheckReport:
+    """Check a whole log. `allow_open` accepts requests still open at the end (a live log)."""
+    report = CheckReport()
+    checker: _Checker | None = None
+    for index, event in enumerate(events):
+        report.num_events += 1
+        if event.kind is EventKind.CONFIG:
+            if event.data is None:
+                raise TraceError("config event without a configuration")
+            checker = _Checker(config_from_dict(event.data), report)
+            continue
+        if checker is None:
+            raise TraceError("the trace must start with a config event")
+        checker.index = index
+        checker.on_event(event)
+    if checker is None:
+        raise TraceError("the trace has no config event")
+    if not allow_open:
+        checker.index = report.num_events
+        for rid, state in checker.requests.items():
+            if not state.ended:
+                checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
+    return report
+
+
+def format_prefix(events: Sequence[TraceEvent], violation: Violation, context: int = 8) -> str:
+    """The tail of the shortest bad prefix, ending at the violating event."""
+    start = max(0, violation.index - context + 1)
+    lines = [
+        f"  {i:>7}  {to_json(e)}"
+        for i, e in enumerate(events[start : violation.index + 1], start=start)
+    ]
+    head = (
+        f"first violation: {violation.prop} at event {violation.index} "
+        f"(request {violation.request_id!r}): {violation.message}"
+    )
+    return "\n".join([head, f"bad prefix: events 0..{violation.index}; its last lines:", *lines])

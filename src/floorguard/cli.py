@@ -1,0 +1,264 @@
+"""The `floorguard` command line.
+
+floorguard simulate --scenario marquee [--policy guard] [--learner NAME] [--reps N] …
+floorguard verify TRACE.jsonl [--strict-sf] [--allow-open] [--json]
+floorguard bench sim|calibration [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from floorguard.analysis.checker import check_trace, format_prefix
+from floorguard.analysis.metrics import RunMetrics, measure
+from floorguard.analysis.records import fold_trace
+from floorguard.analysis.summary import pool_runs
+from floorguard.bench import bench_calibration, bench_sim
+from floorguard.core.events import read_jsonl, write_jsonl
+from floorguard.core.monitors import assumption_report
+from floorguard.errors import FloorguardError
+from floorguard.learners.registry import LEARNERS
+from floorguard.sim.profiles import PROFILES
+from floorguard.sim.run import SimRun, simulate_once
+from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario
+
+__all__ = ["main"]
+
+POLICIES = ("guard",)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="floorguard", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sim = commands.add_parser("simulate", help="run a scenario on the simulator")
+    sim.add_argument("--scenario", default="marquee", choices=sorted(SCENARIOS))
+    sim.add_argument("--policy", default="guard", choices=POLICIES)
+    sim.add_argument("--learner", default="always-admit", choices=sorted(LEARNERS))
+    sim.add_argument("--reps", type=int, default=1, help="independent seeded runs (default 1)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--profile", choices=sorted(PROFILES), help="service profile override")
+    sim.add_argument("--floor", type=int, help="B: credits per window of every assured tenant")
+    sim.add_argument("--slots", type=int, help="C: slots of every backend")
+    sim.add_argument("--deadline-ms", type=float, help="deadline budget of every contract")
+    sim.add_argument(
+        "--trace-out",
+        type=Path,
+        help="write the decision log (JSONL); with --reps > 1, one file per rep "
+        "named FILE-repN.jsonl",
+    )
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+
+    verify = commands.add_parser("verify", help="check a decision log for AF, DR, SF, order")
+    verify.add_argument("trace", type=Path)
+    verify.add_argument(
+        "--strict-sf",
+        action="store_true",
+        help="also fail on late floor-entitled completions (SF is conditional)",
+    )
+    verify.add_argument(
+        "--allow-open",
+        action="store_true",
+        help="accept requests with no terminal outcome yet (a live log)",
+    )
+    verify.add_argument("--json", action="store_true")
+
+    bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
+    bench_sim.add_argument("--duration-s", type=float, default=600.0)
+    bench_sim.add_argument("--repeats", type=int, default=3)
+    bench_sim.add_argument("--json", action="store_true")
+    bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
+    bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
+    bench_cal.add_argument("--json", action="store_true")
+    return parser
+
+
+def _rep_seeds(seed: int, reps: int) -> list[int]:
+    return [int(s) for s in np.random.SeedSequence(seed).generate_state(reps)]
+
+
+def _trace_path(base: Path, rep: int, reps: int) -> Path:
+    return base if reps == 1 else base.with_name(f"{base.stem}-rep{rep}{base.suffix or '.jsonl'}")
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    deadline_s = args.deadline_ms / 1e3 if args.deadline_ms is not None else None
+    return create_scenario(args.scenario).with_overrides(
+        floor=args.floor, slots=args.slots, deadline_s=deadline_s, profile=args.profile
+    )
+
+
+def _assumptions(scenario: Scenario, runs: list[SimRun]) -> dict[str, Any]:
+    guards = [r.guard for r in runs]
+    report = assumption_report(
+        scenario.guard_config(),
+        num_output_tokens=max((g.max_assured_tokens for g in guards), default=0) or 16,
+        max_service_s=max(g.envelope.max_service_s for g in guards),
+        num_above_ceiling=sum(g.envelope.num_above_upper for g in guards),
+        max_backlog=max(g.backlog.max_backlog for g in guards),
+    )
+    return asdict(report)
+
+
+def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
+    if args.reps < 1:
+        raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
+    scenario = _scenario(args)
+    started = time.perf_counter()
+    runs: list[SimRun] = []
+    metrics: list[RunMetrics] = []
+    with Progress(console=console, transient=True, disable=args.reps == 1) as progress:
+        task = progress.add_task(f"{scenario.name} × {args.reps} reps", total=args.reps)
+        for rep, seed in enumerate(_rep_seeds(args.seed, args.reps)):
+            run = simulate_once(scenario, seed=seed, learner=args.learner)
+            assert run.events is not None
+            if args.trace_out is not None:
+                write_jsonl(run.events, str(_trace_path(args.trace_out, rep, args.reps)))
+            metrics.append(measure(fold_trace(run.events)))
+            run.events = None  # keep the monitors, not the log
+            runs.append(run)
+            progress.advance(task)
+    sim_wall_s = sum(r.wall_s for r in runs)
+    num_requests = sum(r.num_requests for r in runs)
+    summary = {
+        "scenario": scenario.name,
+        "policy": args.policy,
+        "learner": args.learner,
+        "profile": scenario.profile.name,
+        "seed": args.seed,
+        "floor": scenario.guard_config().total_floor,
+        "slots": scenario.slots[0],
+        "deadline_ms": min(c.deadline_budget_s for c in scenario.contracts) * 1e3,
+        **pool_runs(metrics),
+        "assumptions": _assumptions(scenario, runs),
+        "learner_faults": sum(r.guard.stats.learner_faults for r in runs),
+        "reps": args.reps,
+        "num_requests": num_requests,
+        "wall_s": time.perf_counter() - started,
+        "sim_requests_per_s": num_requests / sim_wall_s if sim_wall_s > 0 else None,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary, console)
+    return 0
+
+
+def _fmt(value: Any, percent: bool = False) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1%}" if percent else str(value)
+
+
+def _print_summary(s: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"{s['scenario']} · policy {s['policy']} · learner {s['learner']} · "
+        f"{s['profile']} · B={s['floor']} C={s['slots']} "
+        f"d={s['deadline_ms']:.0f} ms · {s['reps']} rep(s)"
+    )
+    for column in ("class", "offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"):
+        table.add_column(column, justify="right")
+    for name in ("assured", "opportunistic"):
+        c = s[name]
+        table.add_row(
+            name,
+            *(str(c[k]) for k in ("offered", "admitted", "rejected", "dropped", "late")),
+            _fmt(c["miss"], True),
+            _fmt(c["unmet"], True),
+        )
+    console.print(table)
+    a, region = s["assured"], s["assumptions"]
+    console.print(
+        f"floor-entitled attainment {_fmt(a['attainment'], True)} of {a['entitled']} "
+        f"(worst phase {_fmt(a['attainment_worst_phase'], True)} at φ = "
+        f"{a['worst_phase_ms']:.0f} ms) · ρ_eff {s['rho_eff']:.2f} · "
+        f"max Q_A {s['max_assured_backlog']}"
+    )
+    where = "inside" if region["inside"] else "outside"
+    console.print(
+        f"SPEC §6 region: {where}"
+        + ("" if region["inside"] else f" ({'; '.join(region['reasons'])})")
+    )
+    console.print(f"{s['num_requests']} simulated requests in {s['wall_s']:.2f} s")
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    events = list(read_jsonl(str(args.trace)))
+    report = check_trace(events, allow_open=args.allow_open)
+    failed = report.failed(args.strict_sf)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ok": not failed,
+                    "num_events": report.num_events,
+                    "num_requests": report.num_requests,
+                    "num_entitled": report.num_entitled,
+                    "num_drops": report.num_drops,
+                    "num_sf_late": report.num_sf_late,
+                    "outcomes": dict(report.counts),
+                    "violations": [asdict(v) for v in report.violations[:100]],
+                },
+                indent=2,
+            )
+        )
+    else:
+        console.print(
+            f"{report.num_requests} requests, {report.num_events} events: "
+            f"{report.num_entitled} floor-entitled, {report.num_drops} drops, "
+            f"outcomes {dict(report.counts)}"
+        )
+        if report.num_sf_late:
+            console.print(
+                f"SF: {report.num_sf_late} floor-entitled requests completed late "
+                f"(conditional property, SPEC §6)"
+            )
+        if failed:
+            console.print(format_prefix(events, failed[0]), markup=False, highlight=False)
+            console.print(f"FAIL: {len(failed)} violation(s)")
+        else:
+            console.print(
+                "OK: AF, DR, ORDER, SLOTS, TERMINAL hold" + (", SF holds" if args.strict_sf else "")
+            )
+    return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.bench == "sim":
+        result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
+    else:
+        result = bench_calibration(fit=args.fit)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print_json(json.dumps(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(stderr=True) if getattr(args, "json", False) else Console()
+    commands = {"simulate": cmd_simulate, "verify": cmd_verify, "bench": cmd_bench}
+    try:
+        return commands[args.command](args, console)
+    except FloorguardError as exc:
+        print(f"floorguard {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""Contracts, the window schedule and the guard's configuration (SPEC §3).
+
+All of these are frozen and validated on construction: a bad value raises `ConfigError`
+naming the field, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from floorguard.errors import require
+
+__all__ = [
+    "AffineEnvelope",
+    "Contract",
+    "ContractClass",
+    "DispatchOrder",
+    "ExcessPolicy",
+    "GuardConfig",
+    "MeterKind",
+    "WindowSchedule",
+]
+
+
+class ContractClass(StrEnum):
+    ASSURED = "assured"
+    """Has a reserved floor of `B` credits per window ("A95" in reports)."""
+    OPPORTUNISTIC = "opportunistic"
+    """Served from the surplus only, as the learner proposes ("A10" in reports)."""
+
+
+class ExcessPolicy(StrEnum):
+    """What happens to an assured request that arrives after its window's floor is spent."""
+
+    REJECT = "reject"
+    """Refuse it with reason `floor_exhausted` (protects the floor at tight deadlines)."""
+    DEMOTE = "demote"
+    """Admit it as surplus at opportunistic priority, with no SF promise."""
+
+
+class MeterKind(StrEnum):
+    COUNT = "count"
+    """Every request weighs 1 credit."""
+    TOKEN = "token"
+    """A request weighs its prompt tokens plus its output cap (`max_tokens`)."""
+
+
+class DispatchOrder(StrEnum):
+    ASSURED_FIRST = "assured-first"
+    """Oldest floor-entitled request first; the surplus only when none waits (SPEC §4.2)."""
+    FIFO = "fifo"
+    """One queue in arrival order: the fault-injection baseline."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSchedule:
+    """Tumbling windows `I_k = [origin_at + k·W, origin_at + (k+1)·W)` (SPEC §1, §3)."""
+
+    window_s: float = 1.0
+    """Window length `W` in seconds."""
+    origin_at: float = 0.0
+    """The shared epoch `t0`; the contract and the guard must agree on it."""
+
+    def __post_init__(self) -> None:
+        require(
+            math.isfinite(self.window_s) and self.window_s > 0,
+            "window_s",
+            self.window_s,
+            "must be a finite number of seconds > 0",
+        )
+        require(math.isfinite(self.origin_at), "origin_at", self.origin_at, "must be finite")
+
+    def index_at(self, at: float) -> int:
+        """Window index `k = floor((at − t0) / W)`."""
+        return math.floor((at - self.origin_at) / self.window_s)
+
+    def start_of(self, index: int) -> float:
+        return self.origin_at + index * self.window_s
+
+
+@dataclass(frozen=True, slots=True)
+class AffineEnvelope:
+    """A service-time bound `base_s + per_token_s · ℓ` for ℓ output tokens."""
+
+    base_s: float
+    per_token_s: float
+
+    def __post_init__(self) -> None:
+        require(
+            math.isfinite(self.base_s) and self.base_s >= 0, "base_s", self.base_s, "must be ≥ 0"
+        )
+        require(
+            math.isfinite(self.per_token_s) and self.per_token_s >= 0,
+            "per_token_s",
+            self.per_token_s,
+            "must be ≥ 0",
+        )
+
+    def at(self, num_output_tokens: int) -> float:
+        return self.base_s + self.per_token_s * num_output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """One tenant's contract. The tenant name is the authenticated identity (SPEC §2)."""
+
+    tenant: str
+    cls: ContractClass
+    deadline_budget_s: float
+    """`d`: a request arriving at `t` is due at `D = t + d`."""
+    floor: int = 0
+    """`B`: credits reserved per window (assured only; 0 for opportunistic)."""
+    excess_policy: ExcessPolicy = ExcessPolicy.REJECT
+    """What happens to assured arrivals beyond the floor (SPEC §4.1)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.tenant), "tenant", self.tenant, "must be a non-empty string")
+        require(
+            isinstance(self.cls, ContractClass),
+            "cls",
+            self.cls,
+            f"must be one of {[c.value for c in ContractClass]}",
+        )
+        require(
+            math.isfinite(self.deadline_budget_s) and self.deadline_budget_s > 0,
+            "deadline_budget_s",
+            self.deadline_budget_s,
+            "must be a finite number of seconds > 0",
+        )
+        if self.cls is ContractClass.ASSURED:
+            require(
+                isinstance(self.floor, int) and self.floor >= 1,
+                "floor",
+                self.floor,
+                "an assured contract needs an integer floor B ≥ 1",
+            )
+        else:
+            require(
+                self.floor == 0, "floor", self.floor, "an opportunistic contract has no floor (0)"
+            )
+
+    @property
+    def assured(self) -> bool:
+        return self.cls is ContractClass.ASSURED
+
+
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """Everything the guard core needs to decide; validated as a whole on construction."""
+
+    contracts: tuple[Contract, ...]
+    schedule: WindowSchedule = field(default_factory=WindowSchedule)
+    slots: tuple[int, ...] = (4,)
+    """`C` per backend (vLLM's `max_num_seqs`); the guard never has more in flight."""
+    dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
+    meter: MeterKind = MeterKind.COUNT
+    lower_envelope: AffineEnvelope | None = None
+    """`L(ℓ)` for the doom gate; no gate when absent (DR is optional, SPEC §4.3)."""
+    upper_envelope: AffineEnvelope | None = None
+    """`s_max(ℓ)` (the service ceiling) for the monitors and the §6 report."""
+
+    def __post_init__(self) -> None:
+        require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")
+        tenants = [c.tenant for c in self.contracts]
+        duplicates = sorted({t for t in tenants if tenants.count(t) > 1})
+        require(not duplicates, "contracts", duplicates, "each tenant may have only one contract")
+        require(len(self.slots) > 0, "slots", self.slots, "needs at least one backend")
+        for i, c in enumerate(self.slots):
+            require(isinstance(c, int) and c >= 1, f"slots[{i}]", c, "must be an integer C ≥ 1")
+        require(
+            isinstance(self.dispatch, DispatchOrder),
+            "dispatch",
+            self.dispatch,
+            f"must be one of {[d.value for d in DispatchOrder]}",
+        )
+        require(
+            isinstance(self.meter, MeterKind),
+            "meter",
+            self.meter,
+            f"must be one of {[m.value for m in MeterKind]}",
+        )
+
+    def contract_for(self, tenant: str) -> Contract | None:
+        for contract in self.contracts:
+            if contract.tenant == tenant:
+                return contract
+        return None
+
+    @property
+    def total_slots(self) -> int:
+        return sum(self.slots)
+
+    @property
+    def total_floor(self) -> int:
+        """Sum of the assured reservations: what capacity must hold against (SPEC §3, §6)."""
+        return sum(c.floor for c in self.contracts)

@@ -1,0 +1,154 @@
+"""Non-preemptive slot dispatch (SPEC §4.2): the guard owns the queue, backends own slots.
+
+A `Ticket` is the guard's record of one admitted request. The dispatchers only order
+tickets; the `SlotPool` only counts slots. Neither reads a clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+
+from floorguard.core.contract import Contract, DispatchOrder
+from floorguard.core.request import Request
+
+__all__ = [
+    "AssuredFirstDispatcher",
+    "Dispatcher",
+    "FifoDispatcher",
+    "SlotPool",
+    "Ticket",
+    "create_dispatcher",
+]
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    request: Request
+    contract: Contract
+    deadline_at: float
+    entitled: bool
+    """Admitted from the floor: dispatched in the assured queue, SF applies."""
+    window_index: int | None
+    seq: int
+    """Admission order: the arrival-order tie-break."""
+    relabel_rank: int = 1
+    """0 when the learner relabelled a surplus request upward; orders the surplus only."""
+    hint: float = 0.0
+    """The learner's priority hint (lower first); orders the surplus only."""
+    cancelled: bool = False
+    backend: int = -1
+    dispatched_at: float = float("nan")
+
+
+class Dispatcher(ABC):
+    """Orders queued tickets. `pop` returns the next one to start, or None."""
+
+    def __init__(self) -> None:
+        self.num_queued = 0
+        self.num_queued_entitled = 0
+
+    @abstractmethod
+    def push(self, ticket: Ticket) -> None: ...
+
+    @abstractmethod
+    def _pop_live(self) -> Ticket | None: ...
+
+    def pop(self) -> Ticket | None:
+        ticket = self._pop_live()
+        if ticket is not None:
+            self._count(ticket, -1)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Remove a queued ticket (client gone); removal is lazy, the counts are not."""
+        ticket.cancelled = True
+        self._count(ticket, -1)
+
+    def _count(self, ticket: Ticket, delta: int) -> None:
+        self.num_queued += delta
+        if ticket.entitled:
+            self.num_queued_entitled += delta
+
+
+class AssuredFirstDispatcher(Dispatcher):
+    """Oldest floor-entitled ticket first; the surplus only when none waits, ordered by
+    (learner relabel, learner hint, arrival). The hint never reaches the assured queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._assured: deque[Ticket] = deque()
+        self._surplus: list[tuple[int, float, int, Ticket]] = []
+
+    def push(self, ticket: Ticket) -> None:
+        self._count(ticket, +1)
+        if ticket.entitled:
+            self._assured.append(ticket)
+        else:
+            heapq.heappush(self._surplus, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
+
+    def _pop_live(self) -> Ticket | None:
+        while self._assured:
+            ticket = self._assured.popleft()
+            if not ticket.cancelled:
+                return ticket
+        while self._surplus:
+            ticket = heapq.heappop(self._surplus)[3]
+            if not ticket.cancelled:
+                return ticket
+        return None
+
+
+class FifoDispatcher(Dispatcher):
+    """One queue in admission order, whatever the class: the fault-injection baseline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: deque[Ticket] = deque()
+
+    def push(self, ticket: Ticket) -> None:
+        self._count(ticket, +1)
+        self._queue.append(ticket)
+
+    def _pop_live(self) -> Ticket | None:
+        while self._queue:
+            ticket = self._queue.popleft()
+            if not ticket.cancelled:
+                return ticket
+        return None
+
+
+def create_dispatcher(order: DispatchOrder) -> Dispatcher:
+    if order is DispatchOrder.FIFO:
+        return FifoDispatcher()
+    return AssuredFirstDispatcher()
+
+
+class SlotPool:
+    """`C` slots per backend. `acquire` picks the backend with the most free slots (lowest
+    index on a tie), so load spreads and no backend ever exceeds its `C`."""
+
+    def __init__(self, slots: tuple[int, ...]) -> None:
+        self.capacity = slots
+        self._free = list(slots)
+        self.num_free = sum(slots)
+
+    def acquire(self) -> int:
+        if self.num_free <= 0:
+            raise RuntimeError("acquire() with no free slot: the caller must check num_free")
+        free = self._free
+        backend = max(range(len(free)), key=free.__getitem__)
+        free[backend] -= 1
+        self.num_free -= 1
+        return backend
+
+    def release(self, backend: int) -> None:
+        if self._free[backend] >= self.capacity[backend]:
+            raise RuntimeError(f"release() of backend {backend} with no slot in use")
+        self._free[backend] += 1
+        self.num_free += 1
+
+    def in_flight(self, backend: int) -> int:
+        return self.capacity[backend] - self._free[backend]

@@ -1,0 +1,186 @@
+"""Trace events: every decision of the guard as one JSONL line (schema in docs/trace.md).
+
+One schema serves the simulator and the HTTP proxy, so `floorguard verify` and the metrics
+read either. Events are plain tuples for speed; `to_json`/`from_json` map them to the wire
+names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from floorguard.core.contract import (
+    AffineEnvelope,
+    Contract,
+    ContractClass,
+    DispatchOrder,
+    ExcessPolicy,
+    GuardConfig,
+    MeterKind,
+    WindowSchedule,
+)
+from floorguard.core.request import RequestId
+from floorguard.errors import TraceError
+
+__all__ = [
+    "TERMINAL_KINDS",
+    "EventKind",
+    "TraceEvent",
+    "config_from_dict",
+    "config_to_dict",
+    "read_jsonl",
+    "write_jsonl",
+]
+
+
+class EventKind(StrEnum):
+    CONFIG = "config"
+    """First line of a trace: the guard configuration the checker verifies against."""
+    ARRIVE = "arrive"
+    PROPOSE = "propose"
+    ADMIT = "admit"
+    REJECT = "reject"
+    DEMOTE = "demote"
+    ENQUEUE = "enqueue"
+    DISPATCH = "dispatch"
+    DROP = "drop"
+    FIRST_TOKEN = "first_token"
+    COMPLETE = "complete"
+    ABORT = "abort"
+    FAIL = "fail"
+
+
+TERMINAL_KINDS = frozenset(
+    {EventKind.REJECT, EventKind.DROP, EventKind.COMPLETE, EventKind.ABORT, EventKind.FAIL}
+)
+"""Every offered request ends in exactly one of these."""
+
+
+class TraceEvent(NamedTuple):
+    at: float  # t: seconds on the driver's clock
+    kind: EventKind  # event
+    request_id: RequestId | None = None  # id
+    tenant: str | None = None  # tenant (authenticated)
+    cls: ContractClass | None = None  # class: the true contract class
+    window: int | None = None  # window: meter window index k
+    entitled: bool | None = None  # entitled: admitted from the floor
+    reason: str | None = None  # reason: why rejected / dropped / failed / aborted
+    backend: int | None = None  # backend: index of the backend dispatched to
+    deadline_at: float | None = None  # deadline: D(R)
+    num_output_tokens: int | None = None  # tokens: ℓ
+    num_prompt_tokens: int | None = None  # prompt_tokens
+    scheduled_at: float | None = None  # scheduled: the workload's intended fire time
+    admit: bool | None = None  # admit: the learner's proposal
+    proposed_cls: str | None = None  # proposed_class: the learner's relabel, if any
+    hint: float | None = None  # hint: the learner's priority hint
+    data: Mapping[str, Any] | None = None  # config: the guard configuration (config only)
+
+
+_WIRE_NAMES = {
+    "at": "t",
+    "kind": "event",
+    "request_id": "id",
+    "cls": "class",
+    "deadline_at": "deadline",
+    "num_output_tokens": "tokens",
+    "num_prompt_tokens": "prompt_tokens",
+    "scheduled_at": "scheduled",
+    "proposed_cls": "proposed_class",
+    "data": "config",
+}
+_FIELD_NAMES = {wire: name for name, wire in _WIRE_NAMES.items()}
+
+
+def to_json(event: TraceEvent) -> str:
+    record = {
+        _WIRE_NAMES.get(name, name): value
+        for name, value in zip(TraceEvent._fields, event, strict=True)
+        if value is not None
+    }
+    return json.dumps(record, separators=(",", ":"))
+
+
+def from_json(line: str, line_no: int = 0) -> TraceEvent:
+    try:
+        record = json.loads(line)
+        fields = {_FIELD_NAMES.get(k, k): v for k, v in record.items()}
+        fields["kind"] = EventKind(fields["kind"])
+        if fields.get("cls") is not None:
+            fields["cls"] = ContractClass(fields["cls"])
+        return TraceEvent(**fields)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TraceError(
+            f"trace line {line_no}: not a trace event ({exc}): {line[:120]!r}"
+        ) from exc
+
+
+def write_jsonl(events: Iterable[TraceEvent], path: str) -> int:
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for event in events:
+            f.write(to_json(event))
+            f.write("\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: str) -> Iterator[TraceEvent]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                yield from_json(line, line_no)
+
+
+def config_to_dict(config: GuardConfig) -> dict[str, Any]:
+    def envelope(e: AffineEnvelope | None) -> dict[str, float] | None:
+        return None if e is None else {"base_s": e.base_s, "per_token_s": e.per_token_s}
+
+    return {
+        "window_s": config.schedule.window_s,
+        "origin_at": config.schedule.origin_at,
+        "slots": list(config.slots),
+        "dispatch": config.dispatch.value,
+        "meter": config.meter.value,
+        "lower_envelope": envelope(config.lower_envelope),
+        "upper_envelope": envelope(config.upper_envelope),
+        "contracts": [
+            {
+                "tenant": c.tenant,
+                "class": c.cls.value,
+                "deadline_budget_s": c.deadline_budget_s,
+                "floor": c.floor,
+                "excess_policy": c.excess_policy.value,
+            }
+            for c in config.contracts
+        ],
+    }
+
+
+def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
+    def envelope(e: Mapping[str, float] | None) -> AffineEnvelope | None:
+        return None if e is None else AffineEnvelope(e["base_s"], e["per_token_s"])
+
+    try:
+        return GuardConfig(
+            contracts=tuple(
+                Contract(
+                    tenant=c["tenant"],
+                    cls=ContractClass(c["class"]),
+                    deadline_budget_s=c["deadline_budget_s"],
+                    floor=c["floor"],
+                    excess_policy=ExcessPolicy(c["excess_policy"]),
+                )
+                for c in data["contracts"]
+            ),
+            schedule=WindowSchedule(data["window_s"], data["origin_at"]),
+            slots=tuple(data["slots"]),
+            dispatch=DispatchOrder(data["dispatch"]),
+            meter=MeterKind(data["meter"]),
+            lower_envelope=envelope(data.get("lower_envelope")),
+            upper_envelope=envelope(data.get("upper_envelope")),
+        )
+    except (KeyError, TypeError) as exc:
+        raise TraceError(f"config event is missing or mistypes {exc}") from exc

@@ -1,0 +1,538 @@
+"""The guard: class binding, meter, learner, dispatcher, doom gate and monitors composed.
+
+Pure: no I/O, no clock reads. A driver (the simulator, the HTTP proxy) calls
+
+    on_arrival(request, now)      -> Admission
+    poll(now)                     -> [Dispatch | Drop, ...]   (fill free slots)
+    on_first_token(id, now)
+    on_complete(id, now)          -> Completion
+    on_fail(id, now, reason) / on_abort(id, now, reason)
+
+and gets decisions back as data; every decision is also a `TraceEvent` given to `sink`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from floorguard.core.contract import (
+    Contract,
+    ContractClass,
+    ExcessPolicy,
+    GuardConfig,
+)
+from floorguard.core.dispatcher import SlotPool, Ticket, create_dispatcher
+from floorguard.core.doom import DoomGate, DoomVerdict
+from floorguard.core.events import EventKind, TraceEvent, config_to_dict
+from floorguard.core.learner import Learner, LoadSnapshot, Proposal, is_well_formed
+from floorguard.core.meter import MeterVerdict, ReservationMeter
+from floorguard.core.monitors import (
+    AssumptionReport,
+    BacklogMonitor,
+    CapacityMonitor,
+    EnvelopeMonitor,
+    assumption_report,
+)
+from floorguard.core.request import Request, RequestId
+from floorguard.store.base import CreditStore
+from floorguard.store.memory import MemoryCreditStore
+
+__all__ = [
+    "Admission",
+    "Completion",
+    "Dispatch",
+    "Drop",
+    "Guard",
+    "GuardStats",
+    "RejectReason",
+]
+
+ASSURED = ContractClass.ASSURED
+Sink = Callable[[TraceEvent], None]
+
+
+class RejectReason(StrEnum):
+    UNKNOWN_TENANT = "unknown_tenant"
+    FLOOR_EXHAUSTED = "floor_exhausted"
+    COST_EXCESS = "cost_excess"
+    LEARNER_REJECT = "learner_reject"
+    LEARNER_FAULT = "learner_fault"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    request_id: RequestId
+    admitted: bool
+    cls: ContractClass | None
+    entitled: bool
+    """Admitted from the floor (AF); SF applies."""
+    demoted: bool
+    window_index: int | None
+    deadline_at: float | None
+    reason: RejectReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    request: Request
+    backend: int
+    at: float
+    entitled: bool
+    deadline_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    request: Request
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    request_id: RequestId
+    at: float
+    service_s: float
+    late: bool
+
+
+@dataclass(slots=True)
+class ClassStats:
+    offered: int = 0
+    admitted: int = 0
+    entitled: int = 0
+    demoted: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    completed: int = 0
+    late: int = 0
+    failed: int = 0
+    aborted: int = 0
+
+
+@dataclass(slots=True)
+class GuardStats:
+    per_class: dict[ContractClass, ClassStats] = field(
+        default_factory=lambda: {c: ClassStats() for c in ContractClass}
+    )
+    rejected_by_reason: dict[RejectReason, int] = field(
+        default_factory=lambda: dict.fromkeys(RejectReason, 0)
+    )
+    learner_calls: int = 0
+    learner_faults: int = 0
+    doom_uncertain: int = 0
+    unknown_tenant: int = 0
+
+
+class Guard:
+    def __init__(
+        self,
+        config: GuardConfig,
+        *,
+        learner: Learner,
+        store: CreditStore | None = None,
+        sink: Sink | None = None,
+        started_at: float = 0.0,
+    ) -> None:
+        self.config = config
+        self._learner = learner
+        self._contracts = {c.tenant: c for c in config.contracts}
+        self._meter = ReservationMeter(
+            config.schedule, store if store is not None else MemoryCreditStore(), config.meter
+        )
+        self._queue = create_dispatcher(config.dispatch)
+        self._slots = SlotPool(config.slots)
+        self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
+        self.envelope = EnvelopeMonitor(config.lower_envelope, config.upper_envelope)
+        self.backlog = BacklogMonitor(config.total_floor)
+        self.capacity = CapacityMonitor(config.schedule, config.total_floor)
+        self.stats = GuardStats()
+        self._in_flight: dict[RequestId, Ticket] = {}
+        self._queued: dict[RequestId, Ticket] = {}
+        self._seq = 0
+        self._max_assured_tokens = 0
+        self._sink = sink
+        if sink is not None:
+            sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
+
+    # -- arrival --------------------------------------------------------------------------
+
+    def on_arrival(
+        self, request: Request, now: float, scheduled_at: float | None = None
+    ) -> Admission:
+        """Bind the class from the tenant, charge the floor, ask the learner for the surplus."""
+        contract = self._contracts.get(request.tenant)
+        sink = self._sink
+        if sink is not None:
+            sink(
+                TraceEvent(
+                    now,
+                    EventKind.ARRIVE,
+                    request.request_id,
+                    request.tenant,
+                    contract.cls if contract else None,
+                    deadline_at=request.arrival_at + contract.deadline_budget_s
+                    if contract
+                    else None,
+                    num_output_tokens=request.num_output_tokens,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    scheduled_at=scheduled_at,
+                )
+            )
+        if contract is None:
+            self.stats.unknown_tenant += 1
+            return self._reject(request, None, None, RejectReason.UNKNOWN_TENANT, now)
+        stats = self.stats.per_class[contract.cls]
+        stats.offered += 1
+        deadline_at = request.arrival_at + contract.deadline_budget_s
+        if contract.cls is not ASSURED:
+            return self._admit_surplus(request, contract, deadline_at, None, now, demoted=False)
+        self._max_assured_tokens = max(self._max_assured_tokens, request.num_output_tokens)
+        charge = self._meter.charge(contract, request, now)
+        if charge.verdict is MeterVerdict.ENTITLED:
+            stats.entitled += 1
+            return self._admit(
+                request, contract, deadline_at, charge.window_index, now, entitled=True
+            )
+        if charge.verdict is MeterVerdict.COST_EXCESS:
+            return self._reject(
+                request, contract, charge.window_index, RejectReason.COST_EXCESS, now
+            )
+        if contract.excess_policy is ExcessPolicy.REJECT:
+            return self._reject(
+                request, contract, charge.window_index, RejectReason.FLOOR_EXHAUSTED, now
+            )
+        stats.demoted += 1
+        if sink is not None:
+            sink(
+                TraceEvent(
+                    now,
+                    EventKind.DEMOTE,
+                    request.request_id,
+                    request.tenant,
+                    contract.cls,
+                    window=charge.window_index,
+                    reason="burst_excess",
+                )
+            )
+        return self._admit_surplus(
+            request, contract, deadline_at, charge.window_index, now, demoted=True
+        )
+
+    def _admit_surplus(
+        self,
+        request: Request,
+        contract: Contract,
+        deadline_at: float,
+        window_index: int | None,
+        now: float,
+        *,
+        demoted: bool,
+    ) -> Admission:
+        proposal = self._ask_learner(request, contract, now)
+        if proposal is None:
+            return self._reject(request, contract, window_index, RejectReason.LEARNER_FAULT, now)
+        if not proposal.admit:
+            return self._reject(request, contract, window_index, RejectReason.LEARNER_REJECT, now)
+        # SPEC §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
+        rank = 0 if proposal.proposed_class is ASSURED else 1
+        return self._admit(
+            request,
+            contract,
+            deadline_at,
+            window_index,
+            now,
+            entitled=False,
+            demoted=demoted,
+            rank=rank,
+            hint=float(proposal.priority_hint),
+        )
+
+    def _ask_learner(self, request: Request, contract: Contract, now: float) -> Proposal | None:
+        """The learner's proposal, or None for a fault (exception or malformed answer)."""
+        self.stats.learner_calls += 1
+        load = LoadSnapshot(
+            len(self._in_flight),
+            self._queue.num_queued_entitled,
+            self._queue.num_queued - self._queue.num_queued_entitled,
+            self.config.total_slots,
+        )
+        try:
+            proposal: Any = self._learner.propose(request, contract.cls, load, now)
+            fault = None if is_well_formed(proposal) else f"malformed proposal {proposal!r:.80}"
+        except Exception as exc:  # an untrusted component: any failure is a counted fault
+            fault = f"{type(exc).__name__}: {exc}"[:120]
+        if fault is not None:
+            self.stats.learner_faults += 1
+        if self._sink is not None:
+            if fault is None:
+                self._sink(
+                    TraceEvent(
+                        now,
+                        EventKind.PROPOSE,
+                        request.request_id,
+                        request.tenant,
+                        contract.cls,
+                        admit=proposal.admit,
+                        hint=float(proposal.priority_hint),
+                        proposed_cls=proposal.proposed_class.value
+                        if proposal.proposed_class
+                        else None,
+                    )
+                )
+            else:
+                self._sink(
+                    TraceEvent(
+                        now,
+                        EventKind.PROPOSE,
+                        request.request_id,
+                        request.tenant,
+                        contract.cls,
+                        reason=fault,
+                    )
+                )
+        return None if fault is not None else proposal
+
+    def _admit(
+        self,
+        request: Request,
+        contract: Contract,
+        deadline_at: float,
+        window_index: int | None,
+        now: float,
+        *,
+        entitled: bool,
+        demoted: bool = False,
+        rank: int = 1,
+        hint: float = 0.0,
+    ) -> Admission:
+        self._seq += 1
+        ticket = Ticket(
+            request, contract, deadline_at, entitled, window_index, self._seq, rank, hint
+        )
+        self.stats.per_class[contract.cls].admitted += 1
+        self._queue.push(ticket)
+        self._queued[request.request_id] = ticket
+        if entitled:
+            self.backlog.on_enqueue()
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.ADMIT,
+                    request.request_id,
+                    request.tenant,
+                    contract.cls,
+                    window=window_index,
+                    entitled=entitled,
+                    deadline_at=deadline_at,
+                )
+            )
+            self._sink(
+                TraceEvent(now, EventKind.ENQUEUE, request.request_id, request.tenant, contract.cls)
+            )
+        return Admission(
+            request.request_id, True, contract.cls, entitled, demoted, window_index, deadline_at
+        )
+
+    def _reject(
+        self,
+        request: Request,
+        contract: Contract | None,
+        window_index: int | None,
+        reason: RejectReason,
+        now: float,
+    ) -> Admission:
+        cls = contract.cls if contract is not None else None
+        if cls is not None:
+            self.stats.per_class[cls].rejected += 1
+        self.stats.rejected_by_reason[reason] += 1
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.REJECT,
+                    request.request_id,
+                    request.tenant,
+                    cls,
+                    window=window_index,
+                    reason=reason.value,
+                )
+            )
+        return Admission(request.request_id, False, cls, False, False, window_index, None, reason)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def poll(self, now: float) -> list[Dispatch | Drop]:
+        """Fill free slots from the queue, dropping (only) the provably doomed."""
+        out: list[Dispatch | Drop] = []
+        slots, queue = self._slots, self._queue
+        while slots.num_free > 0:
+            ticket = queue.pop()
+            if ticket is None:
+                break
+            request = ticket.request
+            del self._queued[request.request_id]
+            if ticket.entitled:
+                self.backlog.on_dequeue()
+            verdict = self._doom.check(ticket.deadline_at, request.num_output_tokens, now)
+            if verdict is DoomVerdict.DROP:
+                out.append(self._drop(ticket, now))
+                continue
+            if verdict is DoomVerdict.UNCERTAIN:
+                self.stats.doom_uncertain += 1
+            ticket.backend = slots.acquire()
+            ticket.dispatched_at = now
+            self._in_flight[request.request_id] = ticket
+            if self._sink is not None:
+                self._sink(
+                    TraceEvent(
+                        now,
+                        EventKind.DISPATCH,
+                        request.request_id,
+                        request.tenant,
+                        ticket.contract.cls,
+                        backend=ticket.backend,
+                        entitled=ticket.entitled,
+                    )
+                )
+            out.append(Dispatch(request, ticket.backend, now, ticket.entitled, ticket.deadline_at))
+        return out
+
+    def _drop(self, ticket: Ticket, now: float) -> Drop:
+        self.stats.per_class[ticket.contract.cls].dropped += 1
+        request = ticket.request
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.DROP,
+                    request.request_id,
+                    request.tenant,
+                    ticket.contract.cls,
+                    reason="doomed",
+                    deadline_at=ticket.deadline_at,
+                    num_output_tokens=request.num_output_tokens,
+                )
+            )
+        return Drop(request, now, "doomed")
+
+    # -- in flight ------------------------------------------------------------------------
+
+    def on_first_token(self, request_id: RequestId, now: float) -> None:
+        ticket = self._in_flight.get(request_id)
+        if ticket is not None and self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.FIRST_TOKEN,
+                    request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                )
+            )
+
+    def on_complete(self, request_id: RequestId, now: float) -> Completion:
+        ticket = self._release(request_id)
+        service_s = now - ticket.dispatched_at
+        late = now > ticket.deadline_at
+        stats = self.stats.per_class[ticket.contract.cls]
+        stats.completed += 1
+        stats.late += late
+        self.envelope.observe(ticket.request.num_output_tokens, service_s)
+        self.capacity.on_complete(now, self._queue.num_queued)
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.COMPLETE,
+                    request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                    backend=ticket.backend,
+                )
+            )
+        return Completion(request_id, now, service_s, late)
+
+    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None:
+        """The backend failed an in-flight request (error, timeout): free its slot."""
+        ticket = self._release(request_id)
+        self.stats.per_class[ticket.contract.cls].failed += 1
+        self._emit_end(EventKind.FAIL, ticket, now, reason)
+
+    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool:
+        """The client went away: dequeue it, or free its slot. False if it already ended."""
+        ticket = self._queued.pop(request_id, None)
+        if ticket is not None:
+            self._queue.cancel(ticket)
+            if ticket.entitled:
+                self.backlog.on_dequeue()
+        elif request_id in self._in_flight:
+            ticket = self._release(request_id)
+        else:
+            return False
+        self.stats.per_class[ticket.contract.cls].aborted += 1
+        self._emit_end(EventKind.ABORT, ticket, now, reason)
+        return True
+
+    def _release(self, request_id: RequestId) -> Ticket:
+        ticket = self._in_flight.pop(request_id, None)
+        if ticket is None:
+            raise KeyError(f"request {request_id!r} is not in flight")
+        self._slots.release(ticket.backend)
+        return ticket
+
+    def _emit_end(self, kind: EventKind, ticket: Ticket, now: float, reason: str) -> None:
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    kind,
+                    ticket.request.request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                    reason=reason,
+                    backend=ticket.backend if ticket.backend >= 0 else None,
+                )
+            )
+
+    # -- views ----------------------------------------------------------------------------
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def num_queued(self) -> int:
+        return self._queue.num_queued
+
+    @property
+    def num_queued_entitled(self) -> int:
+        return self._queue.num_queued_entitled
+
+    @property
+    def max_assured_tokens(self) -> int:
+        """The largest ℓ of any assured arrival so far (0 before the first)."""
+        return self._max_assured_tokens
+
+    def in_flight_on(self, backend: int) -> int:
+        return self._slots.in_flight(backend)
+
+    def credits_left(self, tenant: str, now: float) -> int | None:
+        contract = self._contracts.get(tenant)
+        if contract is None or not contract.assured:
+            return None
+        return self._meter.remaining(contract, now)
+
+    def assumptions(self) -> AssumptionReport:
+        """SPEC §6 for the largest assured ℓ seen so far (16 before any arrival)."""
+        return assumption_report(
+            self.config,
+            num_output_tokens=self._max_assured_tokens or 16,
+            max_service_s=self.envelope.max_service_s if self.envelope.num_observed else None,
+            num_above_ceiling=self.envelope.num_above_upper,
+            max_backlog=self.backlog.max_backlog,
+        )

@@ -1,0 +1,60 @@
+"""The learner interface (SPEC §2): an untrusted component that only *proposes*.
+
+A proposal is `(admit, proposed_class, priority_hint)`. The guard applies it to the
+opportunistic surplus only; it cannot keep a floor-entitled request out, cannot change the
+class the floor is drawn from, and its hint never orders assured work. An exception or a
+malformed proposal counts as *reject surplus*, and is counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from floorguard.core.contract import ContractClass
+from floorguard.core.request import Request
+
+__all__ = ["Learner", "LoadSnapshot", "Proposal", "is_well_formed"]
+
+
+class LoadSnapshot(NamedTuple):
+    """What the guard tells a learner about current load (its features)."""
+
+    num_in_flight: int
+    num_queued_entitled: int
+    num_queued_surplus: int
+    num_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    admit: bool
+    proposed_class: ContractClass | None = None
+    """A dispatch-class relabel: inside the surplus, `ASSURED` ranks ahead of the rest."""
+    priority_hint: float = 0.0
+    """Lower is served sooner, within the surplus only (vLLM's `priority` convention)."""
+
+
+class Learner(Protocol):
+    name: str
+
+    def propose(
+        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+    ) -> Proposal:
+        """Propose for one surplus request; `cls` is its true (authenticated) class."""
+        ...
+
+
+def is_well_formed(proposal: object) -> bool:
+    """A proposal the guard will apply: the right type, a real bool, a known class, a finite
+    hint. Anything else is a learner fault."""
+    if type(proposal) is not Proposal:
+        return False
+    hint = proposal.priority_hint
+    return (
+        type(proposal.admit) is bool
+        and (proposal.proposed_class is None or type(proposal.proposed_class) is ContractClass)
+        and type(hint) in (int, float)
+        and math.isfinite(hint)
+    )

@@ -1,0 +1,159 @@
+"""Online monitors (SPEC §4.4) and the §6 assumption report. They return values; they never
+log, and they never change a decision (the capacity action is the guard's, not theirs)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from floorguard.core.contract import AffineEnvelope, GuardConfig, WindowSchedule
+
+__all__ = [
+    "AssumptionReport",
+    "BacklogMonitor",
+    "CapacityMonitor",
+    "EnvelopeMonitor",
+    "assumption_report",
+]
+
+
+class EnvelopeMonitor:
+    """Observed service against the envelope: `s > s_max(ℓ)` and `s < L(ℓ)` are counted."""
+
+    def __init__(self, lower: AffineEnvelope | None, upper: AffineEnvelope | None) -> None:
+        self._lower = lower
+        self._upper = upper
+        self.num_observed = 0
+        self.num_above_upper = 0
+        self.num_below_lower = 0
+        self.max_service_s = 0.0
+        self.max_upper_ratio = 0.0
+        """max of s / s_max(ℓ): above 1 means A3 of §6 failed at least once."""
+
+    def observe(self, num_output_tokens: int, service_s: float) -> None:
+        self.num_observed += 1
+        self.max_service_s = max(self.max_service_s, service_s)
+        if self._lower is not None and service_s < self._lower.at(num_output_tokens):
+            self.num_below_lower += 1
+        if self._upper is not None:
+            ceiling = self._upper.at(num_output_tokens)
+            if service_s > ceiling:
+                self.num_above_upper += 1
+            if ceiling > 0:
+                self.max_upper_ratio = max(self.max_upper_ratio, service_s / ceiling)
+
+
+class BacklogMonitor:
+    """The assured backlog `Q_A` (floor-entitled requests queued, not yet started) vs `B`."""
+
+    def __init__(self, total_floor: int) -> None:
+        self._total_floor = total_floor
+        self.backlog = 0
+        self.max_backlog = 0
+        self.num_over_floor = 0
+        """How many times `Q_A` rose above `B` (the §6 backlog precondition failed)."""
+
+    def on_enqueue(self) -> None:
+        self.backlog += 1
+        self.max_backlog = max(self.max_backlog, self.backlog)
+        if self.backlog > self._total_floor:
+            self.num_over_floor += 1
+
+    def on_dequeue(self) -> None:
+        self.backlog -= 1
+
+
+class CapacityMonitor:
+    """A capacity estimate `μ̂` (completions per second) from busy windows only.
+
+    A window counts when work was queued at one of its completions, so the backend was the
+    bottleneck; its completions / W feed an exponentially weighted mean. An alarm is raised
+    for each busy window that closes with `μ̂ · W < B` (SPEC §4.4).
+    """
+
+    def __init__(self, schedule: WindowSchedule, total_floor: int, weight: float = 0.5) -> None:
+        self._schedule = schedule
+        self._total_floor = total_floor
+        self._weight = weight
+        self._window = -1
+        self._count = 0
+        self._busy = False
+        self.estimate_per_s: float | None = None
+        self.num_alarms = 0
+
+    def on_complete(self, now: float, num_queued: int) -> None:
+        index = self._schedule.index_at(now)
+        if index != self._window:
+            self._close()
+            self._window, self._count, self._busy = index, 0, False
+        self._count += 1
+        self._busy = self._busy or num_queued > 0
+
+    def _close(self) -> None:
+        if not self._busy:
+            return
+        rate = self._count / self._schedule.window_s
+        previous = self.estimate_per_s
+        self.estimate_per_s = (
+            rate if previous is None else (self._weight * rate + (1 - self._weight) * previous)
+        )
+        if self.estimate_per_s * self._schedule.window_s < self._total_floor:
+            self.num_alarms += 1
+
+
+@dataclass(frozen=True, slots=True)
+class AssumptionReport:
+    """Whether a configuration lies inside the region where SPEC §6's bound holds."""
+
+    rho_a: float | None
+    """`B·s_max / (C·W)`; A4 needs ≤ 1."""
+    bound_s: float | None
+    """`s_max · (1 + ⌈B/C⌉)`: the sojourn bound inside the region."""
+    s_max_s: float | None
+    min_deadline_budget_s: float | None
+    max_service_s: float | None
+    max_backlog: int | None
+    inside: bool
+    reasons: tuple[str, ...]
+    """Every assumption that fails, in words; empty when inside."""
+
+
+def assumption_report(
+    config: GuardConfig,
+    *,
+    num_output_tokens: int,
+    max_service_s: float | None = None,
+    num_above_ceiling: int = 0,
+    max_backlog: int | None = None,
+) -> AssumptionReport:
+    """SPEC §6 for `ℓ = num_output_tokens`, plus what was observed: the largest service, how
+    many services exceeded `s_max(ℓ)` at their own ℓ, and the largest `Q_A`."""
+    floor, slots, window_s = config.total_floor, config.total_slots, config.schedule.window_s
+    budgets = [c.deadline_budget_s for c in config.contracts if c.assured]
+    min_budget = min(budgets) if budgets else None
+    reasons: list[str] = []
+    if config.upper_envelope is None:
+        return AssumptionReport(
+            None,
+            None,
+            None,
+            min_budget,
+            max_service_s,
+            max_backlog,
+            False,
+            ("no service ceiling s_max configured",),
+        )
+    s_max = config.upper_envelope.at(num_output_tokens)
+    rho_a = floor * s_max / (slots * window_s)
+    bound = s_max * (1 + math.ceil(floor / slots))
+    if rho_a > 1:
+        reasons.append(f"A4 stability: rho_a = {rho_a:.3f} > 1")
+    if min_budget is not None and min_budget < bound:
+        reasons.append(f"deadline: d = {min_budget:.3f} s < s_max·(1+⌈B/C⌉) = {bound:.3f} s")
+    if num_above_ceiling > 0:
+        reasons.append(f"A3 envelope: {num_above_ceiling} services exceeded s_max(ℓ)")
+    if max_backlog is not None and max_backlog > floor:
+        reasons.append(f"backlog: max Q_A = {max_backlog} > B = {floor}")
+    return AssumptionReport(
+        rho_a, bound, s_max, min_budget, max_service_s, max_backlog, not reasons, tuple(reasons)
+    )

@@ -1,0 +1,131 @@
+"""A continuous-batching backend model with `C` slots (SPEC §5).
+
+All running sequences advance together, one token per decode step; a step of `n` running
+sequences takes `step_s(n)`, so service couples to load. A joining request's prefill stalls
+the batch. The model advances by batch-membership changes, not token by token: a shared
+progress counter `V` (decode steps done by every running sequence) moves at `1/step_s(n)`
+between changes, and a request finishes when `V` reaches its `finish_v`. Cost per request is
+O(log C), whatever its length.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Protocol
+
+import numpy as np
+
+from floorguard.core.request import Request, RequestId
+from floorguard.sim.profiles import ServiceProfile
+
+__all__ = ["BatchingBackend", "FixedServiceBackend", "SimBackend", "create_backend"]
+
+_EPS = 1e-9
+
+
+class SimBackend(Protocol):
+    num_slots: int
+
+    def join(self, request: Request, now: float) -> float:
+        """Start `request`; returns when its first token is out."""
+        ...
+
+    def next_completion_at(self) -> float | None: ...
+
+    def complete_due(self, now: float) -> list[RequestId]:
+        """Requests finished by `now` (call at `next_completion_at()`)."""
+        ...
+
+
+class BatchingBackend:
+    def __init__(self, profile: ServiceProfile, num_slots: int, rng: np.random.Generator) -> None:
+        self.profile = profile
+        self.num_slots = num_slots
+        self._rng = rng
+        self._finish: list[tuple[float, int, RequestId]] = []  # (finish_v, seq, id)
+        self._seq = 0
+        self._v = 0.0
+        self._last_at = 0.0
+        self._stalled_until = 0.0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._finish)
+
+    def _advance(self, now: float) -> None:
+        if self._finish:
+            busy_from = max(self._last_at, self._stalled_until)
+            if now > busy_from:
+                self._v += (now - busy_from) / self.profile.step_s(len(self._finish))
+        self._last_at = now
+
+    def _jitter(self) -> float:
+        p = self.profile
+        if p.jitter_mean <= 0:
+            return 1.0
+        return 1.0 + min(self._rng.exponential(p.jitter_mean), p.jitter_cap)
+
+    def join(self, request: Request, now: float) -> float:
+        if len(self._finish) >= self.num_slots:
+            raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
+        self._advance(now)
+        p = self.profile
+        prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
+        self._stalled_until = max(self._stalled_until, now) + prefill_s
+        self._seq += 1
+        finish_v = self._v + request.num_output_tokens * self._jitter()
+        heapq.heappush(self._finish, (finish_v, self._seq, request.request_id))
+        return self._stalled_until
+
+    def next_completion_at(self) -> float | None:
+        if not self._finish:
+            return None
+        remaining = max(self._finish[0][0] - self._v, 0.0)
+        start = max(self._last_at, self._stalled_until)
+        return start + remaining * self.profile.step_s(len(self._finish))
+
+    def complete_due(self, now: float) -> list[RequestId]:
+        self._advance(now)
+        done: list[RequestId] = []
+        while self._finish and self._finish[0][0] <= self._v + _EPS * max(1.0, self._v):
+            done.append(heapq.heappop(self._finish)[2])
+        return done
+
+
+class FixedServiceBackend:
+    """Deterministic slots: service is `L(ℓ)` exactly, independent of load."""
+
+    def __init__(self, profile: ServiceProfile, num_slots: int) -> None:
+        self.profile = profile
+        self.num_slots = num_slots
+        self._done: list[tuple[float, int, RequestId]] = []
+        self._seq = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._done)
+
+    def join(self, request: Request, now: float) -> float:
+        if len(self._done) >= self.num_slots:
+            raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
+        self._seq += 1
+        p = self.profile
+        prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
+        finish_at = now + prefill_s + request.num_output_tokens * p.step_s(1)
+        heapq.heappush(self._done, (finish_at, self._seq, request.request_id))
+        return now + prefill_s
+
+    def next_completion_at(self) -> float | None:
+        return self._done[0][0] if self._done else None
+
+    def complete_due(self, now: float) -> list[RequestId]:
+        done: list[RequestId] = []
+        while self._done and self._done[0][0] <= now + _EPS:
+            done.append(heapq.heappop(self._done)[2])
+        return done
+
+
+def create_backend(profile: ServiceProfile, num_slots: int, rng: np.random.Generator) -> SimBackend:
+    if profile.coupled:
+        return BatchingBackend(profile, num_slots, rng)
+    return FixedServiceBackend(profile, num_slots)

@@ -1,0 +1,119 @@
+"""Drive the guard core on a virtual clock: the same `Guard` the HTTP proxy runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from floorguard.core.events import TraceEvent
+from floorguard.core.guard import Dispatch, Guard
+from floorguard.core.learner import Learner
+from floorguard.core.request import Request, RequestId
+from floorguard.learners.registry import create_learner
+from floorguard.sim.backend import SimBackend, create_backend
+from floorguard.sim.engine import Engine, Priority
+from floorguard.sim.scenarios import Scenario
+from floorguard.sim.workloads import build_requests
+
+__all__ = ["SimRun", "simulate_once"]
+
+
+@dataclass
+class SimRun:
+    seed: int
+    guard: Guard
+    events: list[TraceEvent] | None
+    num_requests: int
+    end_at: float
+    wall_s: float
+
+
+class _Simulation:
+    def __init__(
+        self, scenario: Scenario, guard: Guard, backends: list[SimBackend], record_first_token: bool
+    ) -> None:
+        self.engine = Engine()
+        self.guard = guard
+        self.backends = backends
+        self._versions = [0] * len(backends)
+        self._record_first_token = record_first_token
+
+    def on_arrival(self, request: Request, now: float) -> None:
+        self.guard.on_arrival(request, now, scheduled_at=request.arrival_at)
+        self._dispatch(now)
+
+    def _dispatch(self, now: float) -> None:
+        touched: set[int] = set()
+        for decision in self.guard.poll(now):
+            if isinstance(decision, Dispatch):
+                backend = self.backends[decision.backend]
+                first_token_at = backend.join(decision.request, now)
+                if self._record_first_token:
+                    self.engine.schedule(
+                        first_token_at,
+                        Priority.FIRST_TOKEN,
+                        self.on_first_token,
+                        decision.request.request_id,
+                    )
+                touched.add(decision.backend)
+        for index in touched:
+            self._reschedule(index)
+
+    def _reschedule(self, index: int) -> None:
+        """Invalidate the backend's pending completion event and schedule the new one."""
+        self._versions[index] += 1
+        at = self.backends[index].next_completion_at()
+        if at is not None:
+            self.engine.schedule(
+                at, Priority.COMPLETION, self.on_completion, (index, self._versions[index])
+            )
+
+    def on_completion(self, payload: tuple[int, int], now: float) -> None:
+        index, version = payload
+        if version != self._versions[index]:
+            return
+        for request_id in self.backends[index].complete_due(now):
+            self.guard.on_complete(request_id, now)
+        self._reschedule(index)
+        self._dispatch(now)
+
+    def on_first_token(self, request_id: RequestId, now: float) -> None:
+        self.guard.on_first_token(request_id, now)
+
+
+def simulate_once(
+    scenario: Scenario,
+    *,
+    seed: int,
+    learner: str | Callable[[np.random.Generator], Learner] = "always-admit",
+    record: bool = True,
+) -> SimRun:
+    """One seeded run: every offered request ends in one terminal outcome before it returns."""
+    started = time.perf_counter()
+    workload_rng, backend_rng, learner_rng = np.random.default_rng(seed).spawn(3)
+    requests = build_requests(scenario.streams, workload_rng)
+    events: list[TraceEvent] | None = [] if record else None
+    the_learner = (
+        create_learner(learner, learner_rng) if isinstance(learner, str) else learner(learner_rng)
+    )
+    guard = Guard(
+        scenario.guard_config(),
+        learner=the_learner,
+        sink=events.append if events is not None else None,
+        started_at=scenario.schedule.origin_at,
+    )
+    backend_rngs = backend_rng.spawn(len(scenario.slots))
+    backends = [
+        create_backend(scenario.profile, c, r)
+        for c, r in zip(scenario.slots, backend_rngs, strict=True)
+    ]
+    sim = _Simulation(scenario, guard, backends, record_first_token=record)
+    for request in requests:
+        sim.engine.schedule(request.arrival_at, Priority.ARRIVAL, sim.on_arrival, request)
+    sim.engine.run()
+    if guard.num_in_flight or guard.num_queued:
+        raise RuntimeError("simulation ended with work left: a request has no terminal outcome")
+    return SimRun(seed, guard, events, len(requests), sim.engine.now, time.perf_counter() - started)

@@ -1,0 +1,130 @@
+"""Named scenarios: contracts, workload, backend and guard settings in one value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from floorguard.core.contract import (
+    Contract,
+    ContractClass,
+    DispatchOrder,
+    ExcessPolicy,
+    GuardConfig,
+    MeterKind,
+    WindowSchedule,
+)
+from floorguard.errors import ConfigError, require
+from floorguard.sim.profiles import ServiceProfile, get_profile
+from floorguard.sim.workloads import FixedLength, PoissonArrivals, Stream, SyntheticStream
+
+__all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee"]
+
+ASSURED_TENANT = "a95"
+"""The assured tenant's name in the catalogue scenarios ("A95" in reports)."""
+OPPORTUNISTIC_TENANT = "a10"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    contracts: tuple[Contract, ...]
+    streams: tuple[Stream, ...]
+    profile: ServiceProfile
+    slots: tuple[int, ...] = (4,)
+    schedule: WindowSchedule = field(default_factory=WindowSchedule)
+    dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
+    meter: MeterKind = MeterKind.COUNT
+    doom_gate: bool = True
+    """Give the guard the profile's lower envelope `L(ℓ)` (SPEC §4.3)."""
+
+    def guard_config(self) -> GuardConfig:
+        return GuardConfig(
+            contracts=self.contracts,
+            schedule=self.schedule,
+            slots=self.slots,
+            dispatch=self.dispatch,
+            meter=self.meter,
+            lower_envelope=self.profile.lower if self.doom_gate else None,
+            upper_envelope=self.profile.ceiling,
+        )
+
+    def with_overrides(
+        self,
+        *,
+        floor: int | None = None,
+        slots: int | None = None,
+        deadline_s: float | None = None,
+        profile: str | None = None,
+    ) -> Scenario:
+        """The CLI's knobs: `B` of every assured contract, `C` of every backend, the deadline
+        budget of every contract, the service profile."""
+        contracts = tuple(
+            replace(
+                c,
+                floor=floor if floor is not None and c.assured else c.floor,
+                deadline_budget_s=deadline_s if deadline_s is not None else c.deadline_budget_s,
+            )
+            for c in self.contracts
+        )
+        return replace(
+            self,
+            contracts=contracts,
+            slots=tuple(slots for _ in self.slots) if slots is not None else self.slots,
+            profile=get_profile(profile) if profile is not None else self.profile,
+        )
+
+
+def marquee(
+    *,
+    profile: str = "v100-moe",
+    floor: int = 6,
+    slots: int = 4,
+    deadline_s: float = 1.820,
+    duration_s: float = 12.0,
+    assured_rate_per_s: float = 6.0,
+    opportunistic_rate_per_s: float = 16.0,
+    num_output_tokens: int = 16,
+    excess_policy: ExcessPolicy = ExcessPolicy.REJECT,
+) -> Scenario:
+    """SPEC §10's marquee: B = 6 of C = 4 slots, assured Poisson 6/s under an opportunistic
+    Poisson flood of 16/s, ℓ = 16, d = 1820 ms for both classes, 12 s of arrivals."""
+    require(duration_s > 0, "duration_s", duration_s, "must be > 0")
+    lengths = FixedLength(num_output_tokens)
+    streams: list[Stream] = [
+        SyntheticStream(ASSURED_TENANT, PoissonArrivals(assured_rate_per_s), lengths, duration_s),
+    ]
+    if opportunistic_rate_per_s > 0:
+        streams.append(
+            SyntheticStream(
+                OPPORTUNISTIC_TENANT, PoissonArrivals(opportunistic_rate_per_s), lengths, duration_s
+            )
+        )
+    return Scenario(
+        name="marquee",
+        contracts=(
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor, excess_policy),
+            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
+        ),
+        streams=tuple(streams),
+        profile=get_profile(profile),
+        slots=(slots,),
+    )
+
+
+def _light() -> Scenario:
+    """The marquee's assured stream alone: the "light load" of SPEC §5."""
+    return replace(marquee(opportunistic_rate_per_s=0), name="light")
+
+
+SCENARIOS: dict[str, Callable[[], Scenario]] = {
+    "marquee": marquee,
+    "light": _light,
+}
+
+
+def create_scenario(name: str) -> Scenario:
+    factory = SCENARIOS.get(name)
+    if factory is None:
+        raise ConfigError("scenario", name, f"must be one of {sorted(SCENARIOS)}")
+    return factory()

@@ -1,0 +1,42 @@
+"""The `CreditStore` interface: the atomic part of the reservation meter (STYLE §3).
+
+The meter decides policy; a store only performs one atomic operation per admission:
+"in the window that holds this instant, take `weight` of `capacity` credits if they fit".
+It answers granted/denied and the window index it used, so a remote store that reads its
+own clock (Redis `TIME`, a later issue) slots in without the meter changing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+from floorguard.core.contract import WindowSchedule
+
+__all__ = ["CreditStore", "Grant"]
+
+
+class Grant(NamedTuple):
+    granted: bool
+    window_index: int
+    """The window `k` the credits were taken from (or would have been)."""
+    remaining: int
+    """Credits left in that window after this call."""
+
+
+class CreditStore(ABC):
+    """Per-key, per-window credit counters with one atomic take-if-fits operation."""
+
+    @abstractmethod
+    def acquire(
+        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+    ) -> Grant:
+        """Take `weight` credits from `key`'s current window if `used + weight ≤ capacity`.
+
+        `now` is the caller's clock; a store with an authoritative clock of its own may use
+        that instead, and reports the window it used in the grant.
+        """
+
+    @abstractmethod
+    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
+        """Credits left for `key` in the window that holds `now` (read-only)."""

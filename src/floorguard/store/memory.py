@@ -1,0 +1,35 @@
+"""The in-process credit store: the reference implementation every other store is tested
+against."""
+
+from __future__ import annotations
+
+from floorguard.core.contract import WindowSchedule
+from floorguard.store.base import CreditStore, Grant
+
+__all__ = ["MemoryCreditStore"]
+
+
+class MemoryCreditStore(CreditStore):
+    """Keeps only each key's current window: `key -> (window_index, used)`."""
+
+    def __init__(self) -> None:
+        self._windows: dict[str, tuple[int, int]] = {}
+
+    def acquire(
+        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+    ) -> Grant:
+        index = schedule.index_at(now)
+        window, used = self._windows.get(key, (index, 0))
+        if window != index:
+            used = 0
+        if used + weight <= capacity:
+            used += weight
+            self._windows[key] = (index, used)
+            return Grant(True, index, capacity - used)
+        self._windows[key] = (index, used)
+        return Grant(False, index, capacity - used)
+
+    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
+        index = schedule.index_at(now)
+        window, used = self._windows.get(key, (index, 0))
+        return capacity - (used if window == index else 0)
