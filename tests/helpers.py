@@ -29,31 +29,49 @@ _ids: Iterator[int] = iter(range(10**9))
 
 
 def make_request(
-    *, assured: bool = True, tokens: int = 16, at: float = 0.0, tenant: str | None = None,
-    prompt: int = 0, request_id: int | None = None,
+    *,
+    assured: bool = True,
+    tokens: int = 16,
+    at: float = 0.0,
+    tenant: str | None = None,
+    prompt: int = 0,
+    request_id: int | None = None,
 ) -> Request:
     name = tenant if tenant is not None else ("a95" if assured else "a10")
     return Request(request_id if request_id is not None else next(_ids), name, at, tokens, prompt)
 
 
 def make_config(
-    *, floor: int = 2, slots: tuple[int, ...] = (1,), deadline_s: float = 1.0,
-    window_s: float = 1.0, origin_at: float = 0.0, dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST,
-    meter: MeterKind = MeterKind.COUNT, excess: ExcessPolicy = ExcessPolicy.REJECT,
-    lower: AffineEnvelope | None = None, upper: AffineEnvelope | None = None,
+    *,
+    floor: int = 2,
+    slots: tuple[int, ...] = (1,),
+    deadline_s: float = 1.0,
+    window_s: float = 1.0,
+    origin_at: float = 0.0,
+    dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST,
+    meter: MeterKind = MeterKind.COUNT,
+    excess: ExcessPolicy = ExcessPolicy.REJECT,
+    lower: AffineEnvelope | None = None,
+    upper: AffineEnvelope | None = None,
 ) -> GuardConfig:
     return GuardConfig(
         contracts=(
             Contract("a95", ASSURED, deadline_s, floor, excess),
             Contract("a10", OPPORTUNISTIC, deadline_s),
         ),
-        schedule=WindowSchedule(window_s, origin_at), slots=slots, dispatch=dispatch,
-        meter=meter, lower_envelope=lower, upper_envelope=upper,
+        schedule=WindowSchedule(window_s, origin_at),
+        slots=slots,
+        dispatch=dispatch,
+        meter=meter,
+        lower_envelope=lower,
+        upper_envelope=upper,
     )
 
 
 def make_guard(
-    config: GuardConfig | None = None, *, learner: Learner | None = None,
+    config: GuardConfig | None = None,
+    *,
+    learner: Learner | None = None,
     events: list[TraceEvent] | None = None,
 ) -> Guard:
     return Guard(

@@ -12,8 +12,9 @@ OPP = Contract("a10", ContractClass.OPPORTUNISTIC, 1.0)
 
 def ticket(seq: int, *, entitled: bool, rank: int = 1, hint: float = 0.0) -> Ticket:
     contract = ASSURED if entitled else OPP
-    return Ticket(make_request(assured=entitled, request_id=seq), contract, 1.0, entitled, 0, seq,
-                  rank, hint)
+    return Ticket(
+        make_request(assured=entitled, request_id=seq), contract, 1.0, entitled, 0, seq, rank, hint
+    )
 
 
 def drain(dispatcher) -> list[int]:
@@ -26,9 +27,14 @@ def drain(dispatcher) -> list[int]:
 def test_assured_first_serves_every_entitled_before_any_surplus_in_arrival_order():
     """Entitled by arrival; then the surplus by (relabel, hint, arrival)."""
     d = AssuredFirstDispatcher()
-    for t in [ticket(1, entitled=False, hint=5), ticket(2, entitled=True),
-              ticket(3, entitled=False, hint=1), ticket(4, entitled=True),
-              ticket(5, entitled=False, hint=1), ticket(6, entitled=False, rank=0, hint=9)]:
+    for t in [
+        ticket(1, entitled=False, hint=5),
+        ticket(2, entitled=True),
+        ticket(3, entitled=False, hint=1),
+        ticket(4, entitled=True),
+        ticket(5, entitled=False, hint=1),
+        ticket(6, entitled=False, rank=0, hint=9),
+    ]:
         d.push(t)
     assert (d.num_queued, d.num_queued_entitled) == (6, 2)
     assert drain(d) == [2, 4, 6, 3, 5, 1]
@@ -46,7 +52,11 @@ def test_hint_never_reorders_entitled_tickets():
 def test_fifo_ignores_class_and_hint():
     """The FIFO variant serves in admission order, whatever the class."""
     d = FifoDispatcher()
-    for t in [ticket(1, entitled=False, hint=5), ticket(2, entitled=True), ticket(3, entitled=False)]:
+    for t in [
+        ticket(1, entitled=False, hint=5),
+        ticket(2, entitled=True),
+        ticket(3, entitled=False),
+    ]:
         d.push(t)
     assert drain(d) == [1, 2, 3]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from floorguard.core.contract import AffineEnvelope
 from floorguard.core.doom import DoomGate, DoomVerdict
 
-L = AffineEnvelope(0.05, 0.01)   # L(16) = 0.21 s
-U = AffineEnvelope(0.2, 0.03)    # U(16) = 0.68 s
+L = AffineEnvelope(0.05, 0.01)  # L(16) = 0.21 s
+U = AffineEnvelope(0.2, 0.03)  # U(16) = 0.68 s
 
 
 def test_drops_iff_now_plus_lower_bound_exceeds_deadline():

@@ -44,13 +44,22 @@ def test_learner_governs_the_opportunistic_surplus():
     first = guard.on_arrival(make_request(assured=False), 0.0)
     second = guard.on_arrival(make_request(assured=False), 0.0)
     assert (first.admitted, second.admitted, second.reason) == (
-        True, False, RejectReason.LEARNER_REJECT)
+        True,
+        False,
+        RejectReason.LEARNER_REJECT,
+    )
 
 
 @pytest.mark.parametrize(
     "bad",
-    [RuntimeError("boom"), None, "admit", Proposal(admit=1),  # type: ignore[arg-type]
-     Proposal(True, priority_hint=float("nan")), Proposal(True, proposed_class="assured")],  # type: ignore[arg-type]
+    [
+        RuntimeError("boom"),
+        None,
+        "admit",
+        Proposal(admit=1),  # type: ignore[arg-type]
+        Proposal(True, priority_hint=float("nan")),
+        Proposal(True, proposed_class="assured"),
+    ],  # type: ignore[arg-type]
     ids=["raises", "none", "string", "int-admit", "nan-hint", "str-class"],
 )
 def test_a_faulty_learner_counts_as_reject_surplus(bad):
@@ -74,13 +83,15 @@ def test_unknown_tenant_is_rejected_before_anything_else():
 def test_demote_admits_burst_excess_as_surplus_through_the_learner():
     """Under `demote`, assured beyond B become surplus: learner-governed, queued behind the
     entitled, and not entitled."""
-    guard = make_guard(make_config(floor=1, excess=ExcessPolicy.DEMOTE),
-                       learner=Scripted(Proposal(True)))
+    guard = make_guard(
+        make_config(floor=1, excess=ExcessPolicy.DEMOTE), learner=Scripted(Proposal(True))
+    )
     a = guard.on_arrival(make_request(at=0.0), 0.0)
     b = guard.on_arrival(make_request(at=0.1), 0.1)
     assert (a.entitled, b.admitted, b.entitled, b.demoted) == (True, True, False, True)
-    guard_reject = make_guard(make_config(floor=1, excess=ExcessPolicy.DEMOTE),
-                              learner=AlwaysReject())
+    guard_reject = make_guard(
+        make_config(floor=1, excess=ExcessPolicy.DEMOTE), learner=AlwaysReject()
+    )
     guard_reject.on_arrival(make_request(), 0.0)
     assert guard_reject.on_arrival(make_request(), 0.0).reason is RejectReason.LEARNER_REJECT
 
@@ -88,8 +99,11 @@ def test_demote_admits_burst_excess_as_surplus_through_the_learner():
 def test_liar_relabel_orders_only_the_surplus_and_never_beats_the_floor():
     """A proposal relabelling a surplus request as assured moves it ahead of other surplus,
     never ahead of a floor-entitled request, and does not make it entitled."""
-    liar = Scripted(Proposal(True), Proposal(True, ContractClass.OPPORTUNISTIC, 0.0),
-                    Proposal(True, ContractClass.ASSURED, 0.0))
+    liar = Scripted(
+        Proposal(True),
+        Proposal(True, ContractClass.OPPORTUNISTIC, 0.0),
+        Proposal(True, ContractClass.ASSURED, 0.0),
+    )
     guard = make_guard(make_config(slots=(1,)), learner=liar)
     busy = make_request(assured=False, request_id=100)
     guard.on_arrival(busy, 0.0)
@@ -150,12 +164,12 @@ def test_abort_dequeues_or_frees_and_fail_frees_the_slot():
     for i in range(3):
         guard.on_arrival(make_request(request_id=i), 0.0)
     guard.poll(0.0)
-    assert guard.on_abort(1, 0.1, "client_disconnected")   # queued
+    assert guard.on_abort(1, 0.1, "client_disconnected")  # queued
     assert guard.num_queued_entitled == 1 and guard.backlog.backlog == 1
-    guard.on_fail(0, 0.2, "upstream_error")                 # in flight
+    guard.on_fail(0, 0.2, "upstream_error")  # in flight
     (d,) = guard.poll(0.2)
     assert d.request.request_id == 2
-    assert guard.on_abort(2, 0.3, "client_disconnected")    # in flight
+    assert guard.on_abort(2, 0.3, "client_disconnected")  # in flight
     assert not guard.on_abort(2, 0.4, "again")
     assert guard.num_in_flight == 0 and guard.num_queued == 0
 
@@ -179,8 +193,15 @@ def test_every_decision_is_a_trace_event():
     guard.on_first_token(5, 0.05)
     guard.on_complete(5, 0.3)
     assert [e.kind for e in events] == [
-        EventKind.CONFIG, EventKind.ARRIVE, EventKind.PROPOSE, EventKind.ADMIT,
-        EventKind.ENQUEUE, EventKind.DISPATCH, EventKind.FIRST_TOKEN, EventKind.COMPLETE]
+        EventKind.CONFIG,
+        EventKind.ARRIVE,
+        EventKind.PROPOSE,
+        EventKind.ADMIT,
+        EventKind.ENQUEUE,
+        EventKind.DISPATCH,
+        EventKind.FIRST_TOKEN,
+        EventKind.COMPLETE,
+    ]
     assert events[3].entitled is False and events[3].deadline_at == 1.0
 
 

@@ -41,8 +41,12 @@ def test_count_meter_entitles_first_B_per_window():
     contract = Contract("a95", ContractClass.ASSURED, 1.0, floor=2)
     meter = ReservationMeter(WindowSchedule(1.0), MemoryCreditStore(), MeterKind.COUNT)
     verdicts = [meter.charge(contract, make_request(at=t), t).verdict for t in (0, 0.2, 0.4, 1.1)]
-    assert verdicts == [MeterVerdict.ENTITLED, MeterVerdict.ENTITLED, MeterVerdict.BURST_EXCESS,
-                        MeterVerdict.ENTITLED]
+    assert verdicts == [
+        MeterVerdict.ENTITLED,
+        MeterVerdict.ENTITLED,
+        MeterVerdict.BURST_EXCESS,
+        MeterVerdict.ENTITLED,
+    ]
 
 
 def test_token_meter_weighs_prompt_plus_output_and_sheds_cost_excess():
@@ -51,9 +55,12 @@ def test_token_meter_weighs_prompt_plus_output_and_sheds_cost_excess():
     meter = ReservationMeter(WindowSchedule(1.0), MemoryCreditStore(), MeterKind.TOKEN)
     assert meter.weight(make_request(tokens=16, prompt=30)) == 46
     assert meter.charge(contract, make_request(tokens=90, prompt=20), 0).verdict is (
-        MeterVerdict.COST_EXCESS)
+        MeterVerdict.COST_EXCESS
+    )
     assert meter.charge(contract, make_request(tokens=60, prompt=0), 0).verdict is (
-        MeterVerdict.ENTITLED)
+        MeterVerdict.ENTITLED
+    )
     assert meter.charge(contract, make_request(tokens=60, prompt=0), 0).verdict is (
-        MeterVerdict.BURST_EXCESS)
+        MeterVerdict.BURST_EXCESS
+    )
     assert meter.remaining(contract, 0.5) == 40

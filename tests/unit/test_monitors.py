@@ -35,25 +35,28 @@ def test_backlog_monitor_tracks_peak_and_overflows_past_B():
 def test_capacity_monitor_estimates_busy_windows_and_alarms_below_floor():
     """Only busy windows feed μ̂; a busy window with μ̂·W < B raises an alarm."""
     m = CapacityMonitor(WindowSchedule(1.0), total_floor=5)
-    for t in (0.1, 0.2, 0.3):          # window 0: 3 completions, work queued
+    for t in (0.1, 0.2, 0.3):  # window 0: 3 completions, work queued
         m.on_complete(t, num_queued=1)
-    for t in (1.1, 1.2):               # window 1: idle (nothing queued): ignored
+    for t in (1.1, 1.2):  # window 1: idle (nothing queued): ignored
         m.on_complete(t, num_queued=0)
-    m.on_complete(2.5, num_queued=0)   # closes window 1
+    m.on_complete(2.5, num_queued=0)  # closes window 1
     assert m.estimate_per_s == 3.0 and m.num_alarms == 1
 
 
 def test_assumption_report_follows_spec_section_6():
     """ρ_a = B·s_max/(C·W) and bound = s_max·(1 + ⌈B/C⌉); every failing assumption named."""
-    config = make_config(floor=6, slots=(4,), deadline_s=1.82,
-                         upper=AffineEnvelope(0.0, 0.660 / 16))
+    config = make_config(
+        floor=6, slots=(4,), deadline_s=1.82, upper=AffineEnvelope(0.0, 0.660 / 16)
+    )
     report = assumption_report(config, num_output_tokens=16)
     assert report.rho_a == pytest.approx(6 * 0.66 / 4)
     assert report.bound_s == pytest.approx(0.66 * (1 + math.ceil(6 / 4)))
-    assert not report.inside   # the marquee: ρ_a = 0.99 holds, d = 1.82 s < 1.98 s does not
+    assert not report.inside  # the marquee: ρ_a = 0.99 holds, d = 1.82 s < 1.98 s does not
     assert [r.split()[0] for r in report.reasons] == ["deadline:"]
-    heavier = assumption_report(make_config(floor=8, slots=(4,), deadline_s=5.0,
-                                            upper=AffineEnvelope(0.66, 0.0)), num_output_tokens=16)
+    heavier = assumption_report(
+        make_config(floor=8, slots=(4,), deadline_s=5.0, upper=AffineEnvelope(0.66, 0.0)),
+        num_output_tokens=16,
+    )
     assert [r.split()[0] for r in heavier.reasons] == ["A4"]
 
 

@@ -139,7 +139,7 @@ class SlotPool:
         if self.num_free <= 0:
             raise RuntimeError("acquire() with no free slot: the caller must check num_free")
         free = self._free
-        backend = max(range(len(free)), key=free.__getitem__)
+        backend = 0 if len(free) == 1 else max(range(len(free)), key=free.__getitem__)
         free[backend] -= 1
         self.num_free -= 1
         return backend

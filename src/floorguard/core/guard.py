@@ -9,6 +9,8 @@ Pure: no I/O, no clock reads. A driver (the simulator, the HTTP proxy) calls
     on_fail(id, now, reason) / on_abort(id, now, reason)
 
 and gets decisions back as data; every decision is also a `TraceEvent` given to `sink`.
+Decision records are NamedTuples: immutable values, and cheaper to build than frozen
+dataclasses on the per-request hot path (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from floorguard.core.contract import (
     Contract,
@@ -62,8 +64,7 @@ class RejectReason(StrEnum):
     LEARNER_FAULT = "learner_fault"
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
     request_id: RequestId
     admitted: bool
     cls: ContractClass | None
@@ -75,8 +76,7 @@ class Admission:
     reason: RejectReason | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     request: Request
     backend: int
     at: float
@@ -84,15 +84,13 @@ class Dispatch:
     deadline_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class Drop:
+class Drop(NamedTuple):
     request: Request
     at: float
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
     request_id: RequestId
     at: float
     service_s: float

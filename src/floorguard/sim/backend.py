@@ -47,6 +47,7 @@ class BatchingBackend:
         self._v = 0.0
         self._last_at = 0.0
         self._stalled_until = 0.0
+        self._step_s = [0.0, *(profile.step_s(n) for n in range(1, num_slots + 1))]
 
     @property
     def num_running(self) -> int:
@@ -56,7 +57,7 @@ class BatchingBackend:
         if self._finish:
             busy_from = max(self._last_at, self._stalled_until)
             if now > busy_from:
-                self._v += (now - busy_from) / self.profile.step_s(len(self._finish))
+                self._v += (now - busy_from) / self._step_s[len(self._finish)]
         self._last_at = now
 
     def _jitter(self) -> float:
@@ -82,7 +83,7 @@ class BatchingBackend:
             return None
         remaining = max(self._finish[0][0] - self._v, 0.0)
         start = max(self._last_at, self._stalled_until)
-        return start + remaining * self.profile.step_s(len(self._finish))
+        return start + remaining * self._step_s[len(self._finish)]
 
     def complete_due(self, now: float) -> list[RequestId]:
         self._advance(now)

@@ -1,0 +1,80 @@
+"""Hypothesis strategies: guard configurations, adversarial learner answers, and driver
+operation sequences (STYLE §11)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from floorguard.core.contract import (
+    AffineEnvelope,
+    Contract,
+    ContractClass,
+    DispatchOrder,
+    ExcessPolicy,
+    GuardConfig,
+    MeterKind,
+    WindowSchedule,
+)
+from floorguard.core.learner import Proposal
+
+TENANTS = ("a95", "b95", "a10", "mallory")  # two assured, one opportunistic, one unknown
+
+
+@st.composite
+def configs(draw) -> GuardConfig:
+    meter = draw(st.sampled_from(MeterKind))
+    floor_range = st.integers(1, 4) if meter is MeterKind.COUNT else st.integers(10, 120)
+    lower = draw(
+        st.one_of(st.none(), st.builds(AffineEnvelope, st.floats(0, 0.2), st.floats(0, 0.01)))
+    )
+    return GuardConfig(
+        contracts=(
+            Contract(
+                "a95",
+                ContractClass.ASSURED,
+                draw(st.floats(0.1, 2.0)),
+                draw(floor_range),
+                draw(st.sampled_from(ExcessPolicy)),
+            ),
+            Contract(
+                "b95",
+                ContractClass.ASSURED,
+                draw(st.floats(0.1, 2.0)),
+                draw(floor_range),
+                draw(st.sampled_from(ExcessPolicy)),
+            ),
+            Contract("a10", ContractClass.OPPORTUNISTIC, draw(st.floats(0.1, 2.0))),
+        ),
+        schedule=WindowSchedule(
+            draw(st.sampled_from([0.25, 0.5, 1.0])), draw(st.floats(-1.0, 1.0))
+        ),
+        slots=tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))),
+        dispatch=draw(st.sampled_from(DispatchOrder)),
+        meter=meter,
+        lower_envelope=lower,
+    )
+
+
+class LearnerFaultError(Exception):
+    pass
+
+
+answers = st.one_of(
+    st.builds(
+        Proposal, st.booleans(), st.sampled_from([None, *ContractClass]), st.floats(-1e6, 1e6)
+    ),
+    st.builds(Proposal, st.booleans(), st.none(), st.sampled_from([float("nan"), float("inf")])),
+    st.sampled_from([None, "admit", 1, Proposal(admit=1), LearnerFaultError("boom")]),  # type: ignore[arg-type]
+)
+
+# Gaps are often zero so that bursts queue up behind the C slots and both classes wait.
+gaps = st.one_of(st.just(0.0), st.floats(0, 0.3))
+arrival = st.tuples(
+    st.just("arrive"), gaps, st.sampled_from(TENANTS), st.integers(1, 64), st.integers(0, 16)
+)
+other = st.tuples(
+    st.sampled_from(["complete", "complete", "fail", "abort", "abort_queued"]),
+    gaps,
+    st.integers(0, 10**6),
+)
+operations = st.lists(st.one_of(arrival, arrival, other), min_size=20, max_size=150)

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from floorguard.sim.backend import BatchingBackend, FixedServiceBackend
+from floorguard.sim.profiles import DETERMINISTIC, V100_MOE
+from tests.helpers import make_request
+
+QUIET = replace(V100_MOE, jitter_mean=0.0, jitter_cap=0.0)
+
+
+def run_alone(backend, tokens):
+    backend.join(make_request(tokens=tokens, request_id=1), 0.0)
+    at = backend.next_completion_at()
+    assert backend.complete_due(at) == [1]
+    return at
+
+
+def test_batch_of_one_takes_exactly_the_lower_envelope():
+    """Alone and without jitter, service is prefill + ℓ·step(1) = L(ℓ)."""
+    for tokens in (1, 16, 256):
+        backend = BatchingBackend(QUIET, 4, np.random.default_rng(0))
+        assert run_alone(backend, tokens) == pytest.approx(QUIET.lower.at(tokens))
+
+
+def test_service_couples_to_load():
+    """Four sequences started together each take longer than one alone: every prefill
+    stalls the batch, and each step of four is slower."""
+    backend = BatchingBackend(QUIET, 4, np.random.default_rng(0))
+    for i in range(4):
+        backend.join(make_request(tokens=16, request_id=i), 0.0)
+    at = backend.next_completion_at()
+    assert sorted(backend.complete_due(at)) == [0, 1, 2, 3]
+    assert at == pytest.approx(4 * QUIET.prefill_s + 16 * QUIET.step_s(4))
+    assert at > QUIET.lower.at(16) * 1.5
+
+
+def test_join_beyond_capacity_is_refused():
+    """The backend model enforces C, so an over-dispatching driver fails loudly."""
+    backend = BatchingBackend(QUIET, 1, np.random.default_rng(0))
+    backend.join(make_request(request_id=1), 0.0)
+    with pytest.raises(RuntimeError, match="over-dispatched"):
+        backend.join(make_request(request_id=2), 0.0)
+
+
+def test_a_late_joiner_slows_running_sequences_by_its_prefill():
+    """A join mid-flight stalls the batch for one prefill; the earlier request finishes later
+    than alone by the prefill plus the slower shared steps."""
+    backend = BatchingBackend(QUIET, 4, np.random.default_rng(0))
+    backend.join(make_request(tokens=16, request_id=1), 0.0)
+    backend.join(make_request(tokens=16, request_id=2), 0.1)
+    first = backend.next_completion_at()
+    assert backend.complete_due(first) == [1]
+    assert first > QUIET.lower.at(16) + QUIET.prefill_s
+
+
+def test_cost_grows_with_requests_not_tokens():
+    """Membership-change stepping: the number of completion events does not depend on ℓ."""
+
+    def events(tokens):
+        backend = BatchingBackend(QUIET, 4, np.random.default_rng(0))
+        count = 0
+        for i in range(4):
+            backend.join(make_request(tokens=tokens * (i + 1), request_id=i), 0.0)
+        while (at := backend.next_completion_at()) is not None:
+            backend.complete_due(at)
+            count += 1
+        return count
+
+    assert events(4) == events(4000) == 4
+
+
+def test_jitter_only_lengthens_service_and_is_capped():
+    """j ∈ [1, 1 + cap]: alone, service stays within [L(ℓ), prefill + ℓ·step(1)·(1+cap)]."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        at = run_alone(BatchingBackend(V100_MOE, 4, rng), 16)
+        assert V100_MOE.lower.at(16) - 1e-12 <= at
+        assert at <= V100_MOE.prefill_s + 16 * V100_MOE.step_1_s * (1 + V100_MOE.jitter_cap) + 1e-12
+
+
+def test_deterministic_slots_ignore_load():
+    """Deterministic mode: service is L(ℓ) whatever else runs."""
+    backend = FixedServiceBackend(DETERMINISTIC, 4)
+    for i in range(4):
+        backend.join(make_request(tokens=16, request_id=i), 0.0)
+    assert backend.next_completion_at() == pytest.approx(DETERMINISTIC.lower.at(16))

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import pytest
+
+from floorguard.analysis.checker import check_trace, format_prefix
+from floorguard.core.contract import AffineEnvelope, DispatchOrder
+from floorguard.core.events import EventKind, TraceEvent
+from floorguard.sim.run import simulate_once
+from floorguard.sim.scenarios import marquee
+from tests.helpers import make_config, make_guard, make_request
+
+
+@pytest.fixture(scope="module")
+def marquee_events():
+    run = simulate_once(marquee(), seed=7)
+    return run.events
+
+
+def first(events, kind, **fields):
+    for i, e in enumerate(events):
+        if e.kind is kind and all(getattr(e, k) == v for k, v in fields.items()):
+            return i
+    raise AssertionError(f"no {kind} with {fields}")
+
+
+def props(report):
+    return [v.prop for v in report.violations]
+
+
+def test_a_simulated_marquee_trace_passes(marquee_events):
+    """The simulator's own trace satisfies AF, DR, ORDER, SLOTS and TERMINAL."""
+    report = check_trace(marquee_events)
+    assert report.ok(), report.violations[:3]
+    assert report.num_drops > 0 and report.num_entitled > 0
+    assert sum(report.counts.values()) == report.num_requests
+
+
+def test_an_entitled_request_admitted_as_surplus_violates_AF(marquee_events):
+    """Flipping one entitled admission to surplus is caught at that very event."""
+    events = list(marquee_events)
+    i = first(events, EventKind.ADMIT, entitled=True)
+    events[i] = events[i]._replace(entitled=False)
+    report = check_trace(events)
+    assert report.violations[0].prop == "AF" and report.violations[0].index == i
+
+
+def test_granting_beyond_B_violates_AF(marquee_events):
+    """Turning a floor_exhausted rejection into an entitled admission over-grants the floor."""
+    events = list(marquee_events)
+    i = first(events, EventKind.REJECT, reason="floor_exhausted")
+    events[i] = events[i]._replace(kind=EventKind.ADMIT, entitled=True, reason=None)
+    report = check_trace(events)
+    assert report.violations[0].prop == "AF"
+    assert "beyond B" in report.violations[0].message
+
+
+def test_a_drop_with_slack_violates_DR(marquee_events):
+    """A drop made while t + L(ℓ) ≤ D is not doom-sound."""
+    events = list(marquee_events)
+    i = first(events, EventKind.DROP)
+    rid = events[i].request_id
+    arrive = events[first(events, EventKind.ARRIVE, request_id=rid)]
+    events[i] = events[i]._replace(at=arrive.at)
+    report = check_trace(events)
+    assert report.violations[0].prop == "DR" and report.violations[0].index == i
+
+
+def hand_trace(dispatch=DispatchOrder.ASSURED_FIRST):
+    """Slots C = 1: an entitled and a surplus request both queued behind a running one."""
+    events = []
+    guard = make_guard(make_config(floor=5, slots=(1,), dispatch=dispatch), events=events)
+    for rid, assured in [(0, True), (1, False), (2, True)]:
+        guard.on_arrival(make_request(request_id=rid, assured=assured), 0.0)
+        guard.poll(0.0)
+    for t in (0.3, 0.6, 0.9):
+        guard.on_complete(next(iter(guard._in_flight)), t)
+        guard.poll(t)
+    return events
+
+
+def test_surplus_started_while_entitled_waits_violates_ORDER():
+    """Swapping the dispatch order of a surplus and an entitled request is caught."""
+    events = hand_trace()
+    assert check_trace(events).ok()
+    d2 = first(events, EventKind.DISPATCH, request_id=2)
+    d1 = first(events, EventKind.DISPATCH, request_id=1)
+    assert d2 < d1  # the guard started the entitled one first
+    events[d2], events[d1] = (
+        events[d1]._replace(at=events[d2].at),
+        events[d2]._replace(at=events[d1].at),
+    )
+    assert props(check_trace(events))[0] == "ORDER"
+
+
+def test_fifo_trace_passes_and_out_of_order_fails():
+    """In FIFO mode, starts must follow admission order."""
+    events = hand_trace(DispatchOrder.FIFO)
+    assert check_trace(events).ok()
+    d1 = first(events, EventKind.DISPATCH, request_id=1)
+    d2 = first(events, EventKind.DISPATCH, request_id=2)
+    events[d1], events[d2] = events[d2], events[d1]
+    assert "ORDER" in props(check_trace(events))
+
+
+def test_more_than_C_in_flight_violates_SLOTS():
+    """An extra dispatch while the only slot is busy is caught."""
+    events = hand_trace()
+    extra = events[first(events, EventKind.DISPATCH, request_id=1)]
+    events.insert(first(events, EventKind.ENQUEUE, request_id=1) + 1, extra)
+    assert props(check_trace(events))[0] == "SLOTS"
+
+
+def test_missing_and_double_terminal_outcomes_violate_TERMINAL():
+    """No outcome, or two outcomes, for one request."""
+    events = hand_trace()
+    last = first(events, EventKind.COMPLETE, request_id=1)
+    missing = events[:last] + events[last + 1 :]
+    assert props(check_trace(missing)) == ["TERMINAL"]
+    assert check_trace(missing, allow_open=True).ok()
+    doubled = [*events, events[last]]
+    assert props(check_trace(doubled)) == ["TERMINAL"]
+
+
+def test_late_entitled_completion_is_SF_and_fails_only_when_strict():
+    """SF is conditional: reported always, failing only with strict_sf."""
+    events = hand_trace()
+    i = first(events, EventKind.COMPLETE, request_id=2)
+    events[i] = events[i]._replace(at=5.0)
+    report = check_trace(events)
+    assert report.num_sf_late == 1 and report.ok() and not report.ok(strict_sf=True)
+
+
+def test_prefix_printing_names_the_violation_and_ends_at_it(marquee_events):
+    """format_prefix shows the property, the index and the events up to it."""
+    events = list(marquee_events)
+    i = first(events, EventKind.ADMIT, entitled=True)
+    events[i] = events[i]._replace(entitled=False)
+    violation = check_trace(events).violations[0]
+    text = format_prefix(events, violation)
+    assert f"AF at event {i}" in text
+    assert text.rstrip().splitlines()[-1].lstrip().startswith(str(i))
+
+
+def test_drop_without_a_lower_envelope_is_never_sound():
+    """With no L in the config, any drop is a DR violation."""
+    events = [TraceEvent(0.0, EventKind.CONFIG, data=None)]
+    guard_events = []
+    make_guard(make_config(lower=None), events=guard_events)
+    rid = 1
+    events = [
+        guard_events[0],
+        TraceEvent(0.0, EventKind.ARRIVE, rid, "a10", None, deadline_at=1.0, num_output_tokens=16),
+        TraceEvent(5.0, EventKind.DROP, rid, "a10", reason="doomed"),
+    ]
+    assert props(check_trace(events)) == ["DR"]
+    lower = make_config(lower=AffineEnvelope(0.1, 0.0))
+    assert lower.lower_envelope is not None

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from floorguard.cli import main
+
+CONTRACT_CLASS_KEYS = {"offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"}
+
+
+def run_json(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_json_has_the_stable_contract(capsys):
+    """--json prints one object with the documented fields, counts summed over reps."""
+    out = run_json(
+        capsys, "simulate", "--scenario", "marquee", "--reps", "2", "--seed", "3", "--json"
+    )
+    for name in ("assured", "opportunistic"):
+        assert out[name].keys() >= CONTRACT_CLASS_KEYS
+    assert {"rho_eff", "max_assured_backlog", "reps", "wall_s", "sim_requests_per_s"} <= out.keys()
+    assert "attainment" in out["assured"]
+    assert out["reps"] == 2
+    a = out["assured"]
+    assert a["offered"] == a["admitted"] + a["rejected"]
+    assert a["miss"] == pytest.approx(a["late"] / a["admitted"])
+
+
+def test_simulate_is_deterministic_for_a_seed(capsys):
+    """The same seed gives the same counts; another seed gives other arrivals."""
+    first = run_json(capsys, "simulate", "--seed", "11", "--json")
+    again = run_json(capsys, "simulate", "--seed", "11", "--json")
+    other = run_json(capsys, "simulate", "--seed", "12", "--json")
+    assert first["assured"] == again["assured"]
+    assert first["assured"]["offered"] != other["assured"]["offered"] or (
+        first["opportunistic"]["offered"] != other["opportunistic"]["offered"]
+    )
+
+
+def test_overrides_reach_the_guard(capsys):
+    """--floor, --slots, --deadline-ms and --profile change the configuration used."""
+    out = run_json(
+        capsys,
+        "simulate",
+        "--floor",
+        "3",
+        "--slots",
+        "2",
+        "--deadline-ms",
+        "900",
+        "--profile",
+        "deterministic",
+        "--learner",
+        "always-reject",
+        "--json",
+    )
+    assert (out["floor"], out["slots"], out["deadline_ms"], out["profile"]) == (
+        3,
+        2,
+        900.0,
+        "deterministic",
+    )
+    assert out["opportunistic"]["admitted"] == 0
+    assert out["max_assured_backlog"] <= 3
+
+
+def test_zero_denominator_ratio_is_null(capsys):
+    """With no opportunistic admissions, opportunistic miss is JSON null."""
+    out = run_json(capsys, "simulate", "--learner", "always-reject", "--json")
+    assert out["opportunistic"]["miss"] is None
+
+
+def test_trace_out_then_verify(tmp_path, capsys):
+    """A written trace verifies (exit 0); a tampered one fails (exit 1) naming AF."""
+    path = tmp_path / "run.jsonl"
+    assert main(["simulate", "--trace-out", str(path), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 0
+    assert "OK" in capsys.readouterr().out
+    lines = path.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if '"entitled":true' in line)
+    lines[i] = lines[i].replace('"entitled":true', '"entitled":false')
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "first violation: AF" in out and "FAIL" in out
+
+
+def test_multi_rep_trace_out_writes_one_file_per_rep(tmp_path, capsys):
+    """--reps 2 with --trace-out writes FILE-rep0 and FILE-rep1."""
+    assert (
+        main(["simulate", "--reps", "2", "--trace-out", str(tmp_path / "t.jsonl"), "--json"]) == 0
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-rep0.jsonl", "t-rep1.jsonl"]
+
+
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
+    """A malformed trace or a bad value is an error message and exit 2, not a traceback."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 0, "event": "arrive"}\n')
+    assert main(["verify", str(bad)]) == 2
+    assert "config event" in capsys.readouterr().err
+    assert main(["simulate", "--floor", "0"]) == 2
+    assert "floor = 0" in capsys.readouterr().err
+    assert main(["simulate", "--reps", "0"]) == 2
+
+
+def test_human_output_names_the_region(capsys):
+    """Without --json the summary says whether the run is inside SPEC §6's region."""
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "floor-entitled attainment" in out and "SPEC §6 region" in out
