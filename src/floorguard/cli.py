@@ -32,7 +32,7 @@ from floorguard.errors import FloorguardError
 from floorguard.learners.registry import LEARNERS
 from floorguard.sim.profiles import PROFILES
 from floorguard.sim.run import SimRun, simulate_once
-from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario
+from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
 
 __all__ = ["main"]
 
@@ -44,7 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     sim = commands.add_parser("simulate", help="run a scenario on the simulator")
-    sim.add_argument("--scenario", default="marquee", choices=sorted(SCENARIOS))
+    sim.add_argument(
+        "--scenario",
+        default="marquee",
+        choices=[*sorted(SCENARIOS), "trace"],
+        help="a named scenario, or 'trace' to replay --trace FILE",
+    )
     sim.add_argument("--policy", default="guard", choices=POLICIES)
     sim.add_argument("--learner", default="always-admit", choices=sorted(LEARNERS))
     sim.add_argument("--reps", type=int, default=1, help="independent seeded runs (default 1)")
@@ -60,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         "named FILE-repN.jsonl",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    replay = sim.add_argument_group("trace replay (--scenario trace)")
+    replay.add_argument("--trace", help="an Azure LLM inference or BurstGPT CSV file")
+    replay.add_argument("--assured-fraction", type=float, default=0.3)
+    replay.add_argument("--trace-offset-s", type=float, default=0.0)
+    replay.add_argument("--trace-duration-s", type=float, default=120.0)
+    replay.add_argument("--speedup", type=float, default=1.0)
+    replay.add_argument("--max-tokens", type=int, default=48, help="output cap (ℓ)")
 
     verify = commands.add_parser("verify", help="check a decision log for AF, DR, SF, order")
     verify.add_argument("trace", type=Path)
@@ -97,7 +109,20 @@ def _trace_path(base: Path, rep: int, reps: int) -> Path:
 
 def _scenario(args: argparse.Namespace) -> Scenario:
     deadline_s = args.deadline_ms / 1e3 if args.deadline_ms is not None else None
-    return create_scenario(args.scenario).with_overrides(
+    if args.scenario == "trace":
+        if not args.trace:
+            raise FloorguardError("--scenario trace needs --trace FILE (Azure or BurstGPT CSV)")
+        base = trace_replay(
+            args.trace,
+            assured_fraction=args.assured_fraction,
+            offset_s=args.trace_offset_s,
+            duration_s=args.trace_duration_s,
+            speedup=args.speedup,
+            max_tokens=args.max_tokens,
+        )
+    else:
+        base = create_scenario(args.scenario)
+    return base.with_overrides(
         floor=args.floor, slots=args.slots, deadline_s=deadline_s, profile=args.profile
     )
 

@@ -16,9 +16,18 @@ from floorguard.core.contract import (
 )
 from floorguard.errors import ConfigError, require
 from floorguard.sim.profiles import ServiceProfile, get_profile
-from floorguard.sim.workloads import FixedLength, PoissonArrivals, Stream, SyntheticStream
+from floorguard.sim.traces import load_trace
+from floorguard.sim.workloads import (
+    ByFraction,
+    FixedLength,
+    PoissonArrivals,
+    Stream,
+    SyntheticStream,
+    TraceLength,
+    TraceStream,
+)
 
-__all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee"]
+__all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee", "trace_replay"]
 
 ASSURED_TENANT = "a95"
 """The assured tenant's name in the catalogue scenarios ("A95" in reports)."""
@@ -112,6 +121,42 @@ def marquee(
     )
 
 
+def trace_replay(
+    path: str,
+    *,
+    assured_fraction: float = 0.3,
+    offset_s: float = 0.0,
+    duration_s: float = 120.0,
+    speedup: float = 1.0,
+    max_tokens: int = 48,
+    profile: str = "v100-moe",
+    floor: int = 6,
+    slots: int = 4,
+    deadline_s: float = 1.820,
+) -> Scenario:
+    """Replay an Azure or BurstGPT trace slice, open loop at its own timestamps: each row is
+    assured with probability `assured_fraction`, output capped at `max_tokens`."""
+    require(max_tokens >= 1, "max_tokens", max_tokens, "must be ≥ 1")
+    stream = TraceStream(
+        load_trace(path),
+        ByFraction(ASSURED_TENANT, OPPORTUNISTIC_TENANT, assured_fraction),
+        TraceLength(cap=max_tokens),
+        offset_s=offset_s,
+        duration_s=duration_s,
+        speedup=speedup,
+    )
+    return Scenario(
+        name="trace",
+        contracts=(
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor),
+            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
+        ),
+        streams=(stream,),
+        profile=get_profile(profile),
+        slots=(slots,),
+    )
+
+
 def _light() -> Scenario:
     """The marquee's assured stream alone: the "light load" of SPEC §5."""
     return replace(marquee(opportunistic_rate_per_s=0), name="light")
@@ -121,6 +166,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "marquee": marquee,
     "light": _light,
 }
+"""Scenarios that need no input; `trace_replay` needs a file and is built by the CLI."""
 
 
 def create_scenario(name: str) -> Scenario:
