@@ -88,3 +88,14 @@ def test_deterministic_slots_ignore_load():
     for i in range(4):
         backend.join(make_request(tokens=16, request_id=i), 0.0)
     assert backend.next_completion_at() == pytest.approx(DETERMINISTIC.lower.at(16))
+
+
+def test_step_time_never_falls_and_keeps_growing_past_the_reference_width():
+    """step(n) is non-decreasing in n and still grows beyond C_ref = 4 (E18 uses 6 and 8)."""
+    steps = [V100_MOE.step_s(n) for n in range(1, 17)]
+    assert steps == sorted(steps)
+    assert V100_MOE.step_s(1) == pytest.approx(V100_MOE.step_1_s)
+    assert V100_MOE.step_s(4) == pytest.approx(V100_MOE.step_full_s)
+    assert V100_MOE.step_s(8) > V100_MOE.step_s(6) > V100_MOE.step_s(4)
+    linear = replace(V100_MOE, coupling_shape=1.0)
+    assert linear.step_s(2) - linear.step_s(1) == pytest.approx(linear.step_s(8) - linear.step_s(7))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from floorguard.analysis.checker import check_trace, format_prefix
-from floorguard.core.contract import AffineEnvelope, DispatchOrder
+from floorguard.core.contract import DispatchOrder
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import marquee
@@ -143,15 +143,11 @@ def test_prefix_printing_names_the_violation_and_ends_at_it(marquee_events):
 
 def test_drop_without_a_lower_envelope_is_never_sound():
     """With no L in the config, any drop is a DR violation."""
-    events = [TraceEvent(0.0, EventKind.CONFIG, data=None)]
     guard_events = []
     make_guard(make_config(lower=None), events=guard_events)
-    rid = 1
     events = [
         guard_events[0],
-        TraceEvent(0.0, EventKind.ARRIVE, rid, "a10", None, deadline_at=1.0, num_output_tokens=16),
-        TraceEvent(5.0, EventKind.DROP, rid, "a10", reason="doomed"),
+        TraceEvent(0.0, EventKind.ARRIVE, 1, "a10", None, deadline_at=1.0, num_output_tokens=16),
+        TraceEvent(5.0, EventKind.DROP, 1, "a10", reason="doomed"),
     ]
     assert props(check_trace(events)) == ["DR"]
-    lower = make_config(lower=AffineEnvelope(0.1, 0.0))
-    assert lower.lower_envelope is not None

@@ -163,61 +163,62 @@ class Guard:
     ) -> Admission:
         """Bind the class from the tenant, charge the floor, ask the learner for the surplus."""
         contract = self._contracts.get(request.tenant)
-        sink = self._sink
-        if sink is not None:
-            sink(
-                TraceEvent(
-                    now,
-                    EventKind.ARRIVE,
-                    request.request_id,
-                    request.tenant,
-                    contract.cls if contract else None,
-                    deadline_at=request.arrival_at + contract.deadline_budget_s
-                    if contract
-                    else None,
-                    num_output_tokens=request.num_output_tokens,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    scheduled_at=scheduled_at,
-                )
-            )
+        if self._sink is not None:
+            self._emit_arrive(request, contract, now, scheduled_at)
         if contract is None:
             self.stats.unknown_tenant += 1
             return self._reject(request, None, None, RejectReason.UNKNOWN_TENANT, now)
-        stats = self.stats.per_class[contract.cls]
-        stats.offered += 1
+        self.stats.per_class[contract.cls].offered += 1
         deadline_at = request.arrival_at + contract.deadline_budget_s
-        if contract.cls is not ASSURED:
-            return self._admit_surplus(request, contract, deadline_at, None, now, demoted=False)
+        if contract.cls is ASSURED:
+            return self._arrive_assured(request, contract, deadline_at, now)
+        return self._admit_surplus(request, contract, deadline_at, None, now, demoted=False)
+
+    def _arrive_assured(
+        self, request: Request, contract: Contract, deadline_at: float, now: float
+    ) -> Admission:
+        """SPEC §4.1: entitled from the floor, else cost-excess, else the excess policy."""
         self._max_assured_tokens = max(self._max_assured_tokens, request.num_output_tokens)
         charge = self._meter.charge(contract, request, now)
+        window = charge.window_index
         if charge.verdict is MeterVerdict.ENTITLED:
-            stats.entitled += 1
-            return self._admit(
-                request, contract, deadline_at, charge.window_index, now, entitled=True
-            )
+            self.stats.per_class[ASSURED].entitled += 1
+            return self._admit(request, contract, deadline_at, window, now, entitled=True)
         if charge.verdict is MeterVerdict.COST_EXCESS:
-            return self._reject(
-                request, contract, charge.window_index, RejectReason.COST_EXCESS, now
-            )
+            return self._reject(request, contract, window, RejectReason.COST_EXCESS, now)
         if contract.excess_policy is ExcessPolicy.REJECT:
-            return self._reject(
-                request, contract, charge.window_index, RejectReason.FLOOR_EXHAUSTED, now
-            )
-        stats.demoted += 1
-        if sink is not None:
-            sink(
+            return self._reject(request, contract, window, RejectReason.FLOOR_EXHAUSTED, now)
+        self.stats.per_class[ASSURED].demoted += 1
+        if self._sink is not None:
+            self._sink(
                 TraceEvent(
                     now,
                     EventKind.DEMOTE,
                     request.request_id,
                     request.tenant,
                     contract.cls,
-                    window=charge.window_index,
+                    window=window,
                     reason="burst_excess",
                 )
             )
-        return self._admit_surplus(
-            request, contract, deadline_at, charge.window_index, now, demoted=True
+        return self._admit_surplus(request, contract, deadline_at, window, now, demoted=True)
+
+    def _emit_arrive(
+        self, request: Request, contract: Contract | None, now: float, scheduled_at: float | None
+    ) -> None:
+        assert self._sink is not None
+        self._sink(
+            TraceEvent(
+                now,
+                EventKind.ARRIVE,
+                request.request_id,
+                request.tenant,
+                contract.cls if contract else None,
+                deadline_at=request.arrival_at + contract.deadline_budget_s if contract else None,
+                num_output_tokens=request.num_output_tokens,
+                num_prompt_tokens=request.num_prompt_tokens,
+                scheduled_at=scheduled_at,
+            )
         )
 
     def _admit_surplus(

@@ -47,8 +47,9 @@ class ServiceProfile:
     ceiling: AffineEnvelope
     """`s_max(ℓ)`: the service ceiling the monitors and the §6 report use."""
     coupling_shape: float = 1.0
-    """`r` in `step(n) = step_1 + (step_full − step_1)·(1 − r^(n−1))/(1 − r^(C_ref−1))`:
-    1 is linear in `n`; below 1 most of the slowdown comes with the first extra sequences."""
+    """`r` in `step(n) = step_1 + (step_full − step_1)·(1 − r^(n−1))/(1 − r^(C_ref−1))` for
+    `n ≤ C_ref`: 1 is linear in `n`; below 1 most of the slowdown comes with the first extra
+    sequences; 0 puts all of it on the second."""
     reference_slots: int = 4
     jitter_mean: float = 0.0
     """Mean of the exponential part of `j − 1`."""
@@ -91,9 +92,15 @@ class ServiceProfile:
         return AffineEnvelope(self.prefill_s, self.step_1_s)
 
     def step_s(self, num_running: int) -> float:
+        """Decode step of `num_running` sequences. Up to `reference_slots` the fitted curve;
+        past it (no published figure there) linear at the average slope of 1..C_ref, so
+        every further sequence still slows the step."""
         r, k = self.coupling_shape, self.reference_slots - 1
+        rise = self.step_full_s - self.step_1_s
+        if num_running > self.reference_slots:
+            return self.step_full_s + rise / k * (num_running - self.reference_slots)
         grown = (num_running - 1) / k if r == 1 else (1 - r ** (num_running - 1)) / (1 - r**k)
-        return self.step_1_s + (self.step_full_s - self.step_1_s) * grown
+        return self.step_1_s + rise * grown
 
     def scaled(self, name: str, factor: float) -> ServiceProfile:
         """The same shape on hardware `factor` times as slow (every duration scaled)."""

@@ -33,7 +33,7 @@ class SimRun:
 
 class _Simulation:
     def __init__(
-        self, scenario: Scenario, guard: Guard, backends: list[SimBackend], record_first_token: bool
+        self, guard: Guard, backends: list[SimBackend], *, record_first_token: bool
     ) -> None:
         self.engine = Engine()
         self.guard = guard
@@ -110,7 +110,7 @@ def simulate_once(
         create_backend(scenario.profile, c, r)
         for c, r in zip(scenario.slots, backend_rngs, strict=True)
     ]
-    sim = _Simulation(scenario, guard, backends, record_first_token=record)
+    sim = _Simulation(guard, backends, record_first_token=record)
     for request in requests:
         sim.engine.schedule(request.arrival_at, Priority.ARRIVAL, sim.on_arrival, request)
     sim.engine.run()
