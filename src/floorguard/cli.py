@@ -25,18 +25,19 @@ from floorguard.analysis.checker import check_trace, format_prefix
 from floorguard.analysis.metrics import RunMetrics, measure
 from floorguard.analysis.records import fold_trace
 from floorguard.analysis.summary import pool_runs
+from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
+from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.bench import bench_calibration, bench_sim
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
-from floorguard.learners.registry import LEARNERS
+from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
+from floorguard.sim.probe import fit_probe_model
 from floorguard.sim.profiles import PROFILES
 from floorguard.sim.run import SimRun, simulate_once
 from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
 
 __all__ = ["main"]
-
-POLICIES = ("guard",)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,8 +51,23 @@ def _parser() -> argparse.ArgumentParser:
         choices=[*sorted(SCENARIOS), "trace"],
         help="a named scenario, or 'trace' to replay --trace FILE",
     )
-    sim.add_argument("--policy", default="guard", choices=POLICIES)
-    sim.add_argument("--learner", default="always-admit", choices=sorted(LEARNERS))
+    sim.add_argument(
+        "--policy",
+        default="guard",
+        choices=sorted(POLICIES),
+        help="the guard, or a comparison stack (SPEC §7)",
+    )
+    sim.add_argument(
+        "--learner",
+        default="always-admit",
+        help=f"one of {', '.join(sorted(LEARNERS))}, or package.module:factory",
+    )
+    sim.add_argument(
+        "--beta",
+        type=float,
+        default=1.0,
+        help="miscalibration β of the predictor learners (admit iff β·pred ≤ SLO)",
+    )
     sim.add_argument("--reps", type=int, default=1, help="independent seeded runs (default 1)")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--profile", choices=sorted(PROFILES), help="service profile override")
@@ -65,6 +81,34 @@ def _parser() -> argparse.ArgumentParser:
         "named FILE-repN.jsonl",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    stacks = sim.add_argument_group("comparison stacks")
+    stacks.add_argument(
+        "--mapping-fault",
+        choices=[m.value for m in MappingFault],
+        default="none",
+        help="flow-control: swap the classes' objectives",
+    )
+    stacks.add_argument(
+        "--saturation-queue-depth",
+        type=int,
+        default=5,
+        help="flow-control: waiting requests per backend that mean saturated",
+    )
+    stacks.add_argument(
+        "--queue-ttl-ms",
+        type=float,
+        help="flow-control: queue TTL (default: each request's deadline budget)",
+    )
+    stacks.add_argument(
+        "--rate-limit-assured-per-s",
+        type=float,
+        help="rate-limit-class: assured bucket rate (default B/W)",
+    )
+    stacks.add_argument("--rate-limit-opportunistic-per-s", type=float, default=4.0)
+    stacks.add_argument("--rate-limit-flat-per-s", type=float, default=10.0)
+    stacks.add_argument(
+        "--rate-limit-burst-s", type=float, default=1.0, help="bucket size, in seconds of its rate"
+    )
     replay = sim.add_argument_group("trace replay (--scenario trace)")
     replay.add_argument("--trace", help="an Azure LLM inference or BurstGPT CSV file")
     replay.add_argument("--assured-fraction", type=float, default=0.3)
@@ -127,6 +171,31 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     )
 
 
+def _stack_options(args: argparse.Namespace) -> StackOptions:
+    return StackOptions(
+        rate_limits=RateLimits(
+            assured_per_s=args.rate_limit_assured_per_s,
+            opportunistic_per_s=args.rate_limit_opportunistic_per_s,
+            flat_per_s=args.rate_limit_flat_per_s,
+            burst_s=args.rate_limit_burst_s,
+        ),
+        flow_control=FlowControlOptions(
+            mapping_fault=MappingFault(args.mapping_fault),
+            queue_depth_threshold=args.saturation_queue_depth,
+            queue_ttl_s=args.queue_ttl_ms / 1e3 if args.queue_ttl_ms is not None else None,
+        ),
+    )
+
+
+def _learner_options(args: argparse.Namespace, scenario: Scenario) -> LearnerOptions:
+    """β and the SLO for the predictors, with a model fitted once on probes of this backend."""
+    model = None
+    if needs_latency_model(args.learner):
+        model = fit_probe_model(scenario.profile, scenario.slots[0], seed=args.seed)
+    slo_s = min(c.deadline_budget_s for c in scenario.contracts)
+    return LearnerOptions(beta=args.beta, slo_s=slo_s, latency_model=model)
+
+
 def _assumptions(scenario: Scenario, runs: list[SimRun]) -> dict[str, Any]:
     guards = [r.guard for r in runs]
     report = assumption_report(
@@ -144,12 +213,21 @@ def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
     scenario = _scenario(args)
     started = time.perf_counter()
+    learner_options = _learner_options(args, scenario)
+    stack_options = _stack_options(args)
     runs: list[SimRun] = []
     metrics: list[RunMetrics] = []
     with Progress(console=console, transient=True, disable=args.reps == 1) as progress:
         task = progress.add_task(f"{scenario.name} × {args.reps} reps", total=args.reps)
         for rep, seed in enumerate(_rep_seeds(args.seed, args.reps)):
-            run = simulate_once(scenario, seed=seed, learner=args.learner)
+            run = simulate_once(
+                scenario,
+                seed=seed,
+                policy=args.policy,
+                learner=args.learner,
+                learner_options=learner_options,
+                stack_options=stack_options,
+            )
             assert run.events is not None
             if args.trace_out is not None:
                 write_jsonl(run.events, str(_trace_path(args.trace_out, rep, args.reps)))
@@ -171,6 +249,12 @@ def cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         **pool_runs(metrics),
         "assumptions": _assumptions(scenario, runs),
         "learner_faults": sum(r.guard.stats.learner_faults for r in runs),
+        "beta": args.beta,
+        "learner_model": (
+            learner_options.latency_model.as_dict()
+            if learner_options.latency_model is not None
+            else None
+        ),
         "reps": args.reps,
         "num_requests": num_requests,
         "wall_s": time.perf_counter() - started,

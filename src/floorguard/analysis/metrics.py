@@ -135,10 +135,14 @@ def worst_phase(phase_counts: Iterable[tuple[float, int, int]]) -> tuple[float |
 
 
 def max_assured_backlog(records: Iterable[RequestRecord]) -> int:
-    """Largest `Q_A`: floor-entitled requests admitted and not yet started (or dropped)."""
+    """Largest `Q_A`: assured-class requests admitted and not yet started (or dropped).
+
+    Counted by class, not entitlement, so every stack is measured alike; for the guard under
+    the `reject` policy the two coincide. (The guard's own `BacklogMonitor`, the §6
+    precondition, counts floor-entitled requests only.)"""
     changes: list[tuple[float, int]] = []
     for r in records:
-        if r.entitled:
+        if r.admitted and r.cls is ContractClass.ASSURED:
             changes.append((r.arrival_at, 0))  # at one instant, admissions count first
             left_at = r.dispatched_at if not math.isnan(r.dispatched_at) else r.ended_at
             changes.append((left_at, 1))

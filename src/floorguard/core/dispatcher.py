@@ -144,6 +144,13 @@ class SlotPool:
         self.num_free -= 1
         return backend
 
+    def acquire_on(self, backend: int) -> None:
+        """Take a slot on one given backend (a stack whose backends keep their own queue)."""
+        if self._free[backend] <= 0:
+            raise RuntimeError(f"acquire_on({backend}) with no free slot there")
+        self._free[backend] -= 1
+        self.num_free -= 1
+
     def release(self, backend: int) -> None:
         if self._free[backend] >= self.capacity[backend]:
             raise RuntimeError(f"release() of backend {backend} with no slot in use")

@@ -22,15 +22,18 @@ from floorguard.core.contract import (
     MeterKind,
     WindowSchedule,
 )
-from floorguard.core.request import RequestId
+from floorguard.core.learner import Consultation
+from floorguard.core.request import Request, RequestId
 from floorguard.errors import TraceError
 
 __all__ = [
     "TERMINAL_KINDS",
     "EventKind",
     "TraceEvent",
+    "arrive_event",
     "config_from_dict",
     "config_to_dict",
+    "propose_event",
     "read_jsonl",
     "write_jsonl",
 ]
@@ -92,6 +95,44 @@ _WIRE_NAMES = {
     "data": "config",
 }
 _FIELD_NAMES = {wire: name for name, wire in _WIRE_NAMES.items()}
+
+
+def arrive_event(
+    now: float, request: Request, contract: Contract | None, scheduled_at: float | None
+) -> TraceEvent:
+    """The `arrive` event: the class and deadline come from the tenant's contract."""
+    return TraceEvent(
+        now,
+        EventKind.ARRIVE,
+        request.request_id,
+        request.tenant,
+        contract.cls if contract else None,
+        deadline_at=request.arrival_at + contract.deadline_budget_s if contract else None,
+        num_output_tokens=request.num_output_tokens,
+        num_prompt_tokens=request.num_prompt_tokens,
+        scheduled_at=scheduled_at,
+    )
+
+
+def propose_event(
+    now: float, request: Request, cls: ContractClass, consultation: Consultation
+) -> TraceEvent:
+    """The `propose` event for a learner consultation: the proposal, or the fault."""
+    proposal, fault = consultation
+    rid, tenant = request.request_id, request.tenant
+    if proposal is None:
+        return TraceEvent(now, EventKind.PROPOSE, rid, tenant, cls, reason=fault)
+    relabel = proposal.proposed_class
+    return TraceEvent(
+        now,
+        EventKind.PROPOSE,
+        rid,
+        tenant,
+        cls,
+        admit=proposal.admit,
+        hint=float(proposal.priority_hint),
+        proposed_cls=relabel.value if relabel else None,
+    )
 
 
 def to_json(event: TraceEvent) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from floorguard.core.contract import (
     Contract,
@@ -28,8 +28,14 @@ from floorguard.core.contract import (
 )
 from floorguard.core.dispatcher import SlotPool, Ticket, create_dispatcher
 from floorguard.core.doom import DoomGate, DoomVerdict
-from floorguard.core.events import EventKind, TraceEvent, config_to_dict
-from floorguard.core.learner import Learner, LoadSnapshot, Proposal, is_well_formed
+from floorguard.core.events import (
+    EventKind,
+    TraceEvent,
+    arrive_event,
+    config_to_dict,
+    propose_event,
+)
+from floorguard.core.learner import Learner, LoadSnapshot, Proposal, consult
 from floorguard.core.meter import MeterVerdict, ReservationMeter
 from floorguard.core.monitors import (
     AssumptionReport,
@@ -73,7 +79,8 @@ class Admission(NamedTuple):
     demoted: bool
     window_index: int | None
     deadline_at: float | None
-    reason: RejectReason | None = None
+    reason: str | None = None
+    """A `RejectReason` from the guard; comparison stacks add their own (`rate_limited`, …)."""
 
 
 class Dispatch(NamedTuple):
@@ -164,7 +171,7 @@ class Guard:
         """Bind the class from the tenant, charge the floor, ask the learner for the surplus."""
         contract = self._contracts.get(request.tenant)
         if self._sink is not None:
-            self._emit_arrive(request, contract, now, scheduled_at)
+            self._sink(arrive_event(now, request, contract, scheduled_at))
         if contract is None:
             self.stats.unknown_tenant += 1
             return self._reject(request, None, None, RejectReason.UNKNOWN_TENANT, now)
@@ -202,24 +209,6 @@ class Guard:
                 )
             )
         return self._admit_surplus(request, contract, deadline_at, window, now, demoted=True)
-
-    def _emit_arrive(
-        self, request: Request, contract: Contract | None, now: float, scheduled_at: float | None
-    ) -> None:
-        assert self._sink is not None
-        self._sink(
-            TraceEvent(
-                now,
-                EventKind.ARRIVE,
-                request.request_id,
-                request.tenant,
-                contract.cls if contract else None,
-                deadline_at=request.arrival_at + contract.deadline_budget_s if contract else None,
-                num_output_tokens=request.num_output_tokens,
-                num_prompt_tokens=request.num_prompt_tokens,
-                scheduled_at=scheduled_at,
-            )
-        )
 
     def _admit_surplus(
         self,
@@ -259,41 +248,12 @@ class Guard:
             self._queue.num_queued - self._queue.num_queued_entitled,
             self.config.total_slots,
         )
-        try:
-            proposal: Any = self._learner.propose(request, contract.cls, load, now)
-            fault = None if is_well_formed(proposal) else f"malformed proposal {proposal!r:.80}"
-        except Exception as exc:  # an untrusted component: any failure is a counted fault
-            fault = f"{type(exc).__name__}: {exc}"[:120]
-        if fault is not None:
+        consultation = consult(self._learner, request, contract.cls, load, now)
+        if consultation.fault is not None:
             self.stats.learner_faults += 1
         if self._sink is not None:
-            if fault is None:
-                self._sink(
-                    TraceEvent(
-                        now,
-                        EventKind.PROPOSE,
-                        request.request_id,
-                        request.tenant,
-                        contract.cls,
-                        admit=proposal.admit,
-                        hint=float(proposal.priority_hint),
-                        proposed_cls=proposal.proposed_class.value
-                        if proposal.proposed_class
-                        else None,
-                    )
-                )
-            else:
-                self._sink(
-                    TraceEvent(
-                        now,
-                        EventKind.PROPOSE,
-                        request.request_id,
-                        request.tenant,
-                        contract.cls,
-                        reason=fault,
-                    )
-                )
-        return None if fault is not None else proposal
+            self._sink(propose_event(now, request, contract.cls, consultation))
+        return consultation.proposal
 
     def _admit(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from floorguard.core.contract import ContractClass
 from floorguard.core.request import Request
@@ -58,3 +58,23 @@ def is_well_formed(proposal: object) -> bool:
         and type(hint) in (int, float)
         and math.isfinite(hint)
     )
+
+
+class Consultation(NamedTuple):
+    proposal: Proposal | None
+    """The proposal to apply, or None when the learner failed."""
+    fault: str | None
+    """What went wrong (exception or malformed answer), for the trace and the counters."""
+
+
+def consult(
+    learner: Learner, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+) -> Consultation:
+    """Ask an untrusted learner; never raises. Any failure is a fault: reject surplus."""
+    try:
+        proposal: Any = learner.propose(request, cls, load, now)
+    except Exception as exc:  # an untrusted component: any failure is a counted fault
+        return Consultation(None, f"{type(exc).__name__}: {exc}"[:120])
+    if not is_well_formed(proposal):
+        return Consultation(None, f"malformed proposal {proposal!r:.80}")
+    return Consultation(proposal, None)

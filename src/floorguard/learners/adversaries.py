@@ -8,7 +8,7 @@ from floorguard.core.contract import ContractClass
 from floorguard.core.learner import LoadSnapshot, Proposal
 from floorguard.core.request import Request
 
-__all__ = ["AlwaysAdmit", "AlwaysReject", "RandomLearner"]
+__all__ = ["AlwaysAdmit", "AlwaysReject", "Liar", "RandomLearner"]
 
 _ADMIT = Proposal(admit=True)
 _REJECT = Proposal(admit=False)
@@ -51,3 +51,18 @@ class RandomLearner:
         u_admit, u_class, u_hint = self._rng.random(3)
         relabel = ContractClass.ASSURED if u_class < 0.5 else ContractClass.OPPORTUNISTIC
         return Proposal(bool(u_admit < self._admit_probability), relabel, float(u_hint))
+
+
+class Liar:
+    """Admits everything and lies about it: inverted priority hints (assured to the back,
+    opportunistic to the front) and assured↔opportunistic relabels. The floor is drawn from
+    the authenticated class, so none of this can move an entitled request."""
+
+    name = "liar"
+
+    def propose(
+        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+    ) -> Proposal:
+        if cls is ContractClass.ASSURED:
+            return Proposal(True, ContractClass.OPPORTUNISTIC, 1e9)
+        return Proposal(True, ContractClass.ASSURED, -1e9)

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from floorguard.baselines.registry import Stack, StackOptions, create_stack
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Dispatch, Guard
+from floorguard.core.guard import Dispatch
 from floorguard.core.learner import Learner
 from floorguard.core.request import Request, RequestId
-from floorguard.learners.registry import create_learner
+from floorguard.learners.registry import LearnerOptions, create_learner
 from floorguard.sim.backend import SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.scenarios import Scenario
@@ -24,7 +25,8 @@ __all__ = ["SimRun", "simulate_once"]
 @dataclass
 class SimRun:
     seed: int
-    guard: Guard
+    guard: Stack
+    """The stack that ran (the guard, or a comparison stack)."""
     events: list[TraceEvent] | None
     num_requests: int
     end_at: float
@@ -33,7 +35,7 @@ class SimRun:
 
 class _Simulation:
     def __init__(
-        self, guard: Guard, backends: list[SimBackend], *, record_first_token: bool
+        self, guard: Stack, backends: list[SimBackend], *, record_first_token: bool
     ) -> None:
         self.engine = Engine()
         self.guard = guard
@@ -88,20 +90,28 @@ def simulate_once(
     scenario: Scenario,
     *,
     seed: int,
+    policy: str = "guard",
     learner: str | Callable[[np.random.Generator], Learner] = "always-admit",
+    learner_options: LearnerOptions | None = None,
+    stack_options: StackOptions | None = None,
     record: bool = True,
 ) -> SimRun:
-    """One seeded run: every offered request ends in one terminal outcome before it returns."""
+    """One seeded run of `policy` (`--policy`): every offered request ends in one terminal
+    outcome before it returns."""
     started = time.perf_counter()
     workload_rng, backend_rng, learner_rng = np.random.default_rng(seed).spawn(3)
     requests = build_requests(scenario.streams, workload_rng)
     events: list[TraceEvent] | None = [] if record else None
     the_learner = (
-        create_learner(learner, learner_rng) if isinstance(learner, str) else learner(learner_rng)
+        create_learner(learner, learner_rng, learner_options)
+        if isinstance(learner, str)
+        else learner(learner_rng)
     )
-    guard = Guard(
+    guard = create_stack(
+        policy,
         scenario.guard_config(),
         learner=the_learner,
+        options=stack_options,
         sink=events.append if events is not None else None,
         started_at=scenario.schedule.origin_at,
     )

@@ -1,0 +1,24 @@
+"""`server-priority`: admit everything and hand each request a priority, vLLM semantics.
+
+The backend's waiting queue is ordered by `(priority, arrival)` (assured 0, opportunistic 1;
+lower first) and a running request is never preempted when the slots are full (SPEC §5): a
+priority-jumped request still waits for a running slot. No floor, no admission control.
+"""
+
+from __future__ import annotations
+
+from floorguard.baselines.server import Decision, ServerOrder, ServerStack
+from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.request import Request
+
+__all__ = ["ServerPriorityStack"]
+
+PRIORITY = {ContractClass.ASSURED: 0.0, ContractClass.OPPORTUNISTIC: 1.0}
+
+
+class ServerPriorityStack(ServerStack):
+    name = "server-priority"
+    server_order = ServerOrder.PRIORITY
+
+    def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
+        return Decision(None, PRIORITY[contract.cls])
