@@ -151,3 +151,57 @@ def test_trace_scenario_reads_burstgpt_and_needs_a_file(tmp_path, capsys):
     assert out["assured"]["offered"] + out["opportunistic"]["offered"] == 400
     assert main(["simulate", "--scenario", "trace"]) == 2
     assert "needs --trace FILE" in capsys.readouterr().err
+
+
+def test_every_policy_runs_from_the_cli_with_the_same_contract(capsys):
+    """--policy selects each stack; the JSON contract is the same for all."""
+    for policy in (
+        "guard",
+        "unguarded",
+        "gated-fifo",
+        "server-priority",
+        "rate-limit-class",
+        "rate-limit-flat",
+        "flow-control",
+    ):
+        out = run_json(capsys, "simulate", "--policy", policy, "--json")
+        assert out["policy"] == policy
+        assert CONTRACT_CLASS_KEYS <= out["assured"].keys()
+
+
+def test_predictor_learner_reports_its_fit_and_beta(capsys):
+    """A predictor learner is fitted once on probes; the JSON says β, sample count and R²."""
+    out = run_json(
+        capsys,
+        "simulate",
+        "--policy",
+        "unguarded",
+        "--learner",
+        "predictor-agnostic",
+        "--beta",
+        "2",
+        "--json",
+    )
+    assert out["beta"] == 2.0
+    assert out["learner_model"]["num_samples"] > 500 and out["learner_model"]["r2"] > 0.9
+    # β = 2 over-predicts: the class-agnostic admitter sheds assured requests too
+    assert out["assured"]["rejected"] > 0
+
+
+def test_learner_by_import_path_and_bad_names(capsys):
+    """--learner package.module:factory plugs in a user's learner; a bad one exits 2."""
+    out = run_json(capsys, "simulate", "--learner", "tests.plugins:make_learner", "--json")
+    assert out["opportunistic"]["admitted"] > 0
+    assert main(["simulate", "--learner", "oracle"]) == 2
+    assert "must be one of" in capsys.readouterr().err
+
+
+def test_mapping_fault_reaches_flow_control(capsys):
+    """--mapping-fault swap hands the assured class the sheddable objective: under the
+    marquee's flood assured requests are shed, which they never are without the fault."""
+    clean = run_json(capsys, "simulate", "--policy", "flow-control", "--json")
+    swapped = run_json(
+        capsys, "simulate", "--policy", "flow-control", "--mapping-fault", "swap", "--json"
+    )
+    assert clean["assured"]["rejected"] == 0
+    assert swapped["assured"]["rejected"] > 0
