@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from floorguard.core.contract import (
     AffineEnvelope,
+    CapacityAction,
     Contract,
     ContractClass,
     DispatchOrder,
@@ -52,6 +53,7 @@ def configs(draw) -> GuardConfig:
         dispatch=draw(st.sampled_from(DispatchOrder)),
         meter=meter,
         lower_envelope=lower,
+        capacity_action=draw(st.sampled_from(CapacityAction)),
     )
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from floorguard.analysis.checker import check_trace
-from floorguard.core.contract import DispatchOrder, MeterKind
+from floorguard.core.contract import CapacityAction, DispatchOrder, MeterKind
 from floorguard.core.events import TERMINAL_KINDS, EventKind
 from floorguard.core.guard import Dispatch, Drop, Guard
 from floorguard.core.request import Request
@@ -86,7 +86,8 @@ def drive(config, script, ops):
 
 
 def assert_af_per_window(config, events):
-    """Count meter: each (tenant, window) admits min(B, offered) from the floor."""
+    """Count meter: each (tenant, window) admits min(B, offered) from the floor — or, under
+    the lower-floor capacity action, refuses the difference explicitly as floor_lowered."""
     if config.meter is not MeterKind.COUNT:
         return
     floors = {c.tenant: c.floor for c in config.contracts if c.assured}
@@ -95,6 +96,9 @@ def assert_af_per_window(config, events):
         if e.kind is EventKind.ARRIVE and e.tenant in floors:
             offered[(e.tenant, config.schedule.index_at(e.at))] += 1
         if e.kind is EventKind.ADMIT and e.entitled:
+            entitled[(e.tenant, e.window)] += 1
+        if e.kind is EventKind.REJECT and e.reason == "floor_lowered":
+            assert config.capacity_action is CapacityAction.LOWER_FLOOR
             entitled[(e.tenant, e.window)] += 1
     for key, n in offered.items():
         assert entitled[key] == min(floors[key[0]], n), key

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from floorguard.core.contract import AffineEnvelope, ContractClass, DispatchOrder, ExcessPolicy
+from floorguard.core.contract import (
+    AffineEnvelope,
+    CapacityAction,
+    ContractClass,
+    DispatchOrder,
+    ExcessPolicy,
+)
 from floorguard.core.events import EventKind
 from floorguard.core.guard import Dispatch, Drop, RejectReason
 from floorguard.core.learner import Proposal
@@ -212,3 +220,23 @@ def test_credits_left_reports_the_current_window():
     assert guard.credits_left("a95", 0.5) == 2
     assert guard.credits_left("a95", 1.0) == 3
     assert guard.credits_left("a10", 0.5) is None
+
+
+def test_lower_floor_action_refuses_what_measured_capacity_cannot_serve():
+    """Under `lower-floor`, once a busy window measured μ̂·W = 2 < B = 4, the next window
+    admits 2 from the floor and refuses the rest `floor_lowered`; under `alarm`, 4."""
+
+    def run(action):
+        guard = make_guard(replace(make_config(floor=4, slots=(1,)), capacity_action=action))
+        for rid in range(4):  # window 0: queue work, finish 2
+            guard.on_arrival(make_request(request_id=rid, at=0.0), 0.0)
+        guard.poll(0.0)
+        for rid, t in [(0, 0.4), (1, 0.8)]:
+            guard.on_complete(rid, t)
+            guard.poll(t)
+        guard.on_complete(2, 1.2)  # closes window 0: μ̂ = 2/s
+        out = [guard.on_arrival(make_request(request_id=10 + i, at=1.3), 1.3) for i in range(4)]
+        return [a.reason for a in out]
+
+    assert run(CapacityAction.LOWER_FLOOR) == [None, None, "floor_lowered", "floor_lowered"]
+    assert run(CapacityAction.ALARM) == [None, None, None, None]

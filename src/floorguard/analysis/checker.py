@@ -24,7 +24,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from floorguard.core.contract import ContractClass, DispatchOrder, GuardConfig, MeterKind
+from floorguard.core.contract import (
+    CapacityAction,
+    ContractClass,
+    DispatchOrder,
+    GuardConfig,
+    MeterKind,
+)
 from floorguard.core.events import (
     TERMINAL_KINDS,
     EventKind,
@@ -168,6 +174,14 @@ class _Checker:
             self._decided(state, event.request_id, False, "demoted")
 
     def _on_reject(self, event: TraceEvent, state: _Open) -> None:
+        if (
+            state.expected_entitled
+            and event.reason == "floor_lowered"
+            and (self.config.capacity_action is CapacityAction.LOWER_FLOOR)
+        ):
+            # The config lowers the floor under measured capacity loss (SPEC §4.4): this
+            # entitled request was refused by that policy; it still counts against B.
+            state.expected_entitled = None
         if state.expected_entitled is not None:
             self._decided(state, event.request_id, False, f"rejected ({event.reason})")
 

@@ -14,6 +14,7 @@ from floorguard.errors import require
 
 __all__ = [
     "AffineEnvelope",
+    "CapacityAction",
     "Contract",
     "ContractClass",
     "DispatchOrder",
@@ -52,6 +53,17 @@ class DispatchOrder(StrEnum):
     """Oldest floor-entitled request first; the surplus only when none waits (SPEC §4.2)."""
     FIFO = "fifo"
     """One queue in arrival order: the fault-injection baseline."""
+
+
+class CapacityAction(StrEnum):
+    """What the guard does when its capacity estimate says `μ̂·W < B` (SPEC §4.4)."""
+
+    ALARM = "alarm"
+    """Count an alarm; the floor stays `B`."""
+    LOWER_FLOOR = "lower-floor"
+    """Also lower the effective floor to what capacity can serve, `⌊μ̂·W⌋` in all (split in
+    proportion to each contract's `B`): refuse (`floor_lowered`) rather than admit work that
+    would be late. AF then holds against the lowered floor, which the trace says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +172,7 @@ class GuardConfig:
     """`L(ℓ)` for the doom gate; no gate when absent (DR is optional, SPEC §4.3)."""
     upper_envelope: AffineEnvelope | None = None
     """`s_max(ℓ)` (the service ceiling) for the monitors and the §6 report."""
+    capacity_action: CapacityAction = CapacityAction.ALARM
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from floorguard.core.contract import (
     AffineEnvelope,
+    CapacityAction,
     Contract,
     ContractClass,
     DispatchOrder,
@@ -187,6 +188,7 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "meter": config.meter.value,
         "lower_envelope": envelope(config.lower_envelope),
         "upper_envelope": envelope(config.upper_envelope),
+        "capacity_action": config.capacity_action.value,
         "contracts": [
             {
                 "tenant": c.tenant,
@@ -222,6 +224,7 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             meter=MeterKind(data["meter"]),
             lower_envelope=envelope(data.get("lower_envelope")),
             upper_envelope=envelope(data.get("upper_envelope")),
+            capacity_action=CapacityAction(data.get("capacity_action", "alarm")),
         )
     except (KeyError, TypeError) as exc:
         raise TraceError(f"config event is missing or mistypes {exc}") from exc

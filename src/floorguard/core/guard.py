@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from floorguard.core.contract import (
+    CapacityAction,
     Contract,
     ContractClass,
     ExcessPolicy,
@@ -36,7 +37,7 @@ from floorguard.core.events import (
     propose_event,
 )
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal, consult
-from floorguard.core.meter import MeterVerdict, ReservationMeter
+from floorguard.core.meter import MeterDecision, MeterVerdict, ReservationMeter
 from floorguard.core.monitors import (
     AssumptionReport,
     BacklogMonitor,
@@ -65,6 +66,8 @@ Sink = Callable[[TraceEvent], None]
 class RejectReason(StrEnum):
     UNKNOWN_TENANT = "unknown_tenant"
     FLOOR_EXHAUSTED = "floor_exhausted"
+    FLOOR_LOWERED = "floor_lowered"
+    """Beyond the effective floor lowered by the capacity action, within the contract's B."""
     COST_EXCESS = "cost_excess"
     LEARNER_REJECT = "learner_reject"
     LEARNER_FAULT = "learner_fault"
@@ -159,6 +162,8 @@ class Guard:
         self._queued: dict[RequestId, Ticket] = {}
         self._seq = 0
         self._max_assured_tokens = 0
+        self._lowered: dict[str, tuple[int, int]] = {}
+        """tenant -> (window, weight refused as floor_lowered in it)"""
         self._sink = sink
         if sink is not None:
             sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
@@ -186,15 +191,17 @@ class Guard:
     ) -> Admission:
         """SPEC §4.1: entitled from the floor, else cost-excess, else the excess policy."""
         self._max_assured_tokens = max(self._max_assured_tokens, request.num_output_tokens)
-        charge = self._meter.charge(contract, request, now)
+        floor = self.effective_floor(contract)
+        charge = self._meter.charge(contract, request, now, floor)
         window = charge.window_index
         if charge.verdict is MeterVerdict.ENTITLED:
             self.stats.per_class[ASSURED].entitled += 1
             return self._admit(request, contract, deadline_at, window, now, entitled=True)
         if charge.verdict is MeterVerdict.COST_EXCESS:
             return self._reject(request, contract, window, RejectReason.COST_EXCESS, now)
-        if contract.excess_policy is ExcessPolicy.REJECT:
-            return self._reject(request, contract, window, RejectReason.FLOOR_EXHAUSTED, now)
+        reason = self._excess_reason(contract, request, floor, charge)
+        if reason is RejectReason.FLOOR_LOWERED or contract.excess_policy is ExcessPolicy.REJECT:
+            return self._reject(request, contract, window, reason, now)
         self.stats.per_class[ASSURED].demoted += 1
         if self._sink is not None:
             self._sink(
@@ -209,6 +216,34 @@ class Guard:
                 )
             )
         return self._admit_surplus(request, contract, deadline_at, window, now, demoted=True)
+
+    def _excess_reason(
+        self, contract: Contract, request: Request, floor: int, charge: MeterDecision
+    ) -> RejectReason:
+        """`floor_lowered` while the refused weight still fits the contract's `B` counting
+        this window's earlier lowered refusals (refused whatever the excess policy: SPEC
+        §4.4); `floor_exhausted` beyond `B`, where the excess policy applies."""
+        if floor >= contract.floor:
+            return RejectReason.FLOOR_EXHAUSTED
+        window, lowered = self._lowered.get(contract.tenant, (charge.window_index, 0))
+        if window != charge.window_index:
+            lowered = 0
+        weight = self._meter.weight(request)
+        if floor - charge.remaining + lowered + weight > contract.floor:
+            return RejectReason.FLOOR_EXHAUSTED
+        self._lowered[contract.tenant] = (charge.window_index, lowered + weight)
+        return RejectReason.FLOOR_LOWERED
+
+    def effective_floor(self, contract: Contract) -> int:
+        """`B`, or under `lower-floor` the share of `⌊μ̂·W⌋` capacity can serve (≥ 1)."""
+        estimate = self.capacity.estimate_per_s
+        if self.config.capacity_action is CapacityAction.ALARM or estimate is None:
+            return contract.floor
+        servable = int(estimate * self.config.schedule.window_s)
+        total = self.config.total_floor
+        if servable >= total:
+            return contract.floor
+        return max(1, contract.floor * servable // total)
 
     def _admit_surplus(
         self,

@@ -41,13 +41,18 @@ class ReservationMeter:
             return 1
         return request.num_prompt_tokens + request.num_output_tokens
 
-    def charge(self, contract: Contract, request: Request, now: float) -> MeterDecision:
-        """One store call per admission; a cost-excess request never reaches the store."""
+    def charge(
+        self, contract: Contract, request: Request, now: float, floor: int | None = None
+    ) -> MeterDecision:
+        """One store call per admission; a cost-excess request (heavier than the contract's
+        whole `B`) never reaches the store. `floor` overrides the credits available this
+        window (a lowered effective floor); what exceeds it is burst-excess."""
+        floor = contract.floor if floor is None else floor
         weight = self.weight(request)
         if weight > contract.floor:
             index = self._schedule.index_at(now)
             return MeterDecision(MeterVerdict.COST_EXCESS, index, -1)
-        grant = self._store.acquire(contract.tenant, weight, contract.floor, self._schedule, now)
+        grant = self._store.acquire(contract.tenant, weight, floor, self._schedule, now)
         verdict = MeterVerdict.ENTITLED if grant.granted else MeterVerdict.BURST_EXCESS
         return MeterDecision(verdict, grant.window_index, grant.remaining)
 
