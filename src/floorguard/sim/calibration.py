@@ -25,6 +25,7 @@ __all__ = [
     "fit_scale",
     "light_mean_ms",
     "measure_profile",
+    "saturated_capacity",
 ]
 
 _NO_DEADLINE_S = 1e6
@@ -69,7 +70,7 @@ def _paced(
     )
 
 
-def _saturated(profile: ServiceProfile, tokens: int, slots: int = 4) -> tuple[float, float]:
+def saturated_capacity(profile: ServiceProfile, tokens: int, slots: int = 4) -> tuple[float, float]:
     """(completions per second, mean service) with a queue that never empties: 400 requests
     arrive within a few seconds; the middle 80 % of completions are measured."""
     scenario = _paced(profile, rate_per_s=400 / 2.0, duration_s=2.0, tokens=tokens, slots=slots)
@@ -132,8 +133,8 @@ def fit_scale(base: ServiceProfile, name: str, target_light_ms: float) -> float:
 def measure_profile(profile: ServiceProfile, *, num_flood_reps: int = 24) -> CalibrationReport:
     batch1 = _services(_paced(profile, rate_per_s=0.5, duration_s=200.0, tokens=16), range(1))
     flood = _services(replace(marquee(), profile=profile), range(num_flood_reps))
-    mu_sat, _ = _saturated(profile, 16)
-    full = {tokens: _saturated(profile, tokens)[1] * 1e3 for tokens in (64, 128, 256)}
+    mu_sat, _ = saturated_capacity(profile, 16)
+    full = {tokens: saturated_capacity(profile, tokens)[1] * 1e3 for tokens in (64, 128, 256)}
     return CalibrationReport(
         profile=profile.name,
         batch1_median_ms=float(np.median(batch1)) * 1e3,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from floorguard.core.contract import (
+    CapacityAction,
     Contract,
     ContractClass,
     DispatchOrder,
@@ -46,6 +47,7 @@ class Scenario:
     meter: MeterKind = MeterKind.COUNT
     doom_gate: bool = True
     """Give the guard the profile's lower envelope `L(ℓ)` (SPEC §4.3)."""
+    capacity_action: CapacityAction = CapacityAction.ALARM
 
     def guard_config(self) -> GuardConfig:
         return GuardConfig(
@@ -56,6 +58,7 @@ class Scenario:
             meter=self.meter,
             lower_envelope=self.profile.lower if self.doom_gate else None,
             upper_envelope=self.profile.ceiling,
+            capacity_action=self.capacity_action,
         )
 
     def with_overrides(

@@ -1,0 +1,254 @@
+"""One experiment condition → one scenario → one tidy result row per seeded run.
+
+A `Condition` holds only primitives, so it pickles to worker processes. `run_condition`
+builds the scenario, runs the chosen stack on the simulator, and measures it from the trace
+exactly as `floorguard simulate` does. Per-process memos (`functools.cache`) keep the
+measured `μ_sat`, the fitted latency model and loaded traces from being recomputed per run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from floorguard.analysis.metrics import measure
+from floorguard.analysis.records import fold_trace
+from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
+from floorguard.baselines.registry import StackOptions
+from floorguard.core.contract import (
+    CapacityAction,
+    Contract,
+    ContractClass,
+    ExcessPolicy,
+    MeterKind,
+)
+from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.monitors import assumption_report
+from floorguard.learners.latency import LatencyModel
+from floorguard.learners.registry import LearnerOptions, needs_latency_model
+from floorguard.sim.calibration import saturated_capacity
+from floorguard.sim.probe import fit_probe_model
+from floorguard.sim.profiles import get_profile
+from floorguard.sim.run import simulate_once
+from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario, marquee
+from floorguard.sim.traces import TraceData, load_trace
+from floorguard.sim.workloads import (
+    BimodalLength,
+    ByFraction,
+    FixedLength,
+    GammaArrivals,
+    PacedArrivals,
+    PoissonArrivals,
+    Stream,
+    SyntheticStream,
+    TraceLength,
+    TraceStream,
+)
+
+__all__ = ["Condition", "run_condition"]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Every knob an experiment turns. Defaults are SPEC §10's marquee."""
+
+    policy: str = "guard"
+    learner: str = "always-admit"
+    beta: float = 1.0
+    profile: str = "v100-moe"
+    floor: int = 6
+    slots: int = 4
+    deadline_ms: float = 1820.0
+    workload: str = "marquee"
+    """marquee | paced-bimodal | burst | gamma | trace"""
+    duration_s: float = 12.0
+    assured_rate: float = 6.0
+    opp_rate: float = 16.0
+    tokens: int = 16
+    long_tokens: int = 256
+    long_fraction: float = 0.0
+    excess: str = "reject"
+    meter: str = "count"
+    doom_gate: bool = True
+    capacity_action: str = "alarm"
+    mapping_fault: str = "none"
+    cv: float = 2.9
+    trace_path: str = ""
+    slice_index: int = 0
+    slice_s: float = 120.0
+    slice_stride_s: float = 120.0
+    """Slice k replays trace offsets [k·stride, k·stride + slice_s)."""
+    speedup: float = 1.0
+    assured_fraction: float = 0.3
+    max_tokens: int = 48
+    burst_size: int = 40
+    detail: bool = False
+    """Keep per-request assured timings of this run (for a figure)."""
+
+
+@functools.cache
+def _mu_sat(profile: str, slots: int) -> float:
+    return saturated_capacity(get_profile(profile), 16, slots)[0]
+
+
+@functools.cache
+def _latency_model(profile: str, slots: int) -> LatencyModel:
+    return fit_probe_model(get_profile(profile), slots)
+
+
+@functools.cache
+def _trace(path: str) -> TraceData:
+    return load_trace(path)
+
+
+def _contracts(c: Condition) -> tuple[Contract, ...]:
+    deadline_s = c.deadline_ms / 1e3
+    floor = c.floor
+    if c.meter == MeterKind.TOKEN.value:
+        floor = c.floor * c.tokens  # B requests' worth of short-request tokens
+    return (
+        Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor, ExcessPolicy(c.excess)),
+        Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
+    )
+
+
+def _streams(c: Condition) -> tuple[Stream, ...]:
+    short = FixedLength(c.tokens)
+    opp = SyntheticStream(OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), short, c.duration_s)
+    flood = (opp,) if c.opp_rate > 0 else ()
+    if c.workload == "paced-bimodal":
+        lengths = BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
+        return (
+            SyntheticStream(ASSURED_TENANT, PacedArrivals(c.assured_rate), lengths, c.duration_s),
+            *flood,
+        )
+    if c.workload == "burst":
+        burst = SyntheticStream(OPPORTUNISTIC_TENANT, PacedArrivals(c.burst_size / 0.5), short, 0.5)
+        assured = SyntheticStream(ASSURED_TENANT, PacedArrivals(5 / 0.5), short, 0.5, start_s=0.05)
+        return (burst, assured)
+    if c.workload == "gamma":
+        lengths = BimodalLength(c.tokens, c.max_tokens, 0.5)
+        return (
+            SyntheticStream(
+                ASSURED_TENANT, GammaArrivals(c.assured_rate, c.cv), lengths, c.duration_s
+            ),
+            SyntheticStream(
+                OPPORTUNISTIC_TENANT, GammaArrivals(c.opp_rate, c.cv), lengths, c.duration_s
+            ),
+        )
+    if c.workload == "trace":
+        return (
+            TraceStream(
+                _trace(c.trace_path),
+                ByFraction(ASSURED_TENANT, OPPORTUNISTIC_TENANT, c.assured_fraction),
+                TraceLength(cap=c.max_tokens),
+                offset_s=c.slice_index * c.slice_s,
+                duration_s=c.slice_s,
+                speedup=c.speedup,
+            ),
+        )
+    return marquee(
+        duration_s=c.duration_s,
+        assured_rate_per_s=c.assured_rate,
+        opportunistic_rate_per_s=c.opp_rate,
+        num_output_tokens=c.tokens,
+    ).streams
+
+
+def _unsound_drops(events: list[TraceEvent], scenario: Scenario) -> int:
+    """Drops with t + L(ℓ) ≤ D: the checker's DR violations (always 0 for a sound gate)."""
+    lower = scenario.guard_config().lower_envelope
+    return sum(
+        1
+        for e in events
+        if e.kind is EventKind.DROP
+        and e.deadline_at is not None
+        and (lower is None or e.at + lower.at(e.num_output_tokens or 0) <= e.deadline_at)
+    )
+
+
+def build_scenario(c: Condition) -> Scenario:
+    return Scenario(
+        name=c.workload,
+        contracts=_contracts(c),
+        streams=_streams(c),
+        profile=get_profile(c.profile),
+        slots=(c.slots,),
+        meter=MeterKind(c.meter),
+        doom_gate=c.doom_gate,
+        capacity_action=CapacityAction(c.capacity_action),
+    )
+
+
+def run_condition(c: Condition, seed: int) -> dict[str, Any]:
+    """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
+    scenario = build_scenario(c)
+    model = _latency_model(c.profile, c.slots) if needs_latency_model(c.learner) else None
+    run = simulate_once(
+        scenario,
+        seed=seed,
+        policy=c.policy,
+        learner=c.learner,
+        learner_options=LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model),
+        stack_options=StackOptions(
+            flow_control=FlowControlOptions(mapping_fault=MappingFault(c.mapping_fault))
+        ),
+    )
+    assert run.events is not None
+    trace = fold_trace(run.events)
+    m = measure(trace)
+    mu_sat = _mu_sat(c.profile, c.slots)
+    admitted = m.assured.admitted + m.opportunistic.admitted
+    offered = m.assured.offered + m.opportunistic.offered
+    span = m.span_s if m.span_s > 0 else math.nan
+    stack = run.guard
+    region = assumption_report(
+        scenario.guard_config(),
+        num_output_tokens=max(stack.max_assured_tokens, 1),
+        max_service_s=stack.envelope.max_service_s or None,
+        num_above_ceiling=stack.envelope.num_above_upper,
+        max_backlog=stack.backlog.max_backlog,
+    )
+    row: dict[str, Any] = {
+        **asdict(c),
+        "seed": seed,
+        **{f"a_{k}": v for k, v in m.assured.as_dict().items()},
+        **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
+        "entitled": m.num_entitled,
+        "entitled_met": m.phase_counts[0][1],
+        "attainment": m.attainment,
+        "attainment_worst_phase": m.attainment_worst_phase,
+        "worst_phase_s": m.worst_phase_s,
+        "rho_eff": m.rho_eff,
+        "mu_sat": mu_sat,
+        "rho_emp": admitted / span / mu_sat,
+        "rho_hat": offered / span / mu_sat,
+        "max_assured_backlog": m.max_assured_backlog,
+        "goodput_per_s": m.goodput_per_s,
+        "fire_cv": m.fire_cv,
+        "max_fire_lag_s": m.max_fire_lag_s,
+        "dr_firings": sum(
+            1 for e in run.events if e.kind is EventKind.DROP and e.reason == "doomed"
+        ),
+        "unsound_drops": _unsound_drops(run.events, scenario),
+        "max_service_s": stack.envelope.max_service_s,
+        "num_above_ceiling": stack.envelope.num_above_upper,
+        "rho_a": region.rho_a,
+        "bound_s": region.bound_s,
+        "inside_region": region.inside,
+        "held": m.assured.late == 0,
+        "phase_counts": [list(p) for p in m.phase_counts],
+    }
+    if c.detail:
+        row["detail"] = [
+            (
+                r.arrival_at,
+                r.ended_at if r.outcome == "completed" else None,
+                r.outcome,
+                r.deadline_at,
+            )
+            for r in trace.of_class(ContractClass.ASSURED)
+        ]
+    return row

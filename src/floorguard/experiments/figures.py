@@ -1,0 +1,200 @@
+"""PNG figures (matplotlib, Agg). Each takes an experiment's rows and a folder, returns the
+file it wrote."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from floorguard.experiments.spec import Row
+from floorguard.experiments.tables import source_name, summarize
+
+__all__ = [
+    "attainment_vs_phase",
+    "completion_vs_arrival",
+    "cv_vs_miss",
+    "priority_vs_fifo",
+    "region_heatmap",
+]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _miss(row: Row) -> float:
+    admitted = row["a_admitted"]
+    return row["a_late"] / admitted if admitted else math.nan
+
+
+def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
+    """E1: assured completion time against arrival, deadline line, at the β where the
+    unguarded twin misses most; the guard run and the unguarded run share their arrivals."""
+    with_detail = [r for r in rows if r.get("detail") is not None]
+    unguarded = [r for r in with_detail if r["policy"] == "unguarded"]
+    worst = max(unguarded, key=_miss) if unguarded else None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, policy in zip(axes, ("guard", "unguarded"), strict=True):
+        run = next(
+            (
+                r
+                for r in with_detail
+                if worst is not None
+                and r["policy"] == policy
+                and r["beta"] == worst["beta"]
+                and r["seed"] == worst["seed"]
+            ),
+            None,
+        )
+        if run is None:
+            continue
+        d = run["deadline_ms"] / 1e3
+        done = [(a, e) for a, e, outcome, _ in run["detail"] if outcome == "completed"]
+        late = [(a, e) for a, e in done if e - a > d]
+        ok = [(a, e) for a, e in done if e - a <= d]
+        refused = [a for a, _, outcome, _ in run["detail"] if outcome != "completed"]
+        if ok:
+            ax.scatter(*zip(*ok, strict=True), s=10, color="tab:blue", label="on time")
+        if late:
+            ax.scatter(*zip(*late, strict=True), s=10, color="tab:red", label="late")
+        if refused:
+            ax.scatter(
+                refused,
+                refused,
+                s=14,
+                marker="x",
+                color="gray",
+                label="refused or dropped (at arrival)",
+            )
+        xs = np.linspace(0, max(a for a, *_ in run["detail"]) + 0.5, 2)
+        ax.plot(xs, xs + d, "k--", lw=1, label=f"deadline (d = {d * 1e3:.0f} ms)")
+        ax.set_title(f"{policy}, β = {run['beta']:g} (seed {run['seed']})")
+        ax.set_xlabel("arrival time (s)")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("completion time (s)")
+    return _save(fig, out / "e1_completion_vs_arrival.png")
+
+
+def priority_vs_fifo(rows: Sequence[Row], out: Path) -> Path:
+    """E3: per-run assured miss and p99 sojourn, assured-first vs FIFO at identical admission."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    policies = ("guard", "gated-fifo")
+    labels = ("assured-first (guard)", "FIFO (gated-fifo)")
+    for i, policy in enumerate(policies):
+        runs = [r for r in rows if r["policy"] == policy]
+        jitter = np.random.default_rng(i).uniform(-0.08, 0.08, len(runs))
+        axes[0].scatter(i + jitter, [_miss(r) for r in runs], s=14)
+        axes[1].scatter(i + jitter, [(r["a_sojourn_p99_s"] or 0) * 1e3 for r in runs], s=14)
+    deadline = rows[0]["deadline_ms"] if rows else 0
+    axes[1].axhline(deadline, color="k", ls="--", lw=1, label="deadline")
+    for ax, title in zip(
+        axes, ("assured miss per run", "assured p99 sojourn per run (ms)"), strict=True
+    ):
+        ax.set_xticks([0, 1], labels)
+        ax.set_title(title)
+    axes[1].legend(fontsize=8)
+    return _save(fig, out / "e3_priority_vs_fifo.png")
+
+
+def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
+    """E7: assured miss over (ρ_eff, d); cells inside SPEC §6's region outlined."""
+    summaries = summarize(rows)
+    floors = sorted({s["floor"] for s in summaries})
+    deadlines = sorted({s["deadline_ms"] for s in summaries})
+    grid = np.full((len(deadlines), len(floors)), np.nan)
+    inside = np.zeros_like(grid, dtype=bool)
+    rho: dict[int, list[float]] = {}
+    for s in summaries:
+        i, j = deadlines.index(s["deadline_ms"]), floors.index(s["floor"])
+        grid[i, j] = s["miss"].estimate if s["miss"].estimate is not None else np.nan
+        inside[i, j] = s["inside_region"]
+        rho.setdefault(s["floor"], []).append(s["rho_eff"] or 0)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    image = ax.imshow(
+        grid, origin="lower", cmap="Reds", vmin=0, vmax=max(0.05, np.nanmax(grid)), aspect="auto"
+    )
+    for i in range(len(deadlines)):
+        for j in range(len(floors)):
+            ax.text(
+                j,
+                i,
+                "–" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+            if inside[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2, ec="tab:blue"))
+    ax.set_xticks(
+        range(len(floors)), [f"B={b}\nρ_eff={np.mean(rho[b]):.2f}" for b in floors], fontsize=7
+    )
+    ax.set_yticks(range(len(deadlines)), [f"{d:.0f}" for d in deadlines])
+    ax.set_ylabel("deadline budget d (ms)")
+    ax.set_title("assured miss (guard); blue outline: inside the SPEC §6 region")
+    fig.colorbar(image, ax=ax, label="assured miss")
+    return _save(fig, out / "e7_operating_region.png")
+
+
+def cv_vs_miss(rows: Sequence[Row], out: Path) -> Path:
+    """E12: realized interarrival CV of each trace slice against its assured miss."""
+    sources = sorted({r["trace_path"] for r in rows})
+    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.8), squeeze=False)
+    for ax, source in zip(axes[0], sources, strict=True):
+        for policy, marker in (("guard", "o"), ("unguarded", "^")):
+            runs = [
+                r
+                for r in rows
+                if r["trace_path"] == source and r["policy"] == policy and r["excess"] == "reject"
+            ]
+            ax.scatter(
+                [r["fire_cv"] or 0 for r in runs],
+                [_miss(r) for r in runs],
+                s=14,
+                marker=marker,
+                label=policy,
+            )
+        ax.set_title(source_name(source), fontsize=9)
+        ax.set_xlabel("slice interarrival CV")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("assured miss")
+    return _save(fig, out / "e12_cv_vs_miss.png")
+
+
+def attainment_vs_phase(rows: Sequence[Row], out: Path) -> Path:
+    """E13: floor-entitled attainment as the contract's window origin shifts by φ."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    groups: dict[str, dict[float, list[int]]] = {}
+    for r in rows:
+        label = f"{r['policy']}, {r['workload']}" + (
+            f", β={r['beta']:g}" if r["workload"] == "marquee" else ""
+        )
+        phases = groups.setdefault(label, {})
+        for phase, met, entitled in r["phase_counts"]:
+            pooled = phases.setdefault(phase, [0, 0])
+            pooled[0] += met
+            pooled[1] += entitled
+    for label, phases in sorted(groups.items()):
+        xs = sorted(phases)
+        ax.plot(
+            [x * 1e3 for x in xs],
+            [phases[x][0] / phases[x][1] if phases[x][1] else np.nan for x in xs],
+            marker=".",
+            label=label,
+        )
+    ax.set_xlabel("contract window origin offset φ (ms)")
+    ax.set_ylabel("floor-entitled attainment")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    return _save(fig, out / "e13_attainment_vs_phase.png")
