@@ -449,6 +449,39 @@ def _e12_extra(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _e12_reading(rows: Sequence[Row]) -> str:
+    parts = []
+    keys = dict.fromkeys((r["trace_path"], r["deadline_ms"], r["profile"]) for r in rows)
+    for path, deadline, profile in keys:
+        cell = [
+            r
+            for r in rows
+            if (r["trace_path"], r["deadline_ms"], r["profile"]) == (path, deadline, profile)
+        ]
+        stacks = []
+        for label, match in (
+            ("guard/reject", ("guard", "reject")),
+            ("guard/demote", ("guard", "demote")),
+            ("unguarded", ("unguarded", "reject")),
+        ):
+            runs = [r for r in cell if (r["policy"], r["excess"]) == match]
+            late = sum(r["a_late"] for r in runs)
+            admitted = sum(r["a_admitted"] for r in runs)
+            stacks.append(f"{label} {late / admitted if admitted else 0:.3f}")
+        parts.append(f"{source_name(path)}, {profile}, d = {deadline:.0f} ms: " + ", ".join(stacks))
+    outside = sum(not r["inside_region"] for r in rows)
+    guard = [r for r in rows if r["policy"] == "guard"]
+    admitted = sum(r["entitled_admitted"] for r in guard)
+    entitled = sum(r["entitled"] for r in guard)
+    return (
+        "Pooled assured miss over the slices — " + "; ".join(parts) + f". {outside} of "
+        f"{len(rows)} runs lie outside SPEC §6's region (a floor of B = 6 with ℓ up to 48 "
+        "needs d ≥ s_max(48)·(1 + ⌈B/C⌉), and bursts push Q_A past B). Where the guard misses, "
+        f"it is SF lapsing outside its region: its runs admitted {admitted} of {entitled} "
+        "floor-entitled requests (AF); the misses are lateness."
+    )
+
+
 def _e12(burstgpt: str | None = None) -> Experiment:
     return Experiment(
         "E12",
@@ -467,9 +500,7 @@ def _e12(burstgpt: str | None = None) -> Experiment:
         shown=("trace_path", "profile", "deadline_ms", "policy", "excess", "slice_index"),
         figures=(figures.cv_vs_miss,),
         extra=_e12_extra,
-        reading=lambda rows: _by_policy(
-            [r for r in rows if r["excess"] == "reject"], "Across all slices,"
-        ),
+        reading=_e12_reading,
     )
 
 
@@ -495,6 +526,30 @@ def _e13(quick: bool) -> list[Condition]:
     return marquee + bursty
 
 
+def _e13_reading(rows: Sequence[Row]) -> str:
+    summaries = [s for s in summarize(rows) if s["attainment"] is not None]
+    parts = []
+    for workload in ("marquee", "gamma"):
+        for policy in ("guard", "unguarded"):
+            mine = [s for s in summaries if (s["workload"], s["policy"]) == (workload, policy)]
+            if mine:
+                parts.append(
+                    f"{workload}/{policy}: attainment {_range(mine, 'attainment')}, "
+                    f"worst phase {_range(mine, 'worst_phase')}"
+                )
+    guard = [r for r in rows if r["policy"] == "guard"]
+    admitted = sum(r["entitled_admitted"] for r in guard)
+    entitled = sum(r["entitled"] for r in guard)
+    return (
+        "; ".join(parts) + ". Attainment counts an entitled request only if it was "
+        f"admitted *and* on time. At φ = 0 the guard admitted {admitted} of {entitled} "
+        "entitled requests (AF), so what it loses there is lateness: none on the marquee, much "
+        "on the bursty source at d = 990 ms, outside SPEC §6's region. Shifting the "
+        "contract's origin makes other requests entitled than those the guard's windows "
+        "chose; the worst-phase drop is what the shared-epoch assumption carries."
+    )
+
+
 E13 = Experiment(
     "E13",
     "Floor-entitled attainment and the phase sweep",
@@ -505,20 +560,7 @@ E13 = Experiment(
     reps=10,
     shown=("workload", "policy", "beta", "slice_index"),
     figures=(figures.attainment_vs_phase,),
-    reading=lambda rows: (
-        "Per condition: "
-        + "; ".join(
-            f"{s['workload']}/{s['policy']}"
-            + (f" β={s['beta']:g}" if s["workload"] == "marquee" else f" slice {s['slice_index']}")
-            + f": attainment {s['attainment']:.3f}, worst phase {s['worst_phase']:.3f} "
-            f"at φ = {s['worst_phase_ms']:.0f} ms"
-            for s in summarize(rows)
-            if s["attainment"] is not None and (s["workload"] == "marquee" or s["slice_index"] == 0)
-        )
-        + ". At φ = 0 the guard's "
-        "attainment is whole by construction; a shifted origin is a different contract, and the "
-        "drop measures how much the shared-epoch assumption carries."
-    ),
+    reading=_e13_reading,
 )
 
 # -- E14–E16, E19 ---------------------------------------------------------------------------
@@ -607,6 +649,25 @@ def _e15_extra(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _e15_reading(rows: Sequence[Row]) -> str:
+    def on_time(gate: bool, floor: int, deadline: float) -> int:
+        return sum(
+            round((r["goodput_per_s"] or 0) * r["span_s"])
+            for r in rows
+            if (r["doom_gate"], r["floor"], r["deadline_ms"]) == (gate, floor, deadline)
+        )
+
+    cells = dict.fromkeys((r["floor"], r["deadline_ms"]) for r in rows)
+    better = sum(on_time(True, b, d) > on_time(False, b, d) for b, d in cells)
+    return (
+        f"The gate fired {sum(r['dr_firings'] for r in rows)} times across all cells with "
+        f"{sum(r['unsound_drops'] for r in rows)} unsound drops (t + L(ℓ) ≤ D). With it on, "
+        f"on-time completions were higher than with it off in {better} of {len(cells)} "
+        "cells: a doomed request that is not dropped still takes a slot from one that "
+        "could finish."
+    )
+
+
 E15 = Experiment(
     "E15",
     "Doom gate: firings and false drops",
@@ -617,11 +678,7 @@ E15 = Experiment(
     reps=5,
     shown=("floor", "deadline_ms", "doom_gate"),
     extra=_e15_extra,
-    reading=lambda rows: (
-        f"The gate fired {sum(r['dr_firings'] for r in rows)} times across all cells, with "
-        f"{sum(r['unsound_drops'] for r in rows)} unsound drops. With the gate off, doomed work "
-        "occupies slots: compare the on-time completions of each pair."
-    ),
+    reading=_e15_reading,
 )
 
 E16 = Experiment(
@@ -681,6 +738,30 @@ def _e19_extra(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _e19_bound_ms(s: dict[str, Any]) -> float:
+    s_max = get_profile(s["profile"]).ceiling.at(s["tokens"])
+    return float(s_max * (1 + -(-s["floor"] // s["slots"])) * 1e3)
+
+
+def _e19_reading(rows: Sequence[Row]) -> str:
+    summaries = summarize(rows)
+    parts = []
+    for s in summaries:
+        rho_a = s["floor"] * get_profile(s["profile"]).ceiling.at(s["tokens"]) / s["slots"]
+        parts.append(
+            f"ℓ = {s['tokens']}: measured p99 {s['sojourn_p99_ms']:.0f} ms vs §6 "
+            f"{_e19_bound_ms(s):.0f} ms (ρ_a {rho_a:.2f})"
+        )
+    over = [s["tokens"] for s in summaries if s["sojourn_p99_ms"] > _e19_bound_ms(s)]
+    return "; ".join(parts) + (
+        f". The measured p99 exceeds the §6 deadline only at ℓ ∈ {over}, where ρ_a > 1: the "
+        "floor is then more than the backend can serve at that length and the sojourn grows "
+        "with the run; elsewhere the §6 deadline, linear in ℓ, holds with margin."
+        if over
+        else ". The measured p99 stays under the §6 deadline at every ℓ."
+    )
+
+
 E19 = Experiment(
     "E19",
     "Output-length scaling",
@@ -692,11 +773,7 @@ E19 = Experiment(
     reps=5,
     shown=("tokens",),
     extra=_e19_extra,
-    reading=lambda rows: (
-        "Service grows linearly in ℓ along the full-batch line, and so does the deadline the "
-        "floor needs; once B·s_max(ℓ) > C·W (ρ_a > 1) the bound no longer applies and the "
-        "measured sojourn grows with the run, not with ℓ alone."
-    ),
+    reading=_e19_reading,
 )
 
 

@@ -13,8 +13,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from floorguard.analysis.metrics import measure
-from floorguard.analysis.records import fold_trace
+from floorguard.analysis.metrics import entitled_ids, measure
+from floorguard.analysis.records import TraceRecords, fold_trace
 from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import StackOptions
 from floorguard.core.contract import (
@@ -169,6 +169,12 @@ def _unsound_drops(events: list[TraceEvent], scenario: Scenario) -> int:
     )
 
 
+def _entitled_admitted(trace: TraceRecords) -> int:
+    """Floor-entitled requests (contract windows at φ = 0) that were admitted at all."""
+    ids = entitled_ids(trace)
+    return sum(1 for r in trace.records if r.request_id in ids and r.admitted)
+
+
 def build_scenario(c: Condition) -> Scenario:
     return Scenario(
         name=c.workload,
@@ -218,6 +224,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
         "entitled": m.num_entitled,
         "entitled_met": m.phase_counts[0][1],
+        "entitled_admitted": _entitled_admitted(trace),
         "attainment": m.attainment,
         "attainment_worst_phase": m.attainment_worst_phase,
         "worst_phase_s": m.worst_phase_s,
@@ -227,6 +234,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "rho_hat": offered / span / mu_sat,
         "max_assured_backlog": m.max_assured_backlog,
         "goodput_per_s": m.goodput_per_s,
+        "span_s": m.span_s,
         "fire_cv": m.fire_cv,
         "max_fire_lag_s": m.max_fire_lag_s,
         "dr_firings": sum(
