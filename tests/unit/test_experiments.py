@@ -6,7 +6,7 @@ import pytest
 
 from floorguard.analysis.stats import Interval
 from floorguard.cli import main
-from floorguard.experiments import CATALOGUE, Condition, run_condition
+from floorguard.experiments import CATALOGUE, Condition, catalogue, run_condition
 from floorguard.experiments.runner import seed_for
 from floorguard.experiments.tables import summarize
 
@@ -111,3 +111,19 @@ def test_single_experiments_run_by_id(tmp_path, experiment_id):
     )
     assert (tmp_path / experiment_id / "table.md").is_file()
     assert (tmp_path / "report.md").is_file()
+
+
+def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
+    """`--burstgpt PATH` adds the file as an E12 source, replayed at its own timestamps."""
+    path = tmp_path / "burstgpt.csv"
+    rows = [f"{i * 0.1:.2f},ChatGPT,100,{10 + i % 30},0,Conversation log" for i in range(3000)]
+    path.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    grid = catalogue(str(path))["E12"].grid(True)
+    mine = [c for c in grid if c.trace_path == str(path)]
+    assert mine and all(c.speedup == 1.0 for c in mine)
+    row = run_condition(mine[0], 1)
+    assert row["a_offered"] + row["o_offered"] > 0 and row["max_fire_lag_s"] == 0.0
