@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -36,6 +37,13 @@ from floorguard.experiments.catalogue import catalogue
 from floorguard.experiments.report import write_report
 from floorguard.experiments.runner import run_experiments
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
+from floorguard.screen.model import (
+    AGGREGATIONS,
+    ScreenConfig,
+    aggregate,
+    read_service_samples,
+    screen,
+)
 from floorguard.sim.probe import fit_probe_model
 from floorguard.sim.profiles import PROFILES
 from floorguard.sim.run import SimRun, simulate_once
@@ -136,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true")
 
     _add_experiment(commands)
+    _add_screen(commands)
     bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
     kinds = bench.add_subparsers(dest="bench", required=True)
     bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
@@ -164,6 +173,30 @@ def _add_experiment(commands: Any) -> None:
         type=Path,
         help="also write the full report with inline tables here (docs/results.md)",
     )
+
+
+def _add_screen(commands: Any) -> None:
+    scr = commands.add_parser("screen", help="the static timing screen (SPEC §9)")
+    scr.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="YAML or JSON: floor, slots, window_s, dispatch, admission, "
+        "assured_rate_per_s, opportunistic_rate_per_s, service_s, s_max_s",
+    )
+    scr.add_argument("--deadline-ms", type=float, required=True)
+    scr.add_argument(
+        "--service-samples",
+        type=Path,
+        help="service times (s): one per line, a JSON list, or a decision log",
+    )
+    scr.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        default="mean",
+        help="how ŝ is taken from the samples (default mean)",
+    )
+    scr.add_argument("--json", action="store_true")
 
 
 def _rep_seeds(seed: int, reps: int) -> list[int]:
@@ -417,6 +450,39 @@ def cmd_experiment(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_screen(args: argparse.Namespace, console: Console) -> int:
+    try:
+        data = yaml.safe_load(args.config.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise FloorguardError(f"--config {args.config}: cannot read it ({exc})") from exc
+    if not isinstance(data, dict):
+        raise FloorguardError(f"--config {args.config}: expected a mapping of keys to values")
+    service_s = None
+    if args.service_samples is not None:
+        samples = read_service_samples(str(args.service_samples))
+        service_s = aggregate(samples, args.aggregation)
+    verdict = screen(ScreenConfig.from_dict(data, service_s), args.deadline_ms / 1e3)
+    if args.json:
+        print(json.dumps(verdict.as_dict(), indent=2))
+    else:
+        console.print(
+            ("ACCEPT" if verdict.accept else "REJECT") + ": " + "; ".join(verdict.reasons),
+            markup=False,
+        )
+        region = (
+            "inside"
+            if verdict.inside_region
+            else ("outside (" + "; ".join(verdict.region_reasons) + ")")
+        )
+        console.print(f"SPEC §6 region: {region}", markup=False)
+        console.print(
+            "A screen, not a proof: P95 is an aggregate obligation (SPEC §1); the "
+            "runtime guard enforces the per-request floor.",
+            markup=False,
+        )
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
@@ -433,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=True) if getattr(args, "json", False) else Console()
     commands = {
+        "screen": cmd_screen,
         "simulate": cmd_simulate,
         "verify": cmd_verify,
         "experiment": cmd_experiment,

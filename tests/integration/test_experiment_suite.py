@@ -11,13 +11,15 @@ import pytest
 
 from floorguard.cli import main
 
-SPEC_IDS = [f"E{i}" for i in (*range(1, 17), 19)]
+SPEC_IDS = [f"E{i}" for i in range(1, 20)]
 FIGURES = [
     "e1_completion_vs_arrival.png",
     "e3_priority_vs_fifo.png",
     "e7_operating_region.png",
     "e12_cv_vs_miss.png",
     "e13_attainment_vs_phase.png",
+    "e17_screen_predicted_vs_measured.png",
+    "e18_screen_precision_vs_calibration.png",
 ]
 
 

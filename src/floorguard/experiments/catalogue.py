@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from floorguard.analysis.stats import cluster_bootstrap, spearman
-from floorguard.experiments import figures
+from floorguard.experiments import figures, screen_eval
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import source_name, summarize
@@ -786,6 +786,38 @@ E19 = Experiment(
 )
 
 
+E17 = Experiment(
+    "E17",
+    "Screen, overload grid",
+    "40 configurations: B ∈ {2, 4, 6, 8, 10} (assured Poisson at B/s) × opportunistic "
+    "Poisson {8, 14, 22, 32}/s (always-admit, all admitted) × {assured-first, FIFO} "
+    "dispatch, C = 4, v100-moe, ρ̂ ≈ 1.1–4.5; 12 s runs without deadline pressure (no doom "
+    "gate) so every admitted assured sojourn is measured whole, then re-thresholded at the "
+    "33 deadlines 300, 400, …, 3500 ms; reps 3.",
+    screen_eval.e17_grid,
+    reps=3,
+    shown=("policy", "floor", "opp_rate"),
+    figures=(screen_eval.screen_figure, screen_eval.held_out_figure),
+    extra=screen_eval.screen_extra,
+    reading=screen_eval.screen_reading,
+)
+
+E18 = Experiment(
+    "E18",
+    "Screen, sub-saturation grid",
+    "opportunistic Poisson {1, 2, 3}/s × C ∈ {4, 6, 8} × {assured-first, FIFO}, B = 6 "
+    "(assured Poisson 6/s; B = 6 rather than 4 so that C = 4 reaches the knee, ρ̂ ≈ 0.97), "
+    "v100-moe, no deadline pressure, 33 deadlines; reps 10.",
+    screen_eval.e18_grid,
+    reps=10,
+    quick_reps=3,
+    shown=("policy", "slots", "opp_rate"),
+    figures=(screen_eval.screen_figure, screen_eval.held_out_figure),
+    extra=screen_eval.screen_extra,
+    reading=screen_eval.screen_reading,
+)
+
+
 def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
     experiments = [
         E1,
@@ -804,6 +836,8 @@ def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
         E14,
         E15,
         E16,
+        E17,
+        E18,
         E19,
     ]
     return {e.id: e for e in experiments}

@@ -86,6 +86,8 @@ class Condition:
     burst_size: int = 40
     detail: bool = False
     """Keep per-request assured timings of this run (for a figure)."""
+    keep_samples: bool = False
+    """Keep the assured sojourns and all service times (the screen's evaluation)."""
 
 
 @functools.cache
@@ -249,6 +251,10 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "held": m.assured.late == 0,
         "phase_counts": [list(p) for p in m.phase_counts],
     }
+    if c.keep_samples:
+        done = [r for r in trace.records if r.outcome == "completed"]
+        row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]
+        row["services"] = [r.service_s for r in done]
     if c.detail:
         row["detail"] = [
             (

@@ -23,8 +23,8 @@ from floorguard.experiments.spec import Experiment, Row
 
 __all__ = ["condition_of", "markdown_table", "source_name", "summarize", "write_csv"]
 
-CONDITION_FIELDS = [f.name for f in fields(Condition) if f.name != "detail"]
-NESTED = ("phase_counts", "detail")
+CONDITION_FIELDS = [f.name for f in fields(Condition) if f.name not in ("detail", "keep_samples")]
+NESTED = ("phase_counts", "detail", "a_sojourns", "services")
 
 
 def condition_of(row: Row) -> tuple[Any, ...]:

@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import heapq
+import json
+import math
+
+import pytest
+
+from floorguard.cli import main
+from floorguard.core import dispatcher as dispatcher_module
+from floorguard.core.contract import DispatchOrder
+from floorguard.core.guard import Dispatch
+from floorguard.errors import ConfigError
+from floorguard.screen import AdmissionPolicy, ScreenConfig, aggregate, screen
+from floorguard.screen.evaluate import Cell, cells_for, held_out, score
+from tests.helpers import make_config, make_guard, make_request
+
+PRIORITY, FIFO = DispatchOrder.ASSURED_FIRST, DispatchOrder.FIFO
+
+
+def config(**kw):
+    return ScreenConfig(**{"floor": 6, "slots": 4, "service_s": 0.4, **kw})
+
+
+def test_priority_isolates_the_floor_from_opportunistic_load():
+    """Assured-first: only the B assured are ahead, one in-progress job may delay them:
+    ŝ·(1 + ⌈B/C⌉), whatever the opportunistic load."""
+    for load in (4.0, 16.0, 100.0):
+        v = screen(config(opportunistic_rate_per_s=load), 1.3)
+        assert (v.ahead, v.waves, v.residual) == (6, 2, 1)
+        assert v.predicted_sojourn_s == pytest.approx(0.4 * 3) and v.accept
+    alone = screen(config(), 1.0)
+    assert alone.residual == 0 and alone.predicted_sojourn_s == pytest.approx(0.8)
+
+
+def test_fifo_counts_everything_ahead_and_is_unbounded_past_the_knee():
+    """FIFO: the whole window is ahead; past ρ̂ = 1 the backlog grows without bound."""
+    light = screen(config(dispatch=FIFO, opportunistic_rate_per_s=2.0), 2.0)
+    assert light.ahead == 8 and light.predicted_sojourn_s == pytest.approx(0.4 * 2)
+    heavy = screen(config(dispatch=FIFO, opportunistic_rate_per_s=5.0), 100.0)
+    assert heavy.rho_hat > 1 and math.isinf(heavy.predicted_sojourn_s) and not heavy.accept
+
+
+def test_admission_follows_the_shipped_meter():
+    """Under the guard at most B assured per window are admitted; admit-all takes them all."""
+    guard = screen(config(assured_rate_per_s=10.0), 5.0)
+    everyone = screen(config(assured_rate_per_s=10.0, admission=AdmissionPolicy.ADMIT_ALL), 5.0)
+    assert (guard.admitted_assured_per_window, everyone.admitted_assured_per_window) == (6, 10)
+
+
+def test_region_check_names_the_failing_assumption():
+    """§6 needs the meter, assured-first dispatch, ρ_a ≤ 1 and d ≥ s_max·(1 + ⌈B/C⌉)."""
+    assert screen(config(), 1.3).inside_region
+    fifo = screen(config(dispatch=FIFO), 1.3)
+    assert not fifo.inside_region and "A2" in fifo.region_reasons[0]
+    tight = screen(config(), 1.0)
+    assert any(r.startswith("deadline") for r in tight.region_reasons)
+
+
+def guard_dispatch_order(order, n_assured, n_opp, slots):
+    """Feed the shipped Guard one window's arrivals in the screen's order and record the
+    order it starts them in."""
+    guard = make_guard(
+        make_config(floor=n_assured, slots=(slots,), dispatch=order, deadline_s=100.0)
+    )
+    entries = sorted(
+        [(i / n_assured, 1, True) for i in range(1, n_assured + 1)]
+        + [(j / max(n_opp, 1), 0, False) for j in range(1, n_opp + 1)]
+    )
+    for rid, (_, _, assured) in enumerate(entries):
+        guard.on_arrival(make_request(assured=assured, request_id=rid, at=0.0), 0.0)
+    started, now = [], 0.0
+    started += [d.request for d in guard.poll(now) if isinstance(d, Dispatch)]
+    while guard.num_in_flight:
+        now += 1.0
+        guard.on_complete(next(iter(guard._in_flight)), now)
+        started += [d.request for d in guard.poll(now) if isinstance(d, Dispatch)]
+    return [r.tenant == "a95" for r in started]
+
+
+@pytest.mark.parametrize("order", [PRIORITY, FIFO])
+def test_screen_conforms_to_the_guards_dispatch(order):
+    """The screen's `ahead` is where the shipped Guard starts the window's last assured
+    request, for both dispatch rules."""
+    assured_flags = guard_dispatch_order(order, 6, 10, 4)
+    position = max(i for i, a in enumerate(assured_flags) if a) + 1
+    v = screen(config(dispatch=order, opportunistic_rate_per_s=10.0), 10.0)
+    assert v.ahead == position
+    assert v.ahead == (6 if order is PRIORITY else 16)  # the documented rules, pinned
+
+
+def test_changing_the_dispatch_rule_is_noticed(monkeypatch):
+    """If assured-first dispatch served the surplus first, the pinned rule (ahead = B) breaks
+    and the screen — built on the same dispatcher — follows the guard, not a copy."""
+
+    def surplus_first(self):
+        while self._surplus:
+            ticket = heapq.heappop(self._surplus)[3]
+            if not ticket.cancelled:
+                return ticket
+        while self._assured:
+            ticket = self._assured.popleft()
+            if not ticket.cancelled:
+                return ticket
+        return None
+
+    monkeypatch.setattr(dispatcher_module.AssuredFirstDispatcher, "_pop_live", surplus_first)
+    v = screen(config(opportunistic_rate_per_s=10.0), 10.0)
+    assert v.ahead != 6
+    flags = guard_dispatch_order(PRIORITY, 6, 10, 4)
+    assert v.ahead == max(i for i, a in enumerate(flags) if a) + 1
+
+
+def test_aggregations():
+    """p50/median, p99, max and mean of the samples; unknown names and no samples refused."""
+    samples = [0.1 * i for i in range(1, 101)]
+    assert aggregate(samples, "max") == pytest.approx(10.0)
+    assert aggregate(samples, "mean") == pytest.approx(5.05)
+    assert aggregate(samples, "p50") == aggregate(samples, "median") == pytest.approx(5.05)
+    assert aggregate(samples, "p99") == pytest.approx(9.901)
+    with pytest.raises(ConfigError):
+        aggregate(samples, "p95")
+    with pytest.raises(ConfigError):
+        aggregate([], "mean")
+
+
+def test_scores_of_accept():
+    """precision = TP/(TP+FP), recall = TP/(TP+FN), agreement, coverage."""
+
+    def cell(accept, met):
+        return Cell("c", 1.0, 1.0, 0.5, 0.5, met, accept, True)
+
+    s = score(
+        [cell(True, True)] * 3
+        + [cell(True, False)]
+        + [cell(False, True)] * 2
+        + [cell(False, False)] * 4
+    )
+    assert (s.precision, s.recall, s.agreement, s.coverage) == (0.75, 0.6, 0.7, 0.4)
+    assert score([cell(False, True)]).precision is None
+
+
+def fake_run(rep, services, sojourns):
+    return {
+        "rep": rep,
+        "policy": "guard",
+        "floor": 6,
+        "slots": 4,
+        "assured_rate": 6.0,
+        "opp_rate": 0.0,
+        "services": services,
+        "a_sojourns": sojourns,
+    }
+
+
+def test_cells_rethreshold_measured_sojourns_at_33_deadlines():
+    """One configuration gives 33 cells; the outcome is the measured p95 against each D."""
+    runs = [fake_run(i, [0.4] * 50, [1.0] * 95 + [2.0] * 5) for i in range(2)]
+    cells = cells_for("c", runs, runs, "mean")
+    assert len(cells) == 33
+    assert all(c.met == (c.deadline_s >= c.measured_p95_s) for c in cells)
+    assert all(c.predicted_s == pytest.approx(0.8) for c in cells)
+
+
+def test_held_out_folds_rotate_and_keep_runs_disjoint():
+    """Each fold calibrates ŝ on a rotating block and tests on the other runs only."""
+    runs = [fake_run(i, [0.1 * (i + 1)] * 10, [0.5] * 20) for i in range(5)]
+    folds = held_out({"c": runs}, 0.2, "mean")
+    assert len(folds) == 5
+    # calibrating on a slow run makes the screen reject more: folds differ by their block
+    assert len({(f.tp, f.fp, f.fn, f.tn) for f in folds}) > 1
+
+
+def test_screen_cli(tmp_path, capsys):
+    """--config YAML + --deadline-ms; --json prints the verdict; a bad config exits 2."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "floor: 6\nslots: 4\ndispatch: priority\nservice_s: 0.4\nopportunistic_rate_per_s: 16\n"
+    )
+    assert main(["screen", "--config", str(path), "--deadline-ms", "1300", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["accept"] and out["ahead"] == 6
+    samples = tmp_path / "s.txt"
+    samples.write_text("0.9\n1.0\n1.1\n")
+    assert (
+        main(
+            [
+                "screen",
+                "--config",
+                str(path),
+                "--deadline-ms",
+                "1300",
+                "--service-samples",
+                str(samples),
+            ]
+        )
+        == 0
+    )
+    assert "REJECT" in capsys.readouterr().out
+    path.write_text("floor: 6\nslots: 4\nwarp: 9\n")
+    assert main(["screen", "--config", str(path), "--deadline-ms", "1000"]) == 2
+    assert "unknown keys" in capsys.readouterr().err
