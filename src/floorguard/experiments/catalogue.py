@@ -41,6 +41,18 @@ def _range(summaries: Sequence[dict[str, Any]], key: str = "miss") -> str:
     )
 
 
+def _per_condition(
+    rows: Sequence[Row], describe: Callable[[dict[str, Any]], str], conclusion: str = ""
+) -> str:
+    """ "Per condition: a; b; c." from one description per condition summary."""
+    return (
+        "Per condition: "
+        + "; ".join(describe(s) for s in summarize(rows))
+        + "."
+        + (f" {conclusion}" if conclusion else "")
+    )
+
+
 def _by_policy(rows: Sequence[Row], what: str) -> str:
     summaries = summarize(rows)
     parts = []
@@ -316,15 +328,14 @@ E10 = Experiment(
     _e10,
     reps=3,
     shown=("profile", "meter"),
-    reading=lambda rows: (
-        "Per condition: "
-        + "; ".join(
+    reading=lambda rows: _per_condition(
+        rows,
+        lambda s: (
             f"{s['profile']}/{s['meter']}: admitted {s['a_admitted']} of {s['a_offered']}, "
             f"late {s['a_late']}, dropped {s['a_dropped']}, miss {s['miss'].fmt()}"
-            for s in summarize(rows)
-        )
-        + ". The token meter sheds the infeasible long requests at "
-        "the door (cost-excess) instead of admitting them from the floor."
+        ),
+        "The token meter sheds the infeasible long requests at the door (cost-excess) instead "
+        "of admitting them from the floor.",
     ),
 )
 
@@ -349,14 +360,12 @@ E11 = Experiment(
     _e11,
     reps=10,
     shown=("slots", "floor", "capacity_action"),
-    reading=lambda rows: (
-        "Per condition: "
-        + "; ".join(
-            f"C={s['slots']} B={s['floor']} {s['capacity_action']}: miss {s['miss'].fmt()}, "
-            f"attainment {_fmt3(s['attainment'])}"
-            for s in summarize(rows)
-        )
-        + "."
+    reading=lambda rows: _per_condition(
+        rows,
+        lambda s: (
+            f"C={s['slots']} B={s['floor']} {s['capacity_action']}: miss "
+            f"{s['miss'].fmt()}, attainment {_fmt3(s['attainment'])}"
+        ),
     ),
 )
 
@@ -706,15 +715,14 @@ E16 = Experiment(
     ),
     reps=5,
     shown=("policy", "mapping_fault"),
-    reading=lambda rows: (
-        "Per condition: "
-        + "; ".join(
+    reading=lambda rows: _per_condition(
+        rows,
+        lambda s: (
             f"{s['policy']}/{s['mapping_fault']}: assured admitted {s['a_admitted']} of "
             f"{s['a_offered']}, late {s['a_late']}, rejected {s['a_rejected']}"
-            for s in summarize(rows)
-        )
-        + ". A swapped mapping turns the premium class sheddable: "
-        "under saturation it is shed at the door; the guard's class binding has no such mapping."
+        ),
+        "A swapped mapping turns the premium class sheddable: under saturation it is shed at "
+        "the door; the guard's class binding has no such mapping.",
     ),
 )
 
