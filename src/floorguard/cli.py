@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from aiohttp import web
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -37,6 +38,9 @@ from floorguard.experiments.catalogue import catalogue
 from floorguard.experiments.report import write_report
 from floorguard.experiments.runner import run_experiments
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
+from floorguard.proxy.app import create_app
+from floorguard.proxy.config import load_config
+from floorguard.proxy.emulator import Emulator, create_emulator_app
 from floorguard.screen.model import (
     AGGREGATIONS,
     ScreenConfig,
@@ -145,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_experiment(commands)
     _add_screen(commands)
+    _add_http(commands)
     bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
     kinds = bench.add_subparsers(dest="bench", required=True)
     bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
@@ -197,6 +202,22 @@ def _add_screen(commands: Any) -> None:
         help="how ŝ is taken from the samples (default mean)",
     )
     scr.add_argument("--json", action="store_true")
+
+
+def _add_http(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
+    serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
+    emulate = commands.add_parser("emulate", help="an OpenAI-compatible emulated backend")
+    emulate.add_argument("--profile", choices=sorted(PROFILES), default="v100-moe")
+    emulate.add_argument("--slots", type=int, default=4)
+    emulate.add_argument("--host", default="127.0.0.1")
+    emulate.add_argument("--port", type=int, default=8001)
+    emulate.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="priority: serve waiting requests by vLLM's (priority, arrival)",
+    )
 
 
 def _rep_seeds(seed: int, reps: int) -> list[int]:
@@ -483,6 +504,37 @@ def cmd_screen(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
+    console.print(
+        f"floorguard guarding {[b.url for b in config.backends]} on "
+        f"http://{config.host}:{config.port}",
+        markup=False,
+    )
+    web.run_app(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        print=None,
+        handler_cancellation=True,
+    )
+    return 0
+
+
+def cmd_emulate(args: argparse.Namespace, console: Console) -> int:
+    if args.slots < 1:
+        raise FloorguardError(f"--slots = {args.slots}: must be ≥ 1")
+    emulator = Emulator(
+        args.profile, args.slots, priority_scheduling=args.scheduling_policy == "priority"
+    )
+    console.print(
+        f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",
+        markup=False,
+    )
+    web.run_app(create_emulator_app(emulator), host=args.host, port=args.port, print=None)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
@@ -500,6 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True) if getattr(args, "json", False) else Console()
     commands = {
         "screen": cmd_screen,
+        "serve": cmd_serve,
+        "emulate": cmd_emulate,
         "simulate": cmd_simulate,
         "verify": cmd_verify,
         "experiment": cmd_experiment,

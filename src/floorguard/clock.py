@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "MonotonicClock"]
+__all__ = ["Clock", "ManualClock", "MonotonicClock", "WallClock"]
 
 
 class Clock(Protocol):
@@ -20,6 +20,14 @@ class MonotonicClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+class WallClock:
+    """Seconds since the Unix epoch, `time.time()`: the guard's windows are tumbling windows
+    of that shared time line (`t0` is an epoch every replica and contract agrees on)."""
+
+    def now(self) -> float:
+        return time.time()
 
 
 class ManualClock:

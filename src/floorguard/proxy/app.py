@@ -1,0 +1,402 @@
+"""The HTTP guard: an OpenAI-compatible proxy that runs the same `Guard` core as the
+simulator, on the wall clock, in front of OpenAI-compatible backends (vLLM first).
+
+One request: identity → tenant (401/403) → body limits (413/400) → `on_arrival` (429 with
+`Retry-After` on refusal) → wait for `poll` to start it (503 if dropped as doomed) → forward
+to the chosen backend, streaming chunk by chunk → `on_complete`; upstream error 502, timeout
+504, client gone → `on_abort` (the upstream request is closed). Every path ends the request
+in the guard exactly once, so the slot is always released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import IO, Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from floorguard.clock import Clock, WallClock
+from floorguard.core.contract import ContractClass
+from floorguard.core.events import TraceEvent, to_json
+from floorguard.core.guard import Dispatch, Drop, Guard
+from floorguard.core.request import Request
+from floorguard.learners.registry import create_learner
+from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.identity import AuthError, create_identity
+from floorguard.proxy.metrics import GuardMetrics
+from floorguard.proxy.openai_format import error_body
+
+__all__ = ["SERVER", "GuardServer", "create_app"]
+
+JSON_ERRORS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    413: "Too Large",
+    429: "Too Many Requests",
+    502: "Bad Gateway",
+    503: "Unavailable",
+    504: "Timeout",
+}
+
+
+def _error(
+    status: int, kind: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> web.Response:
+    return web.json_response(
+        error_body(kind, message, **extra), status=status, headers=dict(headers or {})
+    )
+
+
+class _RefusedError(Exception):
+    """Carries the 4xx response for a request refused before the guard sees it."""
+
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+class GuardServer:
+    def __init__(
+        self,
+        config: GuardServerConfig,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.identity = create_identity(config.identity, environ)
+        self._log: IO[str] | None = (
+            config.decision_log.open("a", encoding="utf-8", buffering=1)
+            if config.decision_log
+            else None
+        )
+        guard_config = config.guard_config()
+        self.guard = Guard(
+            guard_config,
+            learner=create_learner(config.learner, np.random.default_rng(seed)),
+            sink=self._on_event,
+            started_at=self.clock.now(),
+        )
+        self.metrics = GuardMetrics(self.guard, self.clock.now)
+        self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
+        self._ids = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._contracts = {c.tenant: c for c in guard_config.contracts}
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _on_event(self, event: TraceEvent) -> None:
+        if self._log is not None:
+            self._log.write(to_json(event) + "\n")
+        if hasattr(self, "metrics"):
+            self.metrics.on_event(event)
+
+    def _pump(self) -> None:
+        """Hand freed slots to waiting requests (the guard decides who)."""
+        for decision in self.guard.poll(self.clock.now()):
+            waiter = self._waiters.pop(str(decision.request.request_id), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(decision)
+
+    async def start(self, _: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s)
+        )
+
+    async def stop(self, _: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._log is not None:
+            self._log.close()
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def _parse(self, request: web.Request) -> tuple[str, dict[str, Any], int]:
+        try:
+            tenant = self.identity.tenant_of(request.headers)
+        except AuthError as exc:
+            raise _RefusedError(_error(exc.status, exc.kind, str(exc))) from exc
+        if tenant not in self._contracts:
+            raise _RefusedError(_error(403, "unknown_tenant", f"tenant {tenant!r} has no contract"))
+        limit = self.config.limits.max_body_bytes
+        if (request.content_length or 0) > limit:
+            raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
+        raw = await request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _RefusedError(
+                _error(400, "invalid_json", f"the body is not JSON: {exc}")
+            ) from exc
+        if not isinstance(body, dict):
+            raise _RefusedError(_error(400, "invalid_request", "the body must be a JSON object"))
+        max_tokens = body.get(
+            "max_tokens", body.get("max_completion_tokens", self.config.limits.default_max_tokens)
+        )
+        cap = self.config.limits.max_tokens
+        if type(max_tokens) is not int or not 1 <= max_tokens <= cap:
+            raise _RefusedError(
+                _error(
+                    400,
+                    "invalid_max_tokens",
+                    f"max_tokens = {max_tokens!r}: must be an integer in [1, {cap}]",
+                )
+            )
+        if not isinstance(body.get("stream", False), bool):
+            raise _RefusedError(_error(400, "invalid_request", "stream must be true or false"))
+        return tenant, body, max_tokens
+
+    def _refusal(self, reason: str | None, now: float) -> web.Response:
+        schedule = self.guard.config.schedule
+        retry = max(1, math.ceil(schedule.start_of(schedule.index_at(now) + 1) - now))
+        return _error(
+            429,
+            reason or "rejected",
+            f"refused: {reason}",
+            {"Retry-After": str(retry), "x-floorguard-decision": "rejected"},
+        )
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        try:
+            tenant, body, max_tokens = await self._parse(request)
+        except _RefusedError as refused:
+            return refused.response
+        now = self.clock.now()
+        rid = f"fg-{next(self._ids)}"
+        admission = self.guard.on_arrival(Request(rid, tenant, now, max_tokens), now)
+        if not admission.admitted:
+            return self._refusal(admission.reason, now)
+        headers = {
+            "x-floorguard-decision": "entitled" if admission.entitled else "surplus",
+            "x-floorguard-class": str(admission.cls),
+            "x-floorguard-window": str(
+                admission.window_index if admission.window_index is not None else ""
+            ),
+        }
+        waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = waiter
+        self._pump()
+        try:
+            decision = await waiter
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            self.guard.on_abort(rid, self.clock.now(), "client_disconnected")
+            self._pump()
+            raise
+        if isinstance(decision, Drop):
+            return _error(
+                503,
+                "doomed",
+                "dropped: it could not finish by its deadline",
+                {"x-floorguard-decision": "dropped"},
+            )
+        return await self._forward(request, rid, path, body, decision, headers=headers)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        rid: str,
+        path: str,
+        body: dict[str, Any],
+        decision: Dispatch,
+        *,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        backend = self.config.backends[decision.backend]
+        if self.config.forward_priority:
+            cls = self._contracts[decision.request.tenant].cls
+            body = {**body, "priority": 0 if cls is ContractClass.ASSURED else 1}
+        assert self._session is not None
+        ended = False
+
+        def end(kind: str, reason: str = "") -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            now = self.clock.now()
+            if kind == "complete":
+                done = self.guard.on_complete(rid, now)
+                cls = self._contracts[decision.request.tenant].cls.value
+                self.metrics.service.labels(cls).observe(done.service_s)
+                if done.late:
+                    self.metrics.late.labels(decision.request.tenant, cls).inc()
+            elif kind == "fail":
+                self.guard.on_fail(rid, now, reason)
+            else:
+                self.guard.on_abort(rid, now, reason)
+            self._pump()
+
+        try:
+            async with self._session.post(backend.url.rstrip("/") + path, json=body) as upstream:
+                if upstream.status >= 400:
+                    detail = (await upstream.read())[:500].decode(errors="replace")
+                    end("fail", f"upstream_{upstream.status}")
+                    return _error(
+                        502,
+                        "upstream_error",
+                        f"backend answered {upstream.status}",
+                        headers,
+                        upstream_status=upstream.status,
+                        detail=detail,
+                    )
+                if not body.get("stream"):
+                    data = await upstream.read()
+                    end("complete")
+                    return web.Response(
+                        body=data, status=200, headers=headers, content_type="application/json"
+                    )
+                return await self._relay(request, rid, upstream, headers, end)
+        except TimeoutError:
+            end("fail", "upstream_timeout")
+            return _error(504, "upstream_timeout", "the backend did not answer in time", headers)
+        except aiohttp.ClientError as exc:
+            end("fail", f"upstream_unreachable: {type(exc).__name__}")
+            return _error(502, "upstream_unreachable", f"backend unreachable: {exc}", headers)
+        except (asyncio.CancelledError, ConnectionResetError):
+            end("abort", "client_disconnected")
+            raise
+        finally:
+            if not ended:
+                end("fail", "internal_error")
+
+    async def _relay(
+        self,
+        request: web.Request,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        end: Any,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
+        await response.prepare(request)
+        first = True
+        try:
+            async for chunk in upstream.content.iter_any():
+                if first:
+                    self.guard.on_first_token(rid, self.clock.now())
+                    first = False
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("the client went away mid-stream")
+                await response.write(chunk)
+        except aiohttp.ClientError:
+            end("fail", "upstream_broke_mid_stream")
+            return response
+        end("complete")
+        await response.write_eof()
+        return response
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock.now()
+        guard = self.guard
+        schedule = guard.config.schedule
+        return {
+            "now": now,
+            "window": {
+                "index": schedule.index_at(now),
+                "window_s": schedule.window_s,
+                "origin_at": schedule.origin_at,
+                "credits_left": {
+                    c.tenant: guard.credits_left(c.tenant, now)
+                    for c in guard.config.contracts
+                    if c.assured
+                },
+            },
+            "queues": {
+                "queued": guard.num_queued,
+                "queued_entitled": guard.num_queued_entitled,
+                "in_flight": [guard.in_flight_on(b) for b in range(len(guard.config.slots))],
+                "slots": list(guard.config.slots),
+            },
+            "monitors": {
+                "max_service_s": guard.envelope.max_service_s,
+                "above_ceiling": guard.envelope.num_above_upper,
+                "below_lower": guard.envelope.num_below_lower,
+                "max_assured_backlog": guard.backlog.max_backlog,
+                "capacity_per_s": guard.capacity.estimate_per_s,
+                "capacity_alarms": guard.capacity.num_alarms,
+                "learner_faults": guard.stats.learner_faults,
+            },
+            "assumptions": asdict(guard.assumptions()),
+        }
+
+
+SERVER: web.AppKey[GuardServer] = web.AppKey("floorguard.server", GuardServer)
+"""The app's `GuardServer` (its guard, metrics and status)."""
+
+
+def create_app(
+    config: GuardServerConfig,
+    *,
+    environ: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+) -> web.Application:
+    """Everything is built here: no module-level state (STYLE §12). Run it with
+    `handler_cancellation=True` (`web.run_app` / `web.AppRunner`): a client that disconnects
+    then cancels its handler at once, so the guard aborts the request, frees its slot and
+    closes the upstream request."""
+    server = GuardServer(config, environ=environ, clock=clock)
+    app = web.Application(client_max_size=config.limits.max_body_bytes + 1024)
+    app[SERVER] = server
+
+    async def models(_: web.Request) -> web.Response:
+        assert server._session is not None
+        url = config.backends[0].url.rstrip("/") + "/v1/models"
+        try:
+            async with server._session.get(url) as upstream:
+                return web.Response(
+                    body=await upstream.read(),
+                    status=upstream.status,
+                    content_type="application/json",
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _error(502, "upstream_unreachable", f"backend unreachable: {exc}")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready = server._session is not None and not server._session.closed
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(server.metrics.registry), content_type="text/plain"
+        )
+
+    async def admin_status(_: web.Request) -> web.Response:
+        return web.json_response(server.status())
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await server.handle(request, "/v1/completions")
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await server.handle(request, "/v1/chat/completions")
+
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/status", admin_status)
+    app.on_startup.append(server.start)
+    app.on_cleanup.append(server.stop)
+    return app

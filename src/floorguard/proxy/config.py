@@ -1,0 +1,127 @@
+"""The guard server's configuration: one YAML file, validated by pydantic at start.
+
+A bad file is refused before anything listens, with the key, the value and what is allowed
+(`ConfigError`). Examples: `examples/guard.yaml`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from floorguard.core.contract import (
+    AffineEnvelope,
+    Contract,
+    ContractClass,
+    ExcessPolicy,
+    GuardConfig,
+    WindowSchedule,
+)
+from floorguard.errors import ConfigError
+from floorguard.sim.profiles import PROFILES, get_profile
+
+__all__ = ["GuardServerConfig", "load_config"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContractSpec(_Strict):
+    tenant: str = Field(min_length=1)
+    cls: ContractClass = Field(alias="class")
+    deadline_ms: float = Field(gt=0)
+    floor: int = Field(default=0, ge=0)
+    excess_policy: ExcessPolicy = ExcessPolicy.REJECT
+
+
+class BackendSpec(_Strict):
+    url: str = Field(pattern=r"^https?://")
+    slots: int = Field(ge=1, le=4096)
+
+
+class JwtSpec(_Strict):
+    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(min_length=1)
+    secret: str | None = None
+    """HS256 shared secret (or `secret_env`: the name of an environment variable)."""
+    secret_env: str | None = None
+    public_key_file: Path | None = None
+    """PEM public key for RS256 / ES256."""
+    issuer: str | None = None
+    audience: str | None = None
+    tenant_claim: str = "sub"
+    leeway_s: float = Field(default=0.0, ge=0, le=300)
+
+
+class IdentitySpec(_Strict):
+    mode: Literal["jwt", "header"]
+    jwt: JwtSpec | None = None
+    header: str | None = None
+    """`mode: header`: the header a trusted upstream sets (configured explicitly, SPEC §2)."""
+
+
+class LimitsSpec(_Strict):
+    max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
+    max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
+    default_max_tokens: int = Field(default=16, ge=1)
+
+
+class GuardServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    window_s: float = Field(default=1.0, gt=0)
+    origin_at: float = 0.0
+    contracts: list[ContractSpec] = Field(min_length=1)
+    backends: list[BackendSpec] = Field(min_length=1)
+    identity: IdentitySpec
+    learner: str = "always-admit"
+    profile: str | None = "v100-moe"
+    """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
+    limits: LimitsSpec = LimitsSpec()
+    upstream_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    forward_priority: bool = False
+    """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
+    decision_log: Path | None = None
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROFILES:
+            raise ValueError(f"must be one of {sorted(PROFILES)} or null")
+        return value
+
+    def guard_config(self) -> GuardConfig:
+        profile = get_profile(self.profile) if self.profile else None
+        return GuardConfig(
+            contracts=tuple(
+                Contract(c.tenant, c.cls, c.deadline_ms / 1e3, c.floor, c.excess_policy)
+                for c in self.contracts
+            ),
+            schedule=WindowSchedule(self.window_s, self.origin_at),
+            slots=tuple(b.slots for b in self.backends),
+            lower_envelope=profile.lower if profile else None,
+            upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
+        )
+
+
+def _first_error(exc: ValidationError) -> ConfigError:
+    error = exc.errors()[0]
+    key = ".".join(str(p) for p in error["loc"]) or "config"
+    return ConfigError(key, error.get("input"), error["msg"])
+
+
+def load_config(path: str | Path) -> GuardServerConfig:
+    """Read and validate a YAML file; a bad one raises ConfigError naming key and value."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError("config", str(path), f"cannot be read as YAML ({exc})") from exc
+    try:
+        config = GuardServerConfig.model_validate(data)
+        config.guard_config()  # the core's own validation (tenants, floors) runs too
+    except ValidationError as exc:
+        raise _first_error(exc) from exc
+    return config

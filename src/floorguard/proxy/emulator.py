@@ -1,0 +1,212 @@
+"""`floorguard emulate`: an OpenAI-compatible backend that serves with the simulator's
+continuous-batching model in real time (no GPU, no weights).
+
+Each request needs `max_tokens` output tokens (at least `min_tokens`; the emulated model
+never stops early, as with `ignore_eos: true`). `C` slots run in the `BatchingBackend`; the
+rest wait, FIFO or — with `--scheduling-policy priority` — by vLLM's `(priority, arrival)`,
+and a running request is never preempted. A streamed response sends its first token when the
+model's prefill ends and the rest at completion. `/metrics` has vLLM-style running/waiting
+gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from floorguard.core.request import Request
+from floorguard.proxy.openai_format import completion_body, error_body, stream_chunk
+from floorguard.sim.backend import SimBackend, create_backend
+from floorguard.sim.profiles import get_profile
+
+__all__ = ["Emulator", "create_emulator_app"]
+
+
+@dataclass(eq=False)
+class _Job:
+    request: Request
+    priority: float
+    first_token: asyncio.Future[float] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    done: asyncio.Future[float] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    running: bool = False
+    cancelled: bool = False
+
+
+class Emulator:
+    def __init__(
+        self,
+        profile: str,
+        slots: int,
+        *,
+        priority_scheduling: bool = False,
+        model: str = "floorguard-emulated",
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.slots = slots
+        self.priority_scheduling = priority_scheduling
+        self._backend: SimBackend = create_backend(
+            get_profile(profile), slots, np.random.default_rng(seed)
+        )
+        self._t0 = time.monotonic()
+        self._waiting: list[tuple[float, int, _Job]] = []
+        self._running: dict[Any, _Job] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.registry = CollectorRegistry()
+        Gauge("vllm:num_requests_running", "Requests running", registry=self.registry).set_function(
+            lambda: len(self._running)
+        )
+        Gauge("vllm:num_requests_waiting", "Requests waiting", registry=self.registry).set_function(
+            lambda: sum(not j.cancelled for *_, j in self._waiting)
+        )
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def submit(self, tokens: int, priority: float) -> _Job:
+        seq = next(self._ids)
+        job = _Job(Request(seq, "emulated", self._now(), tokens), priority)
+        key = priority if self.priority_scheduling else 0.0
+        heapq.heappush(self._waiting, (key, seq, job))
+        self._wake.set()
+        return job
+
+    def cancel(self, job: _Job) -> None:
+        """The client went away: a waiting job is dropped; a running one runs to its end (a
+        real server aborts it; the model keeps the batch as it was)."""
+        job.cancelled = True
+
+    def _admit(self, now: float) -> None:
+        while self._waiting and len(self._running) < self.slots:
+            job = heapq.heappop(self._waiting)[2]
+            if job.cancelled:
+                continue
+            first_at = self._backend.join(job.request, now)
+            job.running = True
+            self._running[job.request.request_id] = job
+            self._resolve_later(job.first_token, first_at)
+
+    def _resolve_later(self, future: asyncio.Future[float], at: float) -> None:
+        def resolve() -> None:
+            if not future.done():
+                future.set_result(at)
+
+        asyncio.get_running_loop().call_later(max(0.0, at - self._now()), resolve)
+
+    async def _loop(self) -> None:
+        while True:
+            now = self._now()
+            for rid in self._backend.complete_due(now):
+                job = self._running.pop(rid)
+                if not job.done.done():
+                    job.done.set_result(now)
+            self._admit(now)
+            at = self._backend.next_completion_at()
+            self._wake.clear()
+            timeout = None if at is None else max(0.0, at - self._now())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = json.loads(await request.read())
+            tokens = max(int(body.get("max_tokens") or 16), int(body.get("min_tokens") or 0))
+            priority = float(body.get("priority") or 0)
+            stream = bool(body.get("stream", False))
+        except (ValueError, TypeError, AttributeError) as exc:
+            return web.json_response(error_body("invalid_request", str(exc)), status=400)
+        if tokens < 1:
+            return web.json_response(
+                error_body("invalid_request", "max_tokens must be ≥ 1"), status=400
+            )
+        job = self.submit(tokens, priority)
+        rid = f"emu-{job.request.request_id}"
+        try:
+            if not stream:
+                await job.done
+                return web.json_response(
+                    completion_body(
+                        rid, self.model, chat, " tok" * tokens, completion_tokens=tokens
+                    )
+                )
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await job.first_token
+            await response.write(stream_chunk(rid, self.model, chat, " tok"))
+            await job.done
+            for i in range(1, tokens):
+                await response.write(
+                    stream_chunk(
+                        rid, self.model, chat, " tok", "length" if i == tokens - 1 else None
+                    )
+                )
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancel(job)
+            raise
+
+
+def create_emulator_app(emulator: Emulator) -> web.Application:
+    app = web.Application()
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": emulator.model, "object": "model", "owned_by": "floorguard"}],
+            }
+        )
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(emulator.registry), content_type="text/plain")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def on_startup(_: web.Application) -> None:
+        await emulator.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await emulator.stop()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await emulator.handle(request, chat=False)
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await emulator.handle(request, chat=True)
+
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

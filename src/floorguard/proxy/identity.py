@@ -1,0 +1,106 @@
+"""Identity → tenant, before anything else runs (SPEC §2). A request with no valid identity
+is refused, never given a class.
+
+JWT (pyjwt): the accepted algorithms come from the config and the key fits them (an HMAC
+secret only for HS256, a PEM public key only for RS256/ES256), so `alg: none` and algorithm
+confusion (an RS256 public key used as an HS256 secret) are refused by construction;
+`exp`, `nbf`, `iss`, `aud` are checked. Header mode trusts a header only when configured.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jwt
+
+from floorguard.errors import ConfigError
+from floorguard.proxy.config import IdentitySpec
+
+__all__ = ["AuthError", "Identity", "create_identity"]
+
+
+class AuthError(Exception):
+    """No valid identity: `status` 401 (missing/invalid) or 403 (valid but not allowed)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Identity:
+    spec: IdentitySpec
+    key: str | bytes | None
+
+    def tenant_of(self, headers: Mapping[str, str]) -> str:
+        if self.spec.mode == "header":
+            assert self.spec.header is not None
+            tenant = headers.get(self.spec.header, "").strip()
+            if not tenant:
+                raise AuthError(401, "missing_identity", f"header {self.spec.header} is required")
+            return tenant
+        return self._from_jwt(headers)
+
+    def _from_jwt(self, headers: Mapping[str, str]) -> str:
+        spec = self.spec.jwt
+        assert spec is not None and self.key is not None
+        auth = headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthError(401, "missing_identity", "an Authorization: Bearer JWT is required")
+        try:
+            claims = jwt.decode(
+                token.strip(),
+                self.key,
+                algorithms=list(spec.algorithms),
+                issuer=spec.issuer,
+                audience=spec.audience,
+                leeway=spec.leeway_s,
+                options={"require": ["exp"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise AuthError(401, "expired_token", "the JWT has expired") from exc
+        except jwt.InvalidTokenError as exc:
+            raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
+        tenant = claims.get(spec.tenant_claim)
+        if not isinstance(tenant, str) or not tenant:
+            raise AuthError(401, "invalid_token", f"the JWT has no {spec.tenant_claim!r} claim")
+        return tenant
+
+
+def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
+    environ = os.environ if environ is None else environ
+    if spec.mode == "header":
+        if not spec.header:
+            raise ConfigError("identity.header", spec.header, "header mode needs a header name")
+        return Identity(spec, None)
+    if spec.jwt is None:
+        raise ConfigError("identity.jwt", None, "jwt mode needs a jwt section")
+    algorithms = set(spec.jwt.algorithms)
+    if algorithms & {"HS256"} and algorithms - {"HS256"}:
+        raise ConfigError(
+            "identity.jwt.algorithms",
+            sorted(algorithms),
+            "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
+        )
+    if algorithms == {"HS256"}:
+        secret = spec.jwt.secret or (
+            environ.get(spec.jwt.secret_env, "") if spec.jwt.secret_env else ""
+        )
+        if len(secret) < 32:
+            raise ConfigError(
+                "identity.jwt.secret", "<hidden>", "HS256 needs a secret of at least 32 characters"
+            )
+        return Identity(spec, secret)
+    if spec.jwt.public_key_file is None:
+        raise ConfigError("identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key")
+    try:
+        key = spec.jwt.public_key_file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            "identity.jwt.public_key_file", str(spec.jwt.public_key_file), f"cannot be read ({exc})"
+        ) from exc
+    return Identity(spec, key)

@@ -1,0 +1,291 @@
+"""The HTTP guard over real loopback HTTP: the official openai client, an opportunistic flood
+against the floor, the bad-input matrix, client aborts and a dead backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import jwt as pyjwt
+import openai
+import pytest
+
+from floorguard.analysis.checker import check_trace
+from floorguard.core.events import read_jsonl
+from floorguard.proxy.app import SERVER
+from tests.integration.live import Live, guard_config, token
+
+
+@pytest.fixture(scope="module")
+def live():
+    servers = Live()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="module")
+def backend(live):
+    return live.emulator()
+
+
+def test_openai_client_through_the_guard_streaming_and_not(live, backend, tmp_path):
+    """The official client completes, chats and streams through the guard; the decision
+    headers say the request was floor-entitled; the decision log verifies."""
+    log = tmp_path / "decisions.jsonl"
+    url, _ = live.guard(guard_config(backend, decision_log=str(log)))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("acme"), max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert raw.headers["x-floorguard-decision"] == "entitled"
+    assert raw.parse().choices[0].message.content.count("tok") == 4
+    completion = client.completions.create(model="m", prompt="hi", max_tokens=3)
+    assert completion.usage.completion_tokens == 3
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).count("tok") == 5
+    report = check_trace(list(read_jsonl(str(log))))
+    assert report.ok() and report.num_requests == 3 and report.num_entitled == 3
+
+
+async def _post(session, url, tenant, max_tokens=16):
+    started = time.monotonic()
+    async with session.post(
+        url + "/v1/completions",
+        json={"model": "m", "prompt": "x", "max_tokens": max_tokens},
+        headers={"Authorization": f"Bearer {token(tenant)}"},
+    ) as response:
+        await response.read()
+        return tenant, response.status, time.monotonic() - started
+
+
+async def _flood(guard_url, direct_url, seconds=2.0, opp_per_s=20, assured_per_s=3):
+    """The same open-loop workload through the guard and straight into a backend."""
+    async with aiohttp.ClientSession() as session:
+        tasks = []
+        for i in range(int(seconds * opp_per_s)):
+            at = i / opp_per_s
+            for url in (guard_url, direct_url):
+                tasks.append(_delayed(at, _post(session, url, "free")))
+        for i in range(int(seconds * assured_per_s)):
+            at = 0.05 + i / assured_per_s
+            tasks.append(_delayed(at, _tagged("guard", _post(session, guard_url, "acme"))))
+            tasks.append(_delayed(at, _tagged("direct", _post(session, direct_url, "acme"))))
+        return await asyncio.gather(*tasks)
+
+
+async def _delayed(at, coroutine):
+    await asyncio.sleep(at)
+    return await coroutine
+
+
+async def _tagged(tag, coroutine):
+    return (tag, *(await coroutine))
+
+
+def test_floor_holds_under_a_flood_while_the_unguarded_path_misses(live):
+    """An opportunistic flood at ~2× capacity: through the guard every assured request
+    succeeds within its 1820 ms deadline; sent straight to an identical backend (admit-all,
+    FIFO), assured requests are late."""
+    guard_url, _ = live.guard(guard_config(live.emulator(), floor=3))
+    results = live.run(_flood(guard_url, live.emulator()))
+    assured = [r for r in results if r[0] in ("guard", "direct")]
+    guarded = [r for r in assured if r[0] == "guard"]
+    direct = [r for r in assured if r[0] == "direct"]
+    assert guarded and all(status == 200 and latency <= 1.82 for _, _, status, latency in guarded)
+    assert sum(latency > 1.82 for *_, latency in direct) >= len(direct) // 2
+
+
+@pytest.fixture(scope="module")
+def strict_guard(live, backend):
+    """A guard with a small body limit and an hour-long window (B = 2 for the whole test)."""
+    config = guard_config(
+        backend, floor=2, window_s=3600.0, limits={"max_body_bytes": 2048, "max_tokens": 512}
+    )
+    url, _ = live.guard(config)
+    return url
+
+
+def _call(live, url, body, headers):
+    async def go():
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + "/v1/completions", data=body, headers=headers) as response,
+        ):
+            return response.status, await response.json(content_type=None), response.headers
+
+    return live.run(go())
+
+
+def _bearer(value):
+    return {"Authorization": f"Bearer {value}", "Content-Type": "application/json"}
+
+
+GOOD = json.dumps({"model": "m", "prompt": "x", "max_tokens": 4})
+NONE_ALG = pyjwt.encode({"sub": "acme", "exp": time.time() + 600}, key=None, algorithm="none")
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "kind"),
+    [
+        ("{not json", _bearer(token("free")), 400, "invalid_json"),
+        ("[1, 2]", _bearer(token("free")), 400, "invalid_request"),
+        (
+            json.dumps({"prompt": "x", "stream": "yes"}),
+            _bearer(token("free")),
+            400,
+            "invalid_request",
+        ),
+        (json.dumps({"prompt": "x" * 5000}), _bearer(token("free")), 413, "body_too_large"),
+        (
+            json.dumps({"prompt": "x", "max_tokens": -1}),
+            _bearer(token("free")),
+            400,
+            "invalid_max_tokens",
+        ),
+        (
+            json.dumps({"prompt": "x", "max_tokens": 0}),
+            _bearer(token("free")),
+            400,
+            "invalid_max_tokens",
+        ),
+        (
+            json.dumps({"prompt": "x", "max_tokens": 10**9}),
+            _bearer(token("free")),
+            400,
+            "invalid_max_tokens",
+        ),
+        (
+            json.dumps({"prompt": "x", "max_tokens": "8"}),
+            _bearer(token("free")),
+            400,
+            "invalid_max_tokens",
+        ),
+        (GOOD, {"Content-Type": "application/json"}, 401, "missing_identity"),
+        (GOOD, _bearer(token("acme", ttl_s=-60)), 401, "expired_token"),
+        (
+            GOOD,
+            _bearer(token("acme", secret="forged-secret-forged-secret-forged!")),
+            401,
+            "invalid_token",
+        ),
+        (GOOD, _bearer(NONE_ALG), 401, "invalid_token"),
+        (GOOD, _bearer(token("acme", aud="someone-else")), 401, "invalid_token"),
+        (GOOD, _bearer(token("mallory")), 403, "unknown_tenant"),
+    ],
+    ids=[
+        "malformed-json",
+        "not-an-object",
+        "stream-not-bool",
+        "over-limit",
+        "negative-tokens",
+        "zero-tokens",
+        "absurd-tokens",
+        "string-tokens",
+        "no-jwt",
+        "expired-jwt",
+        "forged-jwt",
+        "alg-none",
+        "wrong-audience",
+        "unknown-tenant",
+    ],
+)
+def test_bad_input_gets_a_clear_4xx_and_the_guard_keeps_serving(  # noqa: PLR0917
+    live, strict_guard, body, headers, status, kind
+):
+    """Each bad request gets its status and a JSON error with a machine-readable type; a
+    good request right after it is served."""
+    got, payload, _ = _call(live, strict_guard, body, headers)
+    assert (got, payload["error"]["type"]) == (status, kind)
+    assert payload["error"]["message"]
+    ok, _, _ = _call(live, strict_guard, GOOD, _bearer(token("free")))
+    assert ok == 200
+
+
+def test_floor_exhausted_is_429_with_retry_after(live, backend):
+    """Beyond B in a window, an assured request is refused with 429, a Retry-After up to the
+    next window and the refusal type."""
+    url, _ = live.guard(guard_config(backend, floor=1, window_s=3600.0))
+    first = _call(live, url, GOOD, _bearer(token("acme")))
+    second = _call(live, url, GOOD, _bearer(token("acme")))
+    assert first[0] == 200
+    status, payload, headers = second
+    assert (status, payload["error"]["type"]) == (429, "floor_exhausted")
+    assert 0 < int(headers["Retry-After"]) <= 3600
+
+
+def _status(live, url):
+    async def go():
+        async with aiohttp.ClientSession() as session, session.get(url + "/admin/status") as r:
+            return await r.json()
+
+    return live.run(go())
+
+
+def test_client_disconnect_mid_stream_frees_the_slot(live, backend, tmp_path):
+    """A client that leaves after the first chunk is aborted in the guard at once: its slot
+    is free again and the log records the abort."""
+    log = tmp_path / "abort.jsonl"
+    url, app = live.guard(guard_config(backend, decision_log=str(log)))
+    guard = app[SERVER].guard
+
+    async def leave_early():
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                url + "/v1/chat/completions",
+                headers=_bearer(token("acme")),
+                json={"model": "m", "messages": [], "max_tokens": 100, "stream": True},
+            ) as r,
+        ):
+            assert r.status == 200  # 100 tokens: L(100) ≈ 1.23 s, feasible by 1.82 s
+            await r.content.readany()  # the first chunk, then hang up
+            return guard.num_in_flight
+
+    assert live.run(leave_early()) == 1
+    deadline = time.monotonic() + 3
+    while sum(_status(live, url)["queues"]["in_flight"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(_status(live, url)["queues"]["in_flight"]) == 0
+    events = list(read_jsonl(str(log)))
+    assert any(e.kind.value == "abort" and e.reason == "client_disconnected" for e in events)
+    assert check_trace(events).ok()
+
+
+def test_dead_backend_is_502_and_nothing_hangs(live):
+    """A backend that refuses connections: 502 with a JSON body, fast, slot released."""
+    url, _ = live.guard(guard_config("http://127.0.0.1:9"))
+    started = time.monotonic()
+    status, payload, _ = _call(live, url, GOOD, _bearer(token("acme")))
+    assert (status, payload["error"]["type"]) == (502, "upstream_unreachable")
+    assert time.monotonic() - started < 5
+    assert sum(_status(live, url)["queues"]["in_flight"]) == 0
+
+
+def test_health_metrics_and_models(live, backend):
+    """healthz/readyz answer; /metrics is Prometheus text with the guard's series; /v1/models
+    is the backend's list."""
+    url, _ = live.guard(guard_config(backend))
+    _call(live, url, GOOD, _bearer(token("acme")))
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            out = {}
+            for path in ("/healthz", "/readyz", "/metrics", "/v1/models"):
+                async with s.get(url + path) as r:
+                    out[path] = (r.status, await r.text())
+            return out
+
+    out = live.run(go())
+    assert all(status == 200 for status, _ in out.values())
+    assert (
+        'floorguard_admitted_total{cls="assured",entitled="true",tenant="acme"} 1.0'
+        in (out["/metrics"][1])
+    )
+    assert "floorguard_credits_left" in out["/metrics"][1]
+    assert json.loads(out["/v1/models"][1])["data"][0]["id"]
