@@ -8,11 +8,12 @@ floorguard bench sim|calibration [--json]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ from floorguard.experiments.runner import run_experiments
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import load_config
+from floorguard.proxy.demo import run_demo
 from floorguard.proxy.emulator import Emulator, create_emulator_app
+from floorguard.proxy.loadgen import measure_client, replay
 from floorguard.screen.model import (
     AGGREGATIONS,
     ScreenConfig,
@@ -52,6 +55,7 @@ from floorguard.sim.probe import fit_probe_model
 from floorguard.sim.profiles import PROFILES
 from floorguard.sim.run import SimRun, simulate_once
 from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
+from floorguard.sim.workloads import build_requests
 
 __all__ = ["main"]
 
@@ -205,6 +209,24 @@ def _add_screen(commands: Any) -> None:
 
 
 def _add_http(commands: Any) -> None:
+    load = commands.add_parser("load", help="open-loop load against an OpenAI-compatible URL")
+    load.add_argument("--target", required=True, help="base URL (the guard or a backend)")
+    load.add_argument("--scenario", choices=sorted(SCENARIOS), default="marquee")
+    load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 % assured)")
+    load.add_argument("--trace-duration-s", type=float, default=60.0)
+    load.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TENANT=JWT",
+        help="bearer token per tenant (repeatable)",
+    )
+    load.add_argument("--json", action="store_true")
+    demo = commands.add_parser("demo", help="the guard on loopback beside an unguarded path")
+    demo.add_argument("--duration-s", type=float, default=12.0, help="seconds of arrivals")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--png", type=Path, default=Path("floorguard-demo.png"))
+    demo.add_argument("--json", action="store_true")
     serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
     serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
     emulate = commands.add_parser("emulate", help="an OpenAI-compatible emulated backend")
@@ -504,6 +526,64 @@ def cmd_screen(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    if args.duration_s <= 0:
+        raise FloorguardError(f"--duration-s = {args.duration_s}: must be > 0")
+    console.print(
+        "starting two emulated backends, the guard and an unguarded path on "
+        f"loopback; {args.duration_s:g} s of bursty two-tenant traffic…",
+        markup=False,
+    )
+    result = run_demo(duration_s=args.duration_s, seed=args.seed, png=args.png)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    table = Table(title=f"floorguard demo · {result['workload']}")
+    table.add_column("")
+    for side in ("guard", "unguarded"):
+        table.add_column(side, justify="right")
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("assured offered", lambda s: str(s["assured"]["offered"])),
+        ("assured late", lambda s: str(s["assured"]["late"])),
+        ("assured miss", lambda s: _fmt(s["assured"]["miss"], True)),
+        ("assured unmet", lambda s: _fmt(s["assured"]["unmet"], True)),
+        ("floor-entitled attainment", lambda s: _fmt(s["assured"]["attainment"], True)),
+        ("opportunistic unmet", lambda s: _fmt(s["opportunistic"]["unmet"], True)),
+        ("on-time goodput /s", lambda s: f"{s['goodput_per_s']:.1f}"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, cell(result["guard"]), cell(result["unguarded"]))
+    console.print(table)
+    console.print(
+        f"figure: {result['png']} · {result['num_requests']} requests per side · "
+        f"{result['wall_s']:.0f} s",
+        markup=False,
+    )
+    return 0
+
+
+def cmd_load(args: argparse.Namespace, console: Console) -> int:
+    scenario = (
+        trace_replay(args.trace, duration_s=args.trace_duration_s)
+        if args.trace
+        else create_scenario(args.scenario)
+    )
+    tokens = dict(t.split("=", 1) for t in args.token if "=" in t)
+    if len(tokens) != len(args.token):
+        raise FloorguardError("--token takes TENANT=JWT")
+    headers = {tenant: {"Authorization": f"Bearer {jwt_}"} for tenant, jwt_ in tokens.items()}
+    requests = build_requests(scenario.streams, np.random.default_rng(0))
+    console.print(f"firing {len(requests)} requests open-loop at {args.target}…", markup=False)
+    results = asyncio.run(replay(requests, args.target, headers))
+    summary = pool_runs([measure_client(results, scenario.guard_config())])
+    summary["num_requests"] = len(requests)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        console.print_json(json.dumps(summary))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     console.print(
@@ -553,6 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "screen": cmd_screen,
         "serve": cmd_serve,
+        "demo": cmd_demo,
+        "load": cmd_load,
         "emulate": cmd_emulate,
         "simulate": cmd_simulate,
         "verify": cmd_verify,

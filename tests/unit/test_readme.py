@@ -12,7 +12,7 @@ def test_readme_quickstart_has_exactly_two_commands():
     block = re.search(r"## Quickstart.*?```bash\n(.*?)```", text, re.S).group(1)
     commands = [line for line in block.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2
-    assert "floorguard simulate" in commands[0] and "pytest" in commands[1]
+    assert "floorguard demo" in commands[0] and "pytest" in commands[1]
 
 
 def test_readme_library_example_runs():

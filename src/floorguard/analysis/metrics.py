@@ -69,8 +69,9 @@ def class_metrics(records: Sequence[RequestRecord]) -> ClassMetrics:
     admitted = sum(r.admitted for r in records)
     unmet = count["rejected"] + count["dropped"] + late + count["failed"] + count["aborted"]
     sojourn = [r.sojourn_s for r in done]
-    wait = [r.queue_wait_s for r in done]
-    service = [r.service_s for r in done]
+    # a client-side log knows no dispatch time: its wait and service are NaN and skipped
+    wait = [r.queue_wait_s for r in done if not math.isnan(r.queue_wait_s)]
+    service = [r.service_s for r in done if not math.isnan(r.service_s)]
     return ClassMetrics(
         offered=len(records),
         admitted=admitted,
@@ -196,7 +197,8 @@ def measure(trace: TraceRecords, *, num_phases: int = 20) -> RunMetrics:
     worst, worst_at = worst_phase(phase_counts)
     done = [r for r in records if r.outcome == "completed"]
     admitted = sum(r.admitted for r in records)
-    mean_service = float(np.mean([r.service_s for r in done])) if done else None
+    services = [r.service_s for r in done if not math.isnan(r.service_s)]
+    mean_service = float(np.mean(services)) if services else None
     rho_eff = (
         None
         if mean_service is None or span_s <= 0

@@ -1,0 +1,109 @@
+"""`floorguard load`: an open-loop load generator. Each request fires at its timestamp
+whatever the target does; timings are taken on the client. The results fold into the same
+per-request records the simulator's trace gives, so miss, unmet, floor-entitled attainment,
+fire-time CV and lag are computed by the same code (`analysis.metrics`).
+
+Statuses map to outcomes: 200 completed, 429 rejected, 503 dropped, any other failed; a
+completed request is late if it ended after arrival + the tenant's deadline budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from floorguard.analysis.metrics import RunMetrics, measure
+from floorguard.analysis.records import RequestRecord, TraceRecords
+from floorguard.core.contract import GuardConfig
+from floorguard.core.request import Request
+
+__all__ = ["ClientResult", "measure_client", "replay"]
+
+OUTCOMES = {200: "completed", 429: "rejected", 503: "dropped"}
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    request: Request
+    scheduled_at: float
+    fired_at: float
+    ended_at: float
+    status: int
+    """HTTP status, or 0 when the connection itself failed."""
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    request: Request,
+    scheduled_at: float,
+    headers: Mapping[str, str],
+) -> ClientResult:
+    await asyncio.sleep(max(0.0, scheduled_at - time.time()))
+    fired = time.time()
+    body = {
+        "model": "floorguard",
+        "prompt": "floorguard load",
+        "max_tokens": request.num_output_tokens,
+        "min_tokens": request.num_output_tokens,
+        "ignore_eos": True,
+    }
+    try:
+        async with session.post(url, json=body, headers=dict(headers)) as response:
+            await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError):
+        status = 0
+    return ClientResult(request, scheduled_at, fired, time.time(), status)
+
+
+async def replay(
+    requests: Sequence[Request],
+    target: str,
+    headers_for: Mapping[str, Mapping[str, str]],
+    *,
+    start_in_s: float = 0.5,
+) -> list[ClientResult]:
+    """Fire every request at `start + arrival_at` (wall clock) against `target`."""
+    url = target.rstrip("/") + "/v1/completions"
+    start = time.time() + start_in_s
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        return await asyncio.gather(
+            *(
+                _one(session, url, r, start + r.arrival_at, headers_for.get(r.tenant, {}))
+                for r in requests
+            )
+        )
+
+
+def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunMetrics:
+    """The client's view as records, measured with the simulator's metrics."""
+    contracts = {c.tenant: c for c in config.contracts}
+    records = []
+    for res in sorted(results, key=lambda r: r.fired_at):
+        contract = contracts[res.request.tenant]
+        outcome = OUTCOMES.get(res.status, "failed")
+        records.append(
+            RequestRecord(
+                res.request.request_id,
+                res.request.tenant,
+                contract.cls,
+                res.fired_at,
+                res.scheduled_at,
+                res.fired_at + contract.deadline_budget_s,
+                res.request.num_output_tokens,
+                0,
+                admitted=res.status == 200,
+                outcome=outcome,
+                ended_at=res.ended_at,
+                dispatched_at=math.nan,
+            )
+        )
+    return measure(TraceRecords(config, records))
