@@ -32,6 +32,7 @@ from floorguard.analysis.summary import pool_runs
 from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.bench import bench_calibration, bench_sim
+from floorguard.bench_proxy import bench_proxy
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
@@ -154,15 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_experiment(commands)
     _add_screen(commands)
     _add_http(commands)
-    bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
-    kinds = bench.add_subparsers(dest="bench", required=True)
-    bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
-    bench_sim.add_argument("--duration-s", type=float, default=600.0)
-    bench_sim.add_argument("--repeats", type=int, default=3)
-    bench_sim.add_argument("--json", action="store_true")
-    bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
-    bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
-    bench_cal.add_argument("--json", action="store_true")
+    _add_bench(commands)
     return parser
 
 
@@ -240,6 +233,22 @@ def _add_http(commands: Any) -> None:
         default="fcfs",
         help="priority: serve waiting requests by vLLM's (priority, arrival)",
     )
+
+
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
+    bench_sim.add_argument("--duration-s", type=float, default=600.0)
+    bench_sim.add_argument("--repeats", type=int, default=3)
+    bench_sim.add_argument("--json", action="store_true")
+    bench_proxy_cmd = kinds.add_parser("proxy", help="latency and throughput the guard adds")
+    bench_proxy_cmd.add_argument("--requests", type=int, default=400)
+    bench_proxy_cmd.add_argument("--repeats", type=int, default=2)
+    bench_proxy_cmd.add_argument("--json", action="store_true")
+    bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
+    bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
+    bench_cal.add_argument("--json", action="store_true")
 
 
 def _rep_seeds(seed: int, reps: int) -> list[int]:
@@ -618,6 +627,8 @@ def cmd_emulate(args: argparse.Namespace, console: Console) -> int:
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
+    elif args.bench == "proxy":
+        result = bench_proxy(requests=args.requests, repeats=args.repeats)
     else:
         result = bench_calibration(fit=args.fit)
     if args.json:

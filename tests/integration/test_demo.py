@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from floorguard.bench_proxy import bench_proxy
 from floorguard.cli import main
 from floorguard.proxy.demo import run_demo
 from tests.integration.live import Live
@@ -48,3 +49,18 @@ def test_load_fires_a_trace_open_loop(tmp_path, backend, capsys):
     assert out["assured"]["offered"] + out["opportunistic"]["offered"] == 20
     assert out["assured"]["admitted"] + out["opportunistic"]["admitted"] == 20
     assert out["max_fire_lag_s"] < 0.5
+
+
+def test_bench_proxy_reports_the_three_paths():
+    """`bench proxy` measures direct, pass-through and floorguard in one run and prints the
+    documented fields (values are benchmarks, not asserted)."""
+    result = bench_proxy(requests=20, repeats=1)
+    for key in (
+        "added_p50_ms_c1",
+        "added_p99_ms_c1",
+        "rps_floorguard",
+        "rps_passthrough",
+        "rps_direct",
+    ):
+        assert isinstance(result[key], float)
+    assert result["rps_floorguard"] > 0

@@ -1,0 +1,198 @@
+"""`floorguard bench proxy`: what the guard adds on loopback, measured beside references.
+
+A child process serves three paths to one instant upstream (a fixed OpenAI-shaped answer):
+`direct` (the upstream itself), `passthrough` (a bare aiohttp proxy: read body, forward,
+return) and `floorguard` (JWT identity + meter + dispatch + decision log, `C` large enough
+that nothing queues). The parent is the client: latency at concurrency 1 and requests/s at
+concurrency 32, paths interleaved, best of `repeats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import socket
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+import jwt
+import numpy as np
+from aiohttp import web
+
+from floorguard.proxy.app import create_app
+from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.openai_format import completion_body
+
+__all__ = ["bench_proxy"]
+
+SECRET = "bench-secret-0123456789abcdef0123456789"
+PATHS = ("direct", "passthrough", "floorguard")
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _upstream_app() -> web.Application:
+    body = completion_body("bench", "m", False, " tok", completion_tokens=1)
+
+    async def complete(_: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    return app
+
+
+def _passthrough_app(upstream: str) -> web.Application:
+    app = web.Application()
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def start(_: web.Application) -> None:
+        session["s"] = aiohttp.ClientSession()
+
+    async def stop(_: web.Application) -> None:
+        await session["s"].close()
+
+    async def forward(request: web.Request) -> web.Response:
+        data = await request.read()
+        async with session["s"].post(
+            upstream + "/v1/completions", data=data, headers={"Content-Type": "application/json"}
+        ) as r:
+            return web.Response(
+                body=await r.read(), status=r.status, content_type="application/json"
+            )
+
+    app.router.add_post("/v1/completions", forward)
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
+
+
+def _serve_forever(ports: list[int], log_path: str) -> None:
+    upstream = f"http://127.0.0.1:{ports[0]}"
+    config = GuardServerConfig.model_validate(
+        {
+            "window_s": 1.0,
+            "contracts": [
+                {"tenant": "acme", "class": "assured", "floor": 1_000_000, "deadline_ms": 60_000}
+            ],
+            "backends": [{"url": upstream, "slots": 256}],
+            "identity": {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "secret": SECRET}},
+            "decision_log": log_path,
+        }
+    )
+
+    async def main() -> None:
+        runners = []
+        for app, port in (
+            (_upstream_app(), ports[0]),
+            (_passthrough_app(upstream), ports[1]),
+            (create_app(config), ports[2]),
+        ):
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            runners.append(runner)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def _latencies(
+    session: aiohttp.ClientSession, url: str, n: int, headers: dict[str, str]
+) -> list[float]:
+    out = []
+    body = {"model": "m", "prompt": "x", "max_tokens": 1}
+    for _ in range(n):
+        started = time.perf_counter()
+        async with session.post(url, json=body, headers=headers) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{url} answered {r.status}")
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def _throughput(
+    session: aiohttp.ClientSession, url: str, n: int, concurrency: int, headers: dict[str, str]
+) -> float:
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(_latencies(session, url, n // concurrency, headers) for _ in range(concurrency))
+    )
+    return (n // concurrency) * concurrency / (time.perf_counter() - started)
+
+
+async def _client(ports: list[int], requests: int, repeats: int) -> dict[str, Any]:
+    urls = {
+        p: f"http://127.0.0.1:{port}/v1/completions" for p, port in zip(PATHS, ports, strict=True)
+    }
+    token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
+    headers = {
+        p: ({"Authorization": f"Bearer {token}"} if p == "floorguard" else {}) for p in PATHS
+    }
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for p in PATHS:  # warm up every path (connections, imports, JIT-free caches)
+            await _latencies(session, urls[p], 50, headers[p])
+        c1: dict[str, list[float]] = {p: [] for p in PATHS}
+        rps: dict[str, float] = dict.fromkeys(PATHS, 0.0)
+        for _ in range(repeats):
+            for p in PATHS:
+                c1[p] += await _latencies(session, urls[p], requests, headers[p])
+            for p in PATHS:
+                rps[p] = max(
+                    rps[p], await _throughput(session, urls[p], requests * 4, 32, headers[p])
+                )
+    p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in PATHS}
+    p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in PATHS}
+    return {
+        "p50_ms_c1": p50,
+        "p99_ms_c1": p99,
+        "added_p50_ms_c1": p50["floorguard"] - p50["direct"],
+        "added_p99_ms_c1": p99["floorguard"] - p99["direct"],
+        "passthrough_added_p50_ms_c1": p50["passthrough"] - p50["direct"],
+        "rps_direct": rps["direct"],
+        "rps_passthrough": rps["passthrough"],
+        "rps_floorguard": rps["floorguard"],
+        "floorguard_over_passthrough_rps": rps["floorguard"] / rps["passthrough"],
+        "requests_per_path": requests * repeats,
+        "repeats": repeats,
+    }
+
+
+def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
+    ports = _free_ports(3)
+    with tempfile.TemporaryDirectory() as tmp:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_serve_forever, args=(ports, f"{tmp}/decisions.jsonl"), daemon=True
+        )
+        child.start()
+        try:
+            _wait_listening(ports)
+            return asyncio.run(_client(ports, requests, repeats))
+        finally:
+            child.terminate()
+            child.join(5)
+
+
+def _wait_listening(ports: list[int], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bench server on port {port} did not start") from None
+                time.sleep(0.1)
