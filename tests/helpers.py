@@ -79,3 +79,15 @@ def make_guard(
         learner=learner if learner is not None else AlwaysAdmit(),
         sink=events.append if events is not None else None,
     )
+
+
+BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+
+
+def write_burstgpt(path: Path, count: int, *, gap_s: float, response_tokens=lambda i: 8) -> Path:
+    """A BurstGPT-format CSV of `count` rows `gap_s` apart."""
+    rows = [
+        f"{i * gap_s:.2f},ChatGPT,10,{response_tokens(i)},0,Conversation log" for i in range(count)
+    ]
+    path.write_text(BURSTGPT_HEADER + "\n" + "\n".join(rows) + "\n")
+    return path

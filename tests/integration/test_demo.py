@@ -9,6 +9,7 @@ import pytest
 from floorguard.bench_proxy import bench_proxy
 from floorguard.cli import main
 from floorguard.proxy.demo import run_demo
+from tests.helpers import write_burstgpt
 from tests.integration.live import Live
 
 CONTRACT = {"offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"}
@@ -36,13 +37,7 @@ def backend():
 
 def test_load_fires_a_trace_open_loop(tmp_path, backend, capsys):
     """`load --trace` replays a BurstGPT file against a URL, on time, measured client-side."""
-    trace = tmp_path / "burst.csv"
-    rows = [f"{i * 0.05:.2f},ChatGPT,10,8,18,Conversation log" for i in range(20)]
-    trace.write_text(
-        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-        + "\n".join(rows)
-        + "\n"
-    )
+    trace = write_burstgpt(tmp_path / "burst.csv", 20, gap_s=0.05)
     assert main(["load", "--target", backend, "--trace", str(trace), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["num_requests"] == 20

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from floorguard.cli import main
+from tests.helpers import write_burstgpt
 
 CONTRACT_CLASS_KEYS = {"offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"}
 
@@ -140,12 +141,8 @@ def test_trace_scenario_replays_the_real_azure_trace(azure_dir, capsys):
 
 def test_trace_scenario_reads_burstgpt_and_needs_a_file(tmp_path, capsys):
     """A BurstGPT-format file replays; --scenario trace without --trace is a clear error."""
-    path = tmp_path / "burst.csv"
-    rows = [f"{i * 0.05:.2f},ChatGPT,100,{10 + i % 40},0,Conversation log" for i in range(400)]
-    path.write_text(
-        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-        + "\n".join(rows)
-        + "\n"
+    path = write_burstgpt(
+        tmp_path / "burst.csv", 400, gap_s=0.05, response_tokens=lambda i: 10 + i % 40
     )
     out = run_json(capsys, "simulate", "--scenario", "trace", "--trace", str(path), "--json")
     assert out["assured"]["offered"] + out["opportunistic"]["offered"] == 400

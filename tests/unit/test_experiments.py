@@ -9,6 +9,7 @@ from floorguard.cli import main
 from floorguard.experiments import CATALOGUE, Condition, catalogue, run_condition
 from floorguard.experiments.runner import seed_for
 from floorguard.experiments.tables import summarize
+from tests.helpers import write_burstgpt
 
 
 def test_catalogue_is_spec_e1_to_e19():
@@ -115,12 +116,8 @@ def test_single_experiments_run_by_id(tmp_path, experiment_id):
 
 def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
     """`--burstgpt PATH` adds the file as an E12 source, replayed at its own timestamps."""
-    path = tmp_path / "burstgpt.csv"
-    rows = [f"{i * 0.1:.2f},ChatGPT,100,{10 + i % 30},0,Conversation log" for i in range(3000)]
-    path.write_text(
-        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-        + "\n".join(rows)
-        + "\n"
+    path = write_burstgpt(
+        tmp_path / "burstgpt.csv", 3000, gap_s=0.1, response_tokens=lambda i: 10 + i % 30
     )
     grid = catalogue(str(path))["E12"].grid(True)
     mine = [c for c in grid if c.trace_path == str(path)]

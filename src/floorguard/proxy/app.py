@@ -81,25 +81,31 @@ class GuardServer:
             else None
         )
         guard_config = config.guard_config()
+        self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.guard = Guard(
             guard_config,
             learner=create_learner(config.learner, np.random.default_rng(seed)),
             sink=self._on_event,
             started_at=self.clock.now(),
         )
-        self.metrics = GuardMetrics(self.guard, self.clock.now)
+        self._metrics = GuardMetrics(self.guard, self.clock.now)
         self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._contracts = {c.tenant: c for c in guard_config.contracts}
+
+    @property
+    def metrics(self) -> GuardMetrics:
+        assert self._metrics is not None
+        return self._metrics
 
     # -- plumbing -------------------------------------------------------------------------
 
     def _on_event(self, event: TraceEvent) -> None:
         if self._log is not None:
             self._log.write(to_json(event) + "\n")
-        if hasattr(self, "metrics"):
-            self.metrics.on_event(event)
+        if self._metrics is not None:
+            self._metrics.on_event(event)
 
     def _pump(self) -> None:
         """Hand freed slots to waiting requests (the guard decides who)."""
