@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import jwt
 from aiohttp import web
 
-from floorguard.proxy.app import create_app
+from floorguard.proxy.app import SERVER, create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 
@@ -89,6 +89,14 @@ class Live:
 
     def guard(self, config: GuardServerConfig) -> tuple[str, web.Application]:
         return self.serve(lambda: create_app(config))
+
+    def flush_log(self, app: web.Application) -> None:
+        """Write the guard's pending decision-log lines (on the loop's thread)."""
+
+        async def flush() -> None:
+            app[SERVER].flush_log()
+
+        self.run(flush())
 
     def close(self) -> None:
         async def stop() -> None:

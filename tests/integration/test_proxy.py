@@ -35,7 +35,7 @@ def test_openai_client_through_the_guard_streaming_and_not(live, backend, tmp_pa
     """The official client completes, chats and streams through the guard; the decision
     headers say the request was floor-entitled; the decision log verifies."""
     log = tmp_path / "decisions.jsonl"
-    url, _ = live.guard(guard_config(backend, decision_log=str(log)))
+    url, app = live.guard(guard_config(backend, decision_log=str(log)))
     client = openai.OpenAI(base_url=url + "/v1", api_key=token("acme"), max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -50,6 +50,7 @@ def test_openai_client_through_the_guard_streaming_and_not(live, backend, tmp_pa
         )
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks).count("tok") == 5
+    live.flush_log(app)
     report = check_trace(list(read_jsonl(str(log))))
     assert report.ok() and report.num_requests == 3 and report.num_entitled == 3
 
@@ -258,6 +259,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(live, backend, tmp_path):
     while sum(_status(live, url)["queues"]["in_flight"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sum(_status(live, url)["queues"]["in_flight"]) == 0
+    live.flush_log(app)
     events = list(read_jsonl(str(log)))
     assert any(e.kind.value == "abort" and e.reason == "client_disconnected" for e in events)
     assert check_trace(events).ok()

@@ -7,10 +7,11 @@ names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
 from typing import Any, NamedTuple
+
+import orjson
 
 from floorguard.core.contract import (
     AffineEnvelope,
@@ -96,6 +97,7 @@ _WIRE_NAMES = {
     "data": "config",
 }
 _FIELD_NAMES = {wire: name for name, wire in _WIRE_NAMES.items()}
+_WIRE = tuple(_WIRE_NAMES.get(name, name) for name in TraceEvent._fields)
 
 
 def arrive_event(
@@ -137,23 +139,19 @@ def propose_event(
 
 
 def to_json(event: TraceEvent) -> str:
-    record = {
-        _WIRE_NAMES.get(name, name): value
-        for name, value in zip(TraceEvent._fields, event, strict=True)
-        if value is not None
-    }
-    return json.dumps(record, separators=(",", ":"))
+    pairs = zip(_WIRE, event, strict=True)
+    return orjson.dumps({wire: value for wire, value in pairs if value is not None}).decode()
 
 
 def from_json(line: str, line_no: int = 0) -> TraceEvent:
     try:
-        record = json.loads(line)
+        record = orjson.loads(line)
         fields = {_FIELD_NAMES.get(k, k): v for k, v in record.items()}
         fields["kind"] = EventKind(fields["kind"])
         if fields.get("cls") is not None:
             fields["cls"] = ContractClass(fields["cls"])
         return TraceEvent(**fields)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise TraceError(
             f"trace line {line_no}: not a trace event ({exc}): {line[:120]!r}"
         ) from exc

@@ -12,24 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
 from floorguard.core.contract import ContractClass
-from floorguard.core.events import TraceEvent, to_json
+from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Dispatch, Drop, Guard
 from floorguard.core.request import Request
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.decision_log import DecisionLog
 from floorguard.proxy.identity import AuthError, create_identity
 from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.openai_format import error_body
@@ -56,6 +57,9 @@ def _error(
     )
 
 
+_JSON = {"Content-Type": "application/json"}
+
+
 class _RefusedError(Exception):
     """Carries the 4xx response for a request refused before the guard sees it."""
 
@@ -75,11 +79,8 @@ class GuardServer:
         self.config = config
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
-        self._log: IO[str] | None = (
-            config.decision_log.open("a", encoding="utf-8", buffering=1)
-            if config.decision_log
-            else None
-        )
+        self._log = DecisionLog(config.decision_log) if config.decision_log else None
+        self._flusher: asyncio.Task[None] | None = None
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.guard = Guard(
@@ -103,7 +104,7 @@ class GuardServer:
 
     def _on_event(self, event: TraceEvent) -> None:
         if self._log is not None:
-            self._log.write(to_json(event) + "\n")
+            self._log.append(event)
         if self._metrics is not None:
             self._metrics.on_event(event)
 
@@ -118,8 +119,23 @@ class GuardServer:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s)
         )
+        if self._log is not None:
+            self._flusher = asyncio.create_task(self._flush_every(self._log))
+
+    async def _flush_every(self, log: DecisionLog) -> None:
+        while True:
+            await asyncio.sleep(self.config.decision_log_flush_s)
+            log.flush()
+
+    def flush_log(self) -> None:
+        """Write every pending decision-log line now (the timer does it every
+        `decision_log_flush_s`; shutdown does it too)."""
+        if self._log is not None:
+            self._log.flush()
 
     async def stop(self, _: web.Application) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
         if self._session is not None:
             await self._session.close()
         if self._log is not None:
@@ -127,7 +143,7 @@ class GuardServer:
 
     # -- one request ----------------------------------------------------------------------
 
-    async def _parse(self, request: web.Request) -> tuple[str, dict[str, Any], int]:
+    async def _parse(self, request: web.Request) -> tuple[str, bytes, dict[str, Any], int]:
         try:
             tenant = self.identity.tenant_of(request.headers)
         except AuthError as exc:
@@ -141,8 +157,8 @@ class GuardServer:
         if len(raw) > limit:
             raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
             raise _RefusedError(
                 _error(400, "invalid_json", f"the body is not JSON: {exc}")
             ) from exc
@@ -162,7 +178,7 @@ class GuardServer:
             )
         if not isinstance(body.get("stream", False), bool):
             raise _RefusedError(_error(400, "invalid_request", "stream must be true or false"))
-        return tenant, body, max_tokens
+        return tenant, raw, body, max_tokens
 
     def _refusal(self, reason: str | None, now: float) -> web.Response:
         schedule = self.guard.config.schedule
@@ -176,7 +192,7 @@ class GuardServer:
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         try:
-            tenant, body, max_tokens = await self._parse(request)
+            tenant, raw, body, max_tokens = await self._parse(request)
         except _RefusedError as refused:
             return refused.response
         now = self.clock.now()
@@ -208,22 +224,26 @@ class GuardServer:
                 "dropped: it could not finish by its deadline",
                 {"x-floorguard-decision": "dropped"},
             )
-        return await self._forward(request, rid, path, body, decision, headers=headers)
+        if self.config.forward_priority:  # else the client's bytes go upstream unchanged
+            priority = 0 if self._contracts[tenant].cls is ContractClass.ASSURED else 1
+            raw = orjson.dumps({**body, "priority": priority})
+        stream = body.get("stream") is True
+        return await self._forward(
+            request, rid, path, decision, payload=raw, stream=stream, headers=headers
+        )
 
     async def _forward(
         self,
         request: web.Request,
         rid: str,
         path: str,
-        body: dict[str, Any],
         decision: Dispatch,
         *,
+        payload: bytes,
+        stream: bool,
         headers: dict[str, str],
     ) -> web.StreamResponse:
         backend = self.config.backends[decision.backend]
-        if self.config.forward_priority:
-            cls = self._contracts[decision.request.tenant].cls
-            body = {**body, "priority": 0 if cls is ContractClass.ASSURED else 1}
         assert self._session is not None
         ended = False
 
@@ -235,10 +255,10 @@ class GuardServer:
             now = self.clock.now()
             if kind == "complete":
                 done = self.guard.on_complete(rid, now)
-                cls = self._contracts[decision.request.tenant].cls.value
-                self.metrics.service.labels(cls).observe(done.service_s)
-                if done.late:
-                    self.metrics.late.labels(decision.request.tenant, cls).inc()
+                tenant = decision.request.tenant
+                self.metrics.on_complete(
+                    tenant, self._contracts[tenant].cls, done.service_s, done.late
+                )
             elif kind == "fail":
                 self.guard.on_fail(rid, now, reason)
             else:
@@ -246,7 +266,9 @@ class GuardServer:
             self._pump()
 
         try:
-            async with self._session.post(backend.url.rstrip("/") + path, json=body) as upstream:
+            async with self._session.post(
+                backend.url.rstrip("/") + path, data=payload, headers=_JSON
+            ) as upstream:
                 if upstream.status >= 400:
                     detail = (await upstream.read())[:500].decode(errors="replace")
                     end("fail", f"upstream_{upstream.status}")
@@ -258,7 +280,7 @@ class GuardServer:
                         upstream_status=upstream.status,
                         detail=detail,
                     )
-                if not body.get("stream"):
+                if not stream:
                     data = await upstream.read()
                     end("complete")
                     return web.Response(

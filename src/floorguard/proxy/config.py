@@ -85,6 +85,8 @@ class GuardServerConfig(_Strict):
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
+    decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
+    """The decision log is written in batches, at least this often (and at shutdown)."""
 
     @field_validator("profile")
     @classmethod

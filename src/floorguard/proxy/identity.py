@@ -5,13 +5,17 @@ JWT (pyjwt): the accepted algorithms come from the config and the key fits them 
 secret only for HS256, a PEM public key only for RS256/ES256), so `alg: none` and algorithm
 confusion (an RS256 public key used as an HS256 secret) are refused by construction;
 `exp`, `nbf`, `iss`, `aud` are checked. Header mode trusts a header only when configured.
+
+A verified token is remembered (token string → tenant, expiry; at most `cache_size`), so a
+client that reuses its token pays the signature check once; every use still checks `exp`.
+Only a byte-identical token hits the cache, so a forged or altered one is always verified.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import jwt
 
@@ -30,10 +34,14 @@ class AuthError(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
 class Identity:
-    spec: IdentitySpec
-    key: str | bytes | None
+    def __init__(
+        self, spec: IdentitySpec, key: str | bytes | None, *, cache_size: int = 10_000
+    ) -> None:
+        self.spec = spec
+        self.key = key
+        self._verified: dict[str, tuple[str, float]] = {}
+        self._cache_size = cache_size
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
         if self.spec.mode == "header":
@@ -49,11 +57,18 @@ class Identity:
         assert spec is not None and self.key is not None
         auth = headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             raise AuthError(401, "missing_identity", "an Authorization: Bearer JWT is required")
+        known = self._verified.get(token)
+        if known is not None:
+            tenant, expires_at = known
+            if time.time() <= expires_at + spec.leeway_s:
+                return tenant
+            del self._verified[token]
         try:
             claims = jwt.decode(
-                token.strip(),
+                token,
                 self.key,
                 algorithms=list(spec.algorithms),
                 issuer=spec.issuer,
@@ -65,10 +80,13 @@ class Identity:
             raise AuthError(401, "expired_token", "the JWT has expired") from exc
         except jwt.InvalidTokenError as exc:
             raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
-        tenant = claims.get(spec.tenant_claim)
-        if not isinstance(tenant, str) or not tenant:
+        claimed = claims.get(spec.tenant_claim)
+        if not isinstance(claimed, str) or not claimed:
             raise AuthError(401, "invalid_token", f"the JWT has no {spec.tenant_claim!r} claim")
-        return tenant
+        if len(self._verified) >= self._cache_size:
+            del self._verified[next(iter(self._verified))]  # the oldest entry
+        self._verified[token] = (claimed, float(claims["exp"]))
+        return claimed
 
 
 def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
