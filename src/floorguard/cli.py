@@ -41,7 +41,7 @@ from floorguard.experiments.report import write_report
 from floorguard.experiments.runner import run_experiments
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
 from floorguard.proxy.app import create_app
-from floorguard.proxy.config import load_config
+from floorguard.proxy.config import load_config, server_ssl_context
 from floorguard.proxy.demo import run_demo
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 from floorguard.proxy.loadgen import measure_client, replay
@@ -595,15 +595,17 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
+    scheme = "https" if config.tls else "http"
     console.print(
         f"floorguard guarding {[b.url for b in config.backends]} on "
-        f"http://{config.host}:{config.port}",
+        f"{scheme}://{config.host}:{config.port}",
         markup=False,
     )
     web.run_app(
         create_app(config),
         host=config.host,
         port=config.port,
+        ssl_context=server_ssl_context(config.tls) if config.tls else None,
         print=None,
         handler_cancellation=True,
     )

@@ -4,6 +4,7 @@ use synchronous clients (the official `openai` client) or their own async client
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -13,7 +14,7 @@ import jwt
 from aiohttp import web
 
 from floorguard.proxy.app import SERVER, create_app
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 
 T = TypeVar("T")
@@ -68,27 +69,30 @@ class Live:
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    def serve(self, factory: Callable[[], web.Application]) -> tuple[str, web.Application]:
+    def serve(
+        self, factory: Callable[[], web.Application], ssl_context: ssl.SSLContext | None = None
+    ) -> tuple[str, web.Application]:
         """Build the app *in the loop's thread* (no compiling in two threads at once) and
-        serve it on a free loopback port."""
+        serve it on a free loopback port (HTTPS with `ssl_context`)."""
 
         async def start() -> tuple[int, web.Application]:
             app = factory()
             runner = web.AppRunner(app, handler_cancellation=True)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
             await site.start()
             self._runners.append(runner)
             return site._server.sockets[0].getsockname()[1], app  # type: ignore[union-attr]
 
         port, app = self.run(start())
-        return f"http://127.0.0.1:{port}", app
+        return f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", app
 
     def emulator(self, profile: str = "v100-moe", slots: int = 4) -> str:
         return self.serve(lambda: create_emulator_app(Emulator(profile, slots)))[0]
 
     def guard(self, config: GuardServerConfig) -> tuple[str, web.Application]:
-        return self.serve(lambda: create_app(config))
+        context = server_ssl_context(config.tls) if config.tls else None
+        return self.serve(lambda: create_app(config), context)
 
     def flush_log(self, app: web.Application) -> None:
         """Write the guard's pending decision-log lines (on the loop's thread)."""

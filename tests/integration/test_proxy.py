@@ -16,14 +16,7 @@ from floorguard.analysis.checker import check_trace
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import read_jsonl
 from floorguard.proxy.app import SERVER
-from tests.integration.live import Live, guard_config, token
-
-
-@pytest.fixture(scope="module")
-def live():
-    servers = Live()
-    yield servers
-    servers.close()
+from tests.integration.live import guard_config, token
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,7 @@ class GuardServer:
         self.config = config
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
+        self._mtls = config.identity.mode == "mtls"
         self._log = DecisionLog(config.decision_log) if config.decision_log else None
         self._flusher: asyncio.Task[None] | None = None
         guard_config = config.guard_config()
@@ -145,7 +146,12 @@ class GuardServer:
 
     async def _parse(self, request: web.Request) -> tuple[str, bytes, dict[str, Any], int]:
         try:
-            tenant = self.identity.tenant_of(request.headers)
+            peercert = (
+                request.transport.get_extra_info("peercert")
+                if self._mtls and request.transport is not None
+                else None
+            )
+            tenant = self.identity.tenant_of(request.headers, peercert)
         except AuthError as exc:
             raise _RefusedError(_error(exc.status, exc.kind, str(exc))) from exc
         if tenant not in self._contracts:

@@ -6,11 +6,19 @@ A bad file is refused before anything listens, with the key, the value and what 
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from floorguard.core.contract import (
     AffineEnvelope,
@@ -23,7 +31,7 @@ from floorguard.core.contract import (
 from floorguard.errors import ConfigError
 from floorguard.sim.profiles import PROFILES, get_profile
 
-__all__ = ["GuardServerConfig", "load_config"]
+__all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
 
 
 class _Strict(BaseModel):
@@ -56,11 +64,28 @@ class JwtSpec(_Strict):
     leeway_s: float = Field(default=0.0, ge=0, le=300)
 
 
+class MtlsSpec(_Strict):
+    tenant_from: Literal["cn", "san-dns", "san-uri"] = "cn"
+    """Which part of the verified client certificate names the tenant: the subject's common
+    name, or the first DNS / URI subject-alternative name."""
+
+
 class IdentitySpec(_Strict):
-    mode: Literal["jwt", "header"]
+    mode: Literal["jwt", "mtls", "header"]
     jwt: JwtSpec | None = None
+    mtls: MtlsSpec = MtlsSpec()
+    """`mode: mtls`: needs `tls.client_ca_file` (the CA that signs tenants' certificates)."""
     header: str | None = None
     """`mode: header`: the header a trusted upstream sets (configured explicitly, SPEC §2)."""
+
+
+class TlsSpec(_Strict):
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+    """Verify client certificates against this CA bundle (needed by `identity.mode: mtls`).
+    A client that presents none reaches the guard and gets 401; one that presents a
+    certificate this CA did not sign fails the TLS handshake."""
 
 
 class LimitsSpec(_Strict):
@@ -77,6 +102,8 @@ class GuardServerConfig(_Strict):
     contracts: list[ContractSpec] = Field(min_length=1)
     backends: list[BackendSpec] = Field(min_length=1)
     identity: IdentitySpec
+    tls: TlsSpec | None = None
+    """Serve HTTPS (and verify client certificates when `client_ca_file` is set)."""
     learner: str = "always-admit"
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
@@ -87,6 +114,12 @@ class GuardServerConfig(_Strict):
     decision_log: Path | None = None
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
     """The decision log is written in batches, at least this often (and at shutdown)."""
+
+    @model_validator(mode="after")
+    def _mtls_needs_a_client_ca(self) -> GuardServerConfig:
+        if self.identity.mode == "mtls" and (self.tls is None or self.tls.client_ca_file is None):
+            raise ValueError("identity.mode mtls needs a tls section with client_ca_file")
+        return self
 
     @field_validator("profile")
     @classmethod
@@ -127,3 +160,18 @@ def load_config(path: str | Path) -> GuardServerConfig:
     except ValidationError as exc:
         raise _first_error(exc) from exc
     return config
+
+
+def server_ssl_context(tls: TlsSpec) -> ssl.SSLContext:
+    """The listening socket's TLS context; with a client CA, client certificates are
+    verified when presented (`CERT_OPTIONAL`: a missing one becomes a 401, not a silent
+    handshake failure)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file is not None:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+            context.verify_mode = ssl.CERT_OPTIONAL
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("tls", str(tls.cert_file), f"cannot be loaded ({exc})") from exc
+    return context

@@ -4,7 +4,9 @@ is refused, never given a class.
 JWT (pyjwt): the accepted algorithms come from the config and the key fits them (an HMAC
 secret only for HS256, a PEM public key only for RS256/ES256), so `alg: none` and algorithm
 confusion (an RS256 public key used as an HS256 secret) are refused by construction;
-`exp`, `nbf`, `iss`, `aud` are checked. Header mode trusts a header only when configured.
+`exp`, `nbf`, `iss`, `aud` are checked. mTLS: the TLS layer has verified the client's
+certificate against the configured CA; its subject CN (or first DNS/URI SAN) is the tenant.
+Header mode trusts a header only when configured.
 
 A verified token is remembered (token string → tenant, expiry; at most `cache_size`), so a
 client that reuses its token pays the signature check once; every use still checks `exp`.
@@ -16,13 +18,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jwt
 
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import IdentitySpec
 
-__all__ = ["AuthError", "Identity", "create_identity"]
+__all__ = ["AuthError", "Identity", "PeerCert", "create_identity"]
+
+PeerCert = Mapping[str, Any]
+"""A verified peer certificate as `ssl.SSLSocket.getpeercert()` decodes it."""
 
 
 class AuthError(Exception):
@@ -43,7 +49,11 @@ class Identity:
         self._verified: dict[str, tuple[str, float]] = {}
         self._cache_size = cache_size
 
-    def tenant_of(self, headers: Mapping[str, str]) -> str:
+    def tenant_of(self, headers: Mapping[str, str], peercert: PeerCert | None = None) -> str:
+        """The tenant of a request, from its headers or its verified client certificate
+        (`ssl.SSLSocket.getpeercert()`); AuthError if there is none."""
+        if self.spec.mode == "mtls":
+            return self._from_certificate(peercert)
         if self.spec.mode == "header":
             assert self.spec.header is not None
             tenant = headers.get(self.spec.header, "").strip()
@@ -88,9 +98,24 @@ class Identity:
         self._verified[token] = (claimed, float(claims["exp"]))
         return claimed
 
+    def _from_certificate(self, peercert: PeerCert | None) -> str:
+        if not peercert:
+            raise AuthError(401, "missing_identity", "a client certificate is required")
+        source = self.spec.mtls.tenant_from
+        if source == "cn":
+            names = [v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"]
+        else:
+            kind = "DNS" if source == "san-dns" else "URI"
+            names = [v for k, v in peercert.get("subjectAltName", ()) if k == kind]
+        if not names or not names[0]:
+            raise AuthError(401, "invalid_identity", f"the client certificate has no {source}")
+        return str(names[0])
+
 
 def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
     environ = os.environ if environ is None else environ
+    if spec.mode == "mtls":
+        return Identity(spec, None)
     if spec.mode == "header":
         if not spec.header:
             raise ConfigError("identity.header", spec.header, "header mode needs a header name")

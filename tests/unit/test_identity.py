@@ -1,0 +1,126 @@
+"""Identity → tenant (SPEC §2): JWT verification and its cache, mTLS certificate names,
+and the configuration checks that refuse unsafe or incomplete identity setups."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+
+from floorguard.errors import ConfigError
+from floorguard.proxy.config import (
+    GuardServerConfig,
+    IdentitySpec,
+    TlsSpec,
+    load_config,
+    server_ssl_context,
+)
+from floorguard.proxy.identity import AuthError, create_identity
+
+SECRET = "unit-secret-0123456789abcdef0123456789"
+
+
+def hs256(**spec):
+    return create_identity(
+        IdentitySpec.model_validate(
+            {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "secret": SECRET, **spec}}
+        )
+    )
+
+
+def bearer(claims, secret=SECRET, algorithm="HS256"):
+    return {"Authorization": "Bearer " + jwt.encode(claims, secret, algorithm=algorithm)}
+
+
+def refused(identity, headers, peercert=None):
+    with pytest.raises(AuthError) as caught:
+        identity.tenant_of(headers, peercert)
+    return caught.value.status, caught.value.kind
+
+
+def test_a_valid_token_names_its_tenant_and_a_cached_one_still_expires():
+    identity = hs256()
+    expires_at = int(time.time()) + 1
+    headers = bearer({"sub": "acme", "exp": expires_at})
+    assert identity.tenant_of(headers) == "acme"
+    assert identity.tenant_of(headers) == "acme"  # from the cache
+    time.sleep(max(0.0, expires_at + 0.05 - time.time()))
+    assert refused(identity, headers) == (401, "expired_token")
+
+
+def test_a_forged_token_is_refused_even_after_the_genuine_one_was_cached():
+    identity = hs256()
+    claims = {"sub": "acme", "exp": time.time() + 60}
+    assert identity.tenant_of(bearer(claims)) == "acme"
+    assert refused(identity, bearer(claims, secret="x" * 40)) == (401, "invalid_token")
+    unsigned = jwt.encode(claims, None, algorithm="none")
+    assert refused(identity, {"Authorization": f"Bearer {unsigned}"}) == (401, "invalid_token")
+
+
+def test_missing_claims_and_headers_are_401():
+    identity = hs256(issuer="https://auth", audience="fg")
+    assert refused(identity, {}) == (401, "missing_identity")
+    assert refused(identity, {"Authorization": "Basic abc"}) == (401, "missing_identity")
+    assert refused(identity, bearer({"sub": "acme"})) == (401, "invalid_token")  # no exp
+    wrong_audience = {"sub": "a", "exp": time.time() + 60, "iss": "https://auth", "aud": "x"}
+    assert refused(identity, bearer(wrong_audience)) == (401, "invalid_token")
+
+
+def test_the_cache_is_bounded():
+    identity = hs256()
+    identity._cache_size = 3
+    for i in range(10):
+        assert identity.tenant_of(bearer({"sub": f"t{i}", "exp": time.time() + 60})) == f"t{i}"
+    assert len(identity._verified) == 3
+
+
+def test_algorithm_confusion_and_short_secrets_are_refused_at_start():
+    with pytest.raises(ConfigError, match="algorithm confusion"):
+        create_identity(
+            IdentitySpec.model_validate(
+                {"mode": "jwt", "jwt": {"algorithms": ["HS256", "RS256"], "secret": SECRET}}
+            )
+        )
+    with pytest.raises(ConfigError, match="at least 32"):
+        hs256(secret="short")
+
+
+CERT = {
+    "subject": ((("organizationName", "Acme"),), (("commonName", "acme"),)),
+    "subjectAltName": (("DNS", "acme.tenants.internal"), ("URI", "spiffe://fleet/acme")),
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "tenant"),
+    [("cn", "acme"), ("san-dns", "acme.tenants.internal"), ("san-uri", "spiffe://fleet/acme")],
+)
+def test_mtls_names_the_tenant_from_the_verified_certificate(source, tenant):
+    identity = create_identity(
+        IdentitySpec.model_validate({"mode": "mtls", "mtls": {"tenant_from": source}})
+    )
+    assert identity.tenant_of({}, CERT) == tenant
+    assert refused(identity, {"Authorization": "Bearer x"}, None) == (401, "missing_identity")
+    assert refused(identity, {}, {}) == (401, "missing_identity")  # presented, unverified
+
+
+def test_mtls_without_the_name_asked_for_is_401():
+    identity = create_identity(
+        IdentitySpec.model_validate({"mode": "mtls", "mtls": {"tenant_from": "san-uri"}})
+    )
+    assert refused(identity, {}, {"subject": CERT["subject"]}) == (401, "invalid_identity")
+
+
+def test_mtls_needs_a_client_ca_and_readable_files(tmp_path):
+    path = tmp_path / "guard.yaml"
+    path.write_text(
+        "contracts: [{tenant: acme, class: assured, floor: 1, deadline_ms: 1000}]\n"
+        "backends: [{url: 'http://127.0.0.1:1', slots: 1}]\n"
+        "identity: {mode: mtls}\n"
+    )
+    with pytest.raises(ConfigError, match="client_ca_file"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        server_ssl_context(TlsSpec(cert_file=tmp_path / "no.crt", key_file=tmp_path / "no.key"))
+    assert GuardServerConfig.model_fields["tls"].default is None
