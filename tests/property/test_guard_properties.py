@@ -60,7 +60,9 @@ def drive(config, script, ops):
             _, _, tenant, tokens, prompt = op
             request = Request(next_id, tenant, now, tokens, prompt)
             next_id += 1
+            predicted, calls = guard.consults_learner(request, now), guard.stats.learner_calls
             admission = guard.on_arrival(request, now)
+            assert predicted == (guard.stats.learner_calls == calls + 1), "consults_learner"
             guard_deadlines[request.request_id] = admission.deadline_at
         else:
             pick = op[2]

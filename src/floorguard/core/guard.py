@@ -223,16 +223,28 @@ class Guard:
         """`floor_lowered` while the refused weight still fits the contract's `B` counting
         this window's earlier lowered refusals (refused whatever the excess policy: SPEC
         §4.4); `floor_exhausted` beyond `B`, where the excess policy applies."""
-        if floor >= contract.floor:
+        lowered = self._lowered_weight(
+            contract, request, floor, charge.window_index, charge.remaining
+        )
+        if lowered is None:
             return RejectReason.FLOOR_EXHAUSTED
-        window, lowered = self._lowered.get(contract.tenant, (charge.window_index, 0))
-        if window != charge.window_index:
+        self._lowered[contract.tenant] = (charge.window_index, lowered)
+        return RejectReason.FLOOR_LOWERED
+
+    def _lowered_weight(
+        self, contract: Contract, request: Request, floor: int, window_index: int, remaining: int
+    ) -> int | None:
+        """The window's lowered-refused weight with this request, if it is refused as
+        `floor_lowered`; None if it is beyond `B` (floor exhausted)."""
+        if floor >= contract.floor:
+            return None
+        window, lowered = self._lowered.get(contract.tenant, (window_index, 0))
+        if window != window_index:
             lowered = 0
         weight = self._meter.weight(request)
-        if floor - charge.remaining + lowered + weight > contract.floor:
-            return RejectReason.FLOOR_EXHAUSTED
-        self._lowered[contract.tenant] = (charge.window_index, lowered + weight)
-        return RejectReason.FLOOR_LOWERED
+        if floor - remaining + lowered + weight > contract.floor:
+            return None
+        return lowered + weight
 
     def effective_floor(self, contract: Contract) -> int:
         """`B`, or under `lower-floor` the share of `⌊μ̂·W⌋` capacity can serve (≥ 1)."""
@@ -277,13 +289,7 @@ class Guard:
     def _ask_learner(self, request: Request, contract: Contract, now: float) -> Proposal | None:
         """The learner's proposal, or None for a fault (exception or malformed answer)."""
         self.stats.learner_calls += 1
-        load = LoadSnapshot(
-            len(self._in_flight),
-            self._queue.num_queued_entitled,
-            self._queue.num_queued - self._queue.num_queued_entitled,
-            self.config.total_slots,
-        )
-        consultation = consult(self._learner, request, contract.cls, load, now)
+        consultation = consult(self._learner, request, contract.cls, self.load(), now)
         if consultation.fault is not None:
             self.stats.learner_faults += 1
         if self._sink is not None:
@@ -514,6 +520,34 @@ class Guard:
 
     def in_flight_on(self, backend: int) -> int:
         return self._slots.in_flight(backend)
+
+    def load(self) -> LoadSnapshot:
+        """What a learner is told about current load."""
+        return LoadSnapshot(
+            len(self._in_flight),
+            self._queue.num_queued_entitled,
+            self._queue.num_queued - self._queue.num_queued_entitled,
+            self.config.total_slots,
+        )
+
+    def consults_learner(self, request: Request, now: float) -> bool:
+        """Whether `on_arrival(request, now)` would ask the learner, changing nothing. A
+        driver whose learner answers asynchronously (an HTTP callout) fetches a proposal
+        first only for these, so a floor-entitled request never waits on the learner."""
+        contract = self._contracts.get(request.tenant)
+        if contract is None:
+            return False
+        if contract.cls is not ASSURED:
+            return True
+        weight = self._meter.weight(request)
+        if contract.excess_policy is not ExcessPolicy.DEMOTE or weight > contract.floor:
+            return False  # rejected, or cost-excess: no learner either way
+        floor = self.effective_floor(contract)
+        remaining = self._meter.remaining(contract, now) - (contract.floor - floor)
+        if weight <= remaining:
+            return False  # entitled
+        window = self.config.schedule.index_at(now)
+        return self._lowered_weight(contract, request, floor, window, remaining) is None
 
     def credits_left(self, tenant: str, now: float) -> int | None:
         contract = self._contracts.get(tenant)

@@ -32,6 +32,7 @@ from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.decision_log import DecisionLog
 from floorguard.proxy.identity import AuthError, create_identity
+from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.openai_format import error_body
 
@@ -84,13 +85,23 @@ class GuardServer:
         self._flusher: asyncio.Task[None] | None = None
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
+        self.http_learner = (
+            HttpLearner(config.learner_http.url, config.learner_http.timeout_ms / 1e3)
+            if config.learner_http
+            else None
+        )
+        learner = self.http_learner or create_learner(config.learner, np.random.default_rng(seed))
         self.guard = Guard(
             guard_config,
-            learner=create_learner(config.learner, np.random.default_rng(seed)),
+            learner=learner,
             sink=self._on_event,
             started_at=self.clock.now(),
         )
-        self._metrics = GuardMetrics(self.guard, self.clock.now)
+        self._metrics = GuardMetrics(
+            self.guard,
+            self.clock.now,
+            self.http_learner.outcomes if self.http_learner is not None else None,
+        )
         self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
@@ -201,9 +212,17 @@ class GuardServer:
             tenant, raw, body, max_tokens = await self._parse(request)
         except _RefusedError as refused:
             return refused.response
-        now = self.clock.now()
+        arrived_at = now = self.clock.now()
         rid = f"fg-{next(self._ids)}"
-        admission = self.guard.on_arrival(Request(rid, tenant, now, max_tokens), now)
+        offered = Request(rid, tenant, arrived_at, max_tokens)
+        if self.http_learner is not None and self.guard.consults_learner(offered, now):
+            assert self._session is not None
+            cls = self._contracts[tenant].cls
+            await self.http_learner.fetch(self._session, offered, cls, self.guard.load())
+            now = self.clock.now()
+        admission = self.guard.on_arrival(offered, now)
+        if self.http_learner is not None:
+            self.http_learner.forget(rid)
         if not admission.admitted:
             return self._refusal(admission.reason, now)
         headers = {

@@ -88,6 +88,13 @@ class TlsSpec(_Strict):
     certificate this CA did not sign fails the TLS handshake."""
 
 
+class LearnerHttpSpec(_Strict):
+    url: str = Field(pattern=r"^https?://")
+    """POSTed one JSON summary per surplus request (wire format: proxy/learner_http.py)."""
+    timeout_ms: float = Field(default=50.0, gt=0, le=10_000)
+    """No answer in time → the surplus request is rejected as a learner fault."""
+
+
 class LimitsSpec(_Strict):
     max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
     max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
@@ -105,6 +112,8 @@ class GuardServerConfig(_Strict):
     tls: TlsSpec | None = None
     """Serve HTTPS (and verify client certificates when `client_ca_file` is set)."""
     learner: str = "always-admit"
+    """A registered learner, a `package.module:factory` path, or `http` (`learner_http`)."""
+    learner_http: LearnerHttpSpec | None = None
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
     limits: LimitsSpec = LimitsSpec()
@@ -114,6 +123,12 @@ class GuardServerConfig(_Strict):
     decision_log: Path | None = None
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
     """The decision log is written in batches, at least this often (and at shutdown)."""
+
+    @model_validator(mode="after")
+    def _http_learner_needs_a_url(self) -> GuardServerConfig:
+        if (self.learner == "http") != (self.learner_http is not None):
+            raise ValueError("learner: http and a learner_http section go together")
+        return self
 
     @model_validator(mode="after")
     def _mtls_needs_a_client_ca(self) -> GuardServerConfig:

@@ -8,7 +8,7 @@ locking per event.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -24,8 +24,17 @@ __all__ = ["GuardMetrics"]
 
 
 class GuardMetrics:
-    def __init__(self, guard: Guard, clock_now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        clock_now: Callable[[], float],
+        learner_callouts: Tally[str] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
+        self.learner_callouts: Tally[str] = (
+            Tally() if learner_callouts is None else learner_callouts  # shared, maybe empty
+        )
+        """HTTP learner callouts by outcome (ok, timeout, error)."""
         self.admitted: Tally[tuple[str, str, str]] = Tally()
         """(tenant, class, entitled) → admissions."""
         self.outcomes: Tally[tuple[str, str, str, str]] = Tally()
@@ -109,6 +118,12 @@ class _GuardCollector(Collector):
         yield _counter(
             "floorguard_late", "Completions after their deadline", ["tenant", "cls"], m.late
         )
+        yield _counter(
+            "floorguard_learner_callouts",
+            "HTTP learner callouts by outcome",
+            ["outcome"],
+            {(k,): v for k, v in m.learner_callouts.items()},
+        )
         for name, doc, read in _GAUGES:
             yield GaugeMetricFamily(name, doc, value=read(guard))
         credits = GaugeMetricFamily(
@@ -122,7 +137,9 @@ class _GuardCollector(Collector):
         yield credits
 
 
-def _counter(name: str, doc: str, labels: list[str], counts: Tally[Any]) -> CounterMetricFamily:
+def _counter(
+    name: str, doc: str, labels: list[str], counts: Mapping[Any, int]
+) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=labels)
     for key, count in sorted(counts.items()):
         family.add_metric(list(key), count)

@@ -1,0 +1,118 @@
+"""An out-of-process learner: the guard POSTs each surplus request's summary to a URL and
+applies the answer as the learner's proposal (SPEC §2: untrusted, proposes only).
+
+The core's learner interface is synchronous, so the server fetches the proposal *before*
+`on_arrival`, and only for a request the guard will ask about (`Guard.consults_learner`):
+a floor-entitled request never waits on the callout. A timeout, a connection error, a
+non-2xx answer or a malformed body becomes a learner fault: the surplus request is rejected
+(`learner_fault`) and counted, and the guard keeps serving.
+
+Wire format (JSON):
+
+    request  {"request_id", "tenant", "class", "max_tokens", "prompt_tokens",
+              "load": {"in_flight", "queued_entitled", "queued_surplus", "slots"}}
+    response {"admit": bool, "proposed_class": "assured" | "opportunistic" | null,
+              "priority_hint": number}
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import orjson
+
+from floorguard.core.contract import ContractClass
+from floorguard.core.learner import LoadSnapshot, Proposal
+from floorguard.core.request import Request, RequestId
+
+__all__ = ["HttpLearner", "LearnerCalloutError", "parse_proposal"]
+
+
+class LearnerCalloutError(Exception):
+    """The learner service gave no usable answer (the guard records it as a fault)."""
+
+
+class HttpLearner:
+    """A `Learner` for the core whose answers were fetched by `fetch` beforehand."""
+
+    name = "http"
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.outcomes: Counter[str] = Counter()
+        """Callout outcomes: ok, timeout, error."""
+        self._answers: dict[RequestId, Proposal | LearnerCalloutError] = {}
+
+    async def fetch(
+        self,
+        session: aiohttp.ClientSession,
+        request: Request,
+        cls: ContractClass,
+        load: LoadSnapshot,
+    ) -> None:
+        """Ask the service about one request; keep its answer (or failure) for `propose`."""
+        summary = {
+            "request_id": request.request_id,
+            "tenant": request.tenant,
+            "class": cls.value,
+            "max_tokens": request.num_output_tokens,
+            "prompt_tokens": request.num_prompt_tokens,
+            "load": {
+                "in_flight": load.num_in_flight,
+                "queued_entitled": load.num_queued_entitled,
+                "queued_surplus": load.num_queued_surplus,
+                "slots": load.num_slots,
+            },
+        }
+        answer: Proposal | LearnerCalloutError
+        try:
+            async with session.post(
+                self.url,
+                data=orjson.dumps(summary),
+                headers={"Content-Type": "application/json"},
+                timeout=self._timeout,
+            ) as response:
+                if response.status >= 300:
+                    raise LearnerCalloutError(f"the learner answered HTTP {response.status}")
+                answer = parse_proposal(orjson.loads(await response.read()))
+            self.outcomes["ok"] += 1
+        except TimeoutError:
+            answer = LearnerCalloutError(f"no answer within {self.timeout_s * 1e3:.0f} ms")
+            self.outcomes["timeout"] += 1
+        except (aiohttp.ClientError, orjson.JSONDecodeError, LearnerCalloutError) as exc:
+            answer = exc if isinstance(exc, LearnerCalloutError) else LearnerCalloutError(exc)
+            self.outcomes["error"] += 1
+        self._answers[request.request_id] = answer
+
+    def forget(self, request_id: RequestId) -> None:
+        """Drop an answer the guard did not ask for (the request turned out entitled)."""
+        self._answers.pop(request_id, None)
+
+    def propose(
+        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+    ) -> Proposal:
+        answer = self._answers.pop(request.request_id, None)
+        if answer is None:
+            raise LearnerCalloutError("no answer was fetched for this request")
+        if isinstance(answer, LearnerCalloutError):
+            raise answer
+        return answer
+
+
+def parse_proposal(body: Any) -> Proposal:
+    """A proposal from the service's JSON; anything off-schema is a callout error."""
+    if not isinstance(body, dict) or type(body.get("admit")) is not bool:
+        raise LearnerCalloutError(f"not a proposal: {str(body)[:80]}")
+    relabel = body.get("proposed_class")
+    hint = body.get("priority_hint", 0.0)
+    try:
+        proposed = ContractClass(relabel) if relabel is not None else None
+    except ValueError as exc:
+        raise LearnerCalloutError(f"unknown proposed_class {relabel!r}") from exc
+    if type(hint) not in (int, float):
+        raise LearnerCalloutError(f"priority_hint {hint!r} is not a number")
+    return Proposal(body["admit"], proposed, float(hint))
