@@ -99,3 +99,30 @@ def test_step_time_never_falls_and_keeps_growing_past_the_reference_width():
     assert V100_MOE.step_s(8) > V100_MOE.step_s(6) > V100_MOE.step_s(4)
     linear = replace(V100_MOE, coupling_shape=1.0)
     assert linear.step_s(2) - linear.step_s(1) == pytest.approx(linear.step_s(8) - linear.step_s(7))
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [BatchingBackend(V100_MOE, 4, np.random.default_rng(3)), FixedServiceBackend(DETERMINISTIC, 4)],
+    ids=["batching", "fixed"],
+)
+def test_tokens_out_rises_from_none_at_first_token_to_all_at_completion(backend):
+    """What a stream can send: at most 1 when the first token is due, never decreasing,
+    never more than ℓ, and all ℓ at completion — also while another request joins."""
+    first_at = backend.join(make_request(tokens=32, request_id=1), 0.0)
+    assert backend.tokens_out(1, first_at) <= 1
+    seen, now = [], first_at
+    while True:
+        at = backend.next_completion_at()
+        if at <= now:
+            produced = backend.tokens_out(1, at)
+            if backend.complete_due(at) == [1]:
+                assert produced == 32
+                break
+            continue  # request 2 finished
+        seen.append(backend.tokens_out(1, now))
+        if len(seen) == 5:
+            backend.join(make_request(tokens=4, request_id=2), now)
+        now += 0.01
+    assert seen == sorted(seen) and seen[-1] < 32
+    assert len(seen) > 10 and 0 < seen[len(seen) // 2] < 32  # produced along the way

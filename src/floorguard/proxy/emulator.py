@@ -4,9 +4,9 @@ continuous-batching model in real time (no GPU, no weights).
 Each request needs `max_tokens` output tokens (at least `min_tokens`; the emulated model
 never stops early, as with `ignore_eos: true`). `C` slots run in the `BatchingBackend`; the
 rest wait, FIFO or — with `--scheduling-policy priority` — by vLLM's `(priority, arrival)`,
-and a running request is never preempted. A streamed response sends its first token when the
-model's prefill ends and the rest at completion. `/metrics` has vLLM-style running/waiting
-gauges.
+and a running request is never preempted. A streamed response sends one chunk per token as
+the batch produces it (the first when prefill ends). `/metrics` has vLLM-style
+running/waiting gauges.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ class Emulator:
         self.model = model
         self.slots = slots
         self.priority_scheduling = priority_scheduling
-        self._backend: SimBackend = create_backend(
-            get_profile(profile), slots, np.random.default_rng(seed)
-        )
+        service = get_profile(profile)
+        self._backend: SimBackend = create_backend(service, slots, np.random.default_rng(seed))
+        self._step_s = service.step_s(1)
+        """How often a stream checks for new tokens: one decode step."""
         self._t0 = time.monotonic()
         self._waiting: list[tuple[float, int, _Job]] = []
         self._running: dict[Any, _Job] = {}
@@ -130,6 +131,31 @@ class Emulator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
+    async def _stream_tokens(
+        self, job: _Job, response: web.StreamResponse, rid: str, chat: bool
+    ) -> None:
+        """One SSE chunk per output token, as the model produces them: the first when
+        prefill ends, then as the batch advances (checked every decode step), the rest
+        at completion; the last chunk carries `finish_reason: length`."""
+        tokens = job.request.num_output_tokens
+        sent = 0
+
+        async def send_through(count: int) -> None:
+            nonlocal sent
+            while sent < count:
+                sent += 1
+                finish = "length" if sent == tokens else None
+                await response.write(stream_chunk(rid, self.model, chat, " tok", finish))
+
+        await job.first_token
+        await send_through(1)
+        while not job.done.done():
+            produced = self._backend.tokens_out(job.request.request_id, self._now())
+            await send_through(min(produced, tokens - 1))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(job.done), self._step_s)
+        await send_through(tokens)
+
     # -- HTTP -----------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -156,15 +182,7 @@ class Emulator:
                 )
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            await job.first_token
-            await response.write(stream_chunk(rid, self.model, chat, " tok"))
-            await job.done
-            for i in range(1, tokens):
-                await response.write(
-                    stream_chunk(
-                        rid, self.model, chat, " tok", "length" if i == tokens - 1 else None
-                    )
-                )
+            await self._stream_tokens(job, response, rid, chat)
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response

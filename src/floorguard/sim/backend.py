@@ -32,6 +32,10 @@ class SimBackend(Protocol):
 
     def next_completion_at(self) -> float | None: ...
 
+    def tokens_out(self, request_id: RequestId, now: float) -> int:
+        """Output tokens a running request has produced by `now` (for streaming)."""
+        ...
+
     def complete_due(self, now: float) -> list[RequestId]:
         """Requests finished by `now` (call at `next_completion_at()`)."""
         ...
@@ -43,6 +47,7 @@ class BatchingBackend:
         self.num_slots = num_slots
         self._rng = rng
         self._finish: list[tuple[float, int, RequestId]] = []  # (finish_v, seq, id)
+        self._spans: dict[RequestId, tuple[float, float, int]] = {}  # (start_v, finish_v, ℓ)
         self._seq = 0
         self._v = 0.0
         self._last_at = 0.0
@@ -53,11 +58,15 @@ class BatchingBackend:
     def num_running(self) -> int:
         return len(self._finish)
 
+    def _v_at(self, now: float) -> float:
+        """Virtual time (tokens per running request) at `now`, for the current batch."""
+        busy_from = max(self._last_at, self._stalled_until)
+        if self._finish and now > busy_from:
+            return self._v + (now - busy_from) / self._step_s[len(self._finish)]
+        return self._v
+
     def _advance(self, now: float) -> None:
-        if self._finish:
-            busy_from = max(self._last_at, self._stalled_until)
-            if now > busy_from:
-                self._v += (now - busy_from) / self._step_s[len(self._finish)]
+        self._v = self._v_at(now)
         self._last_at = now
 
     def _jitter(self) -> float:
@@ -76,7 +85,15 @@ class BatchingBackend:
         self._seq += 1
         finish_v = self._v + request.num_output_tokens * self._jitter()
         heapq.heappush(self._finish, (finish_v, self._seq, request.request_id))
+        self._spans[request.request_id] = (self._v, finish_v, request.num_output_tokens)
         return self._stalled_until
+
+    def tokens_out(self, request_id: RequestId, now: float) -> int:
+        start_v, finish_v, tokens = self._spans[request_id]
+        if finish_v <= start_v:
+            return tokens
+        done = (self._v_at(now) - start_v) / (finish_v - start_v)
+        return min(tokens, int(tokens * done + _EPS))
 
     def next_completion_at(self) -> float | None:
         if not self._finish:
@@ -90,6 +107,7 @@ class BatchingBackend:
         done: list[RequestId] = []
         while self._finish and self._finish[0][0] <= self._v + _EPS * max(1.0, self._v):
             done.append(heapq.heappop(self._finish)[2])
+            del self._spans[done[-1]]
         return done
 
 
@@ -100,6 +118,7 @@ class FixedServiceBackend:
         self.profile = profile
         self.num_slots = num_slots
         self._done: list[tuple[float, int, RequestId]] = []
+        self._spans: dict[RequestId, tuple[float, float, int]] = {}  # (first, finish, ℓ)
         self._seq = 0
 
     @property
@@ -114,7 +133,14 @@ class FixedServiceBackend:
         prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
         finish_at = now + prefill_s + request.num_output_tokens * p.step_s(1)
         heapq.heappush(self._done, (finish_at, self._seq, request.request_id))
+        self._spans[request.request_id] = (now + prefill_s, finish_at, request.num_output_tokens)
         return now + prefill_s
+
+    def tokens_out(self, request_id: RequestId, now: float) -> int:
+        first_at, finish_at, tokens = self._spans[request_id]
+        if now >= finish_at:
+            return tokens
+        return max(0, int(tokens * (now - first_at) / (finish_at - first_at) + _EPS))
 
     def next_completion_at(self) -> float | None:
         return self._done[0][0] if self._done else None
@@ -123,6 +149,7 @@ class FixedServiceBackend:
         done: list[RequestId] = []
         while self._done and self._done[0][0] <= now + _EPS:
             done.append(heapq.heappop(self._done)[2])
+            del self._spans[done[-1]]
         return done
 
 

@@ -1,0 +1,78 @@
+"""The emulated backend over real loopback HTTP: streams one chunk per token as the batch
+produces it, and serves its waiting queue with vLLM's priority semantics (no preemption)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from floorguard.proxy.emulator import Emulator, create_emulator_app
+
+
+async def _stream(url, tokens):
+    """Arrival time of each SSE token chunk, and the finish reasons."""
+    times, finishes = [], []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            url + "/v1/completions",
+            json={"model": "m", "prompt": "x", "max_tokens": tokens, "stream": True},
+        ) as r,
+    ):
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                times.append(time.monotonic())
+                finishes.append(json.loads(line[6:])["choices"][0]["finish_reason"])
+    return times, finishes
+
+
+def test_a_stream_sends_each_token_as_it_is_produced(live):
+    url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
+    times, finishes = live.run(_stream(url, 40))
+    assert len(times) == 40
+    assert finishes[-1] == "length" and not any(finishes[:-1])
+    span = times[-1] - times[0]
+    assert span > 0.3  # 39 decode steps of ≈ 15 ms
+    # evenly paced, not a burst at the end: the middle token arrives mid-way
+    assert 0.3 < (times[20] - times[0]) / span < 0.7
+
+
+async def _finish_order(url, priorities):
+    """Start a long request on the one slot, then queue one per priority; return the order
+    in which the queued ones finish."""
+    order = []
+
+    async def one(priority, tokens):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": "x", "max_tokens": tokens, "priority": priority},
+            ) as r,
+        ):
+            await r.read()
+            order.append(priority)
+
+    running = asyncio.create_task(one(99, 30))
+    await asyncio.sleep(0.1)
+    queued = []
+    for priority in priorities:
+        queued.append(asyncio.create_task(one(priority, 2)))
+        await asyncio.sleep(0.02)
+    await asyncio.gather(running, *queued)
+    return order
+
+
+def test_priority_scheduling_orders_the_waiting_queue_without_preemption(live):
+    url, _ = live.serve(
+        lambda: create_emulator_app(Emulator("v100-moe", 1, priority_scheduling=True))
+    )
+    assert live.run(_finish_order(url, [5, 1, 3])) == [99, 1, 3, 5]
+
+
+def test_fcfs_ignores_priority(live):
+    url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 1)))
+    assert live.run(_finish_order(url, [5, 1, 3])) == [99, 5, 1, 3]
