@@ -267,6 +267,14 @@ def test_dead_backend_is_502_and_nothing_hangs(live):
     assert time.monotonic() - started < 5
     assert sum(_status(live, url)["queues"]["in_flight"]) == 0
 
+    async def readyz():
+        async with aiohttp.ClientSession() as s, s.get(url + "/readyz") as r:
+            return r.status, await r.json()
+
+    status, ready = live.run(readyz())
+    assert status == 503
+    assert ready == {"ready": False, "backends": [{"url": "http://127.0.0.1:9", "healthy": False}]}
+
 
 def test_health_metrics_and_models(live, backend):
     """healthz/readyz answer; /metrics is Prometheus text with the guard's series; /v1/models

@@ -82,7 +82,9 @@ class GuardServer:
         self.identity = create_identity(config.identity, environ)
         self._mtls = config.identity.mode == "mtls"
         self._log = DecisionLog(config.decision_log) if config.decision_log else None
-        self._flusher: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self.backend_healthy = [False] * len(config.backends)
+        """Whether each backend answered its last health probe (for `/readyz`)."""
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.http_learner = (
@@ -131,8 +133,33 @@ class GuardServer:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s)
         )
+        await self._probe_backends()
+        self._background.append(asyncio.create_task(self._probe_every()))
         if self._log is not None:
-            self._flusher = asyncio.create_task(self._flush_every(self._log))
+            self._background.append(asyncio.create_task(self._flush_every(self._log)))
+
+    async def _probe_backends(self) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=min(1.0, self.config.health_interval_s))
+
+        async def probe(url: str) -> bool:
+            assert self._session is not None
+            try:
+                async with self._session.get(url, timeout=timeout) as response:
+                    return response.status < 300
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+        self.backend_healthy = list(
+            await asyncio.gather(
+                *(probe(b.url.rstrip("/") + b.health_path) for b in self.config.backends)
+            )
+        )
+
+    async def _probe_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self._probe_backends()
 
     async def _flush_every(self, log: DecisionLog) -> None:
         while True:
@@ -146,8 +173,8 @@ class GuardServer:
             self._log.flush()
 
     async def stop(self, _: web.Application) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for task in self._background:
+            task.cancel()
         if self._session is not None:
             await self._session.close()
         if self._log is not None:
@@ -426,8 +453,15 @@ def create_app(
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        ready = server._session is not None and not server._session.closed
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        backends = [
+            {"url": b.url, "healthy": healthy}
+            for b, healthy in zip(config.backends, server.backend_healthy, strict=True)
+        ]
+        up = server._session is not None and not server._session.closed
+        ready = up and any(server.backend_healthy)
+        return web.json_response(
+            {"ready": ready, "backends": backends}, status=200 if ready else 503
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(

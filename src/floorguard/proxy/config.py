@@ -49,6 +49,8 @@ class ContractSpec(_Strict):
 class BackendSpec(_Strict):
     url: str = Field(pattern=r"^https?://")
     slots: int = Field(ge=1, le=4096)
+    health_path: str = Field(default="/health", pattern=r"^/")
+    """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
 
 
 class JwtSpec(_Strict):
@@ -118,6 +120,9 @@ class GuardServerConfig(_Strict):
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
     limits: LimitsSpec = LimitsSpec()
     upstream_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    health_interval_s: float = Field(default=2.0, gt=0, le=300)
+    """How often each backend's `health_path` is probed; `/readyz` is 200 while at least
+    one backend answered its last probe."""
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
