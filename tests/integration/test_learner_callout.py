@@ -5,6 +5,8 @@ rejects the surplus as a counted fault while the guard keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -123,3 +125,22 @@ def test_an_unreachable_learner_is_a_fault_and_the_guard_keeps_serving(live):
 async def _get(url):
     async with aiohttp.ClientSession() as session, session.get(url) as r:
         return await r.text()
+
+
+def test_the_example_learner_service_governs_the_surplus(live):
+    """examples/learner_service.py behind `learner: http`: it admits while the surplus
+    queue is short, and its hint (max_tokens) reaches the guard's trace."""
+    path = Path(__file__).parents[2] / "examples" / "learner_service.py"
+    spec = importlib.util.spec_from_file_location("learner_service", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def app():
+        example = web.Application()
+        example.router.add_post("/propose", module.propose)
+        return example
+
+    learner_url, _ = live.serve(app)
+    url, guard_app = live.guard(callout_config(live.emulator(), learner_url + "/propose"))
+    assert _post(live, url, "free")[:2] == (200, "surplus")
+    assert guard_app[SERVER].http_learner.outcomes == {"ok": 1}

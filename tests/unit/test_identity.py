@@ -4,6 +4,7 @@ and the configuration checks that refuse unsafe or incomplete identity setups.""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jwt
 import pytest
@@ -124,3 +125,10 @@ def test_mtls_needs_a_client_ca_and_readable_files(tmp_path):
     with pytest.raises(ConfigError, match="cannot be loaded"):
         server_ssl_context(TlsSpec(cert_file=tmp_path / "no.crt", key_file=tmp_path / "no.key"))
     assert GuardServerConfig.model_fields["tls"].default is None
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("examples/*.yaml")))
+def test_the_example_configs_validate(path, monkeypatch):
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "x" * 32)
+    config = load_config(path)
+    assert config.contracts and config.backends
