@@ -3,11 +3,18 @@ and the configuration checks that refuse unsafe or incomplete identity setups.""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import time
 from pathlib import Path
 
 import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import (
@@ -132,3 +139,93 @@ def test_the_example_configs_validate(path, monkeypatch):
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "x" * 32)
     config = load_config(path)
     assert config.contracts and config.backends
+
+
+def _jwks_identity(tmp_path, keys):
+    """An RS256+ES256 identity over a JWKS file holding `keys` (kid → private key)."""
+    entries = []
+    for kid, private in keys.items():
+        algorithm = RSAAlgorithm if isinstance(private, rsa.RSAPrivateKey) else ECAlgorithm
+        entries.append({**json.loads(algorithm.to_jwk(private.public_key())), "kid": kid})
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": entries}))
+    return create_identity(
+        IdentitySpec.model_validate(
+            {"mode": "jwt", "jwt": {"algorithms": ["RS256", "ES256"], "jwks_file": str(path)}}
+        )
+    )
+
+
+def test_a_jwks_picks_the_key_by_kid_and_refuses_confusion(tmp_path):
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    identity = _jwks_identity(tmp_path, {"r1": rsa_key, "e1": ec_key})
+    claims = {"sub": "acme", "exp": time.time() + 60}
+
+    def signed(key, algorithm, kid):
+        token = jwt.encode(claims, key, algorithm=algorithm, headers={"kid": kid})
+        return {"Authorization": f"Bearer {token}"}
+
+    assert identity.tenant_of(signed(rsa_key, "RS256", "r1")) == "acme"
+    assert identity.tenant_of(signed(ec_key, "ES256", "e1")) == "acme"
+    assert refused(identity, signed(ec_key, "ES256", "r1")) == (401, "invalid_token")
+    assert refused(identity, signed(rsa_key, "RS256", "nope")) == (401, "invalid_token")
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    assert refused(identity, signed(other, "RS256", "r1")) == (401, "invalid_token")
+    public_pem = rsa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    # algorithm confusion: HS256 "signed" with the RSA public key as the HMAC secret
+    segments = [
+        _b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "r1"}).encode()),
+        _b64(json.dumps(claims).encode()),
+    ]
+    mac = hmac.new(public_pem, ".".join(segments).encode(), hashlib.sha256).digest()
+    forged = ".".join([*segments, _b64(mac)])
+    assert refused(identity, {"Authorization": f"Bearer {forged}"}) == (401, "invalid_token")
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def test_a_jwks_without_usable_keys_is_refused_at_start(tmp_path):
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "s"}]}))
+    with pytest.raises(ConfigError, match="jwks_file"):
+        create_identity(
+            IdentitySpec.model_validate(
+                {"mode": "jwt", "jwt": {"algorithms": ["RS256"], "jwks_file": str(path)}}
+            )
+        )
+
+
+@pytest.mark.parametrize("kind", ["rsa", "ec"])
+def test_a_pem_key_verifies_only_its_own_algorithm(tmp_path, kind):
+    """RS256 and ES256 both configured, one PEM key: a token in the other algorithm (or
+    HS256 keyed with the public key) is a 401, never a 500."""
+    private = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if kind == "rsa"
+        else ec.generate_private_key(ec.SECP256R1())
+    )
+    other = (
+        ec.generate_private_key(ec.SECP256R1())
+        if kind == "rsa"
+        else rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    )
+    pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    path = tmp_path / "key.pem"
+    path.write_bytes(pem)
+    spec = {"algorithms": ["RS256", "ES256"], "public_key_file": str(path)}
+    identity = create_identity(IdentitySpec.model_validate({"mode": "jwt", "jwt": spec}))
+    own, foreign = ("RS256", "ES256") if kind == "rsa" else ("ES256", "RS256")
+    claims = {"sub": "acme", "exp": time.time() + 60}
+    assert identity.tenant_of(bearer(claims, private, own)) == "acme"
+    assert refused(identity, bearer(claims, other, foreign)) == (401, "invalid_token")
+    with pytest.raises(ConfigError, match=f"is a {own} key"):
+        create_identity(
+            IdentitySpec.model_validate({"mode": "jwt", "jwt": {**spec, "algorithms": [foreign]}})
+        )

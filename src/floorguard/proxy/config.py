@@ -60,6 +60,8 @@ class JwtSpec(_Strict):
     secret_env: str | None = None
     public_key_file: Path | None = None
     """PEM public key for RS256 / ES256."""
+    jwks_file: Path | None = None
+    """Or a JWKS (JSON Web Key Set) file for RS256 / ES256: the token's `kid` picks the key."""
     issuer: str | None = None
     audience: str | None = None
     tenant_claim: str = "sub"

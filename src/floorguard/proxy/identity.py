@@ -1,9 +1,10 @@
 """Identity → tenant, before anything else runs (SPEC §2). A request with no valid identity
 is refused, never given a class.
 
-JWT (pyjwt): the accepted algorithms come from the config and the key fits them (an HMAC
-secret only for HS256, a PEM public key only for RS256/ES256), so `alg: none` and algorithm
-confusion (an RS256 public key used as an HS256 secret) are refused by construction;
+JWT (pyjwt): every key is bound to one algorithm at start (an HMAC secret to HS256, an RSA
+public key to RS256, a P-256 key to ES256; a JWKS key to its `alg`), and a token is checked
+with its key's algorithm only, so `alg: none` and algorithm confusion (an RS256 public key
+used as an HS256 secret) are refused by construction;
 `exp`, `nbf`, `iss`, `aud` are checked. mTLS: the TLS layer has verified the client's
 certificate against the configured CA; its subject CN (or first DNS/URI SAN) is the tenant.
 Header mode trusts a header only when configured.
@@ -17,16 +18,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import IdentitySpec
 
 __all__ = ["AuthError", "Identity", "PeerCert", "create_identity"]
 
+BoundKey = tuple[str | Any, str]
+"""A verification key and the one algorithm it may verify."""
+Key = BoundKey | Mapping[str, BoundKey]
+"""One bound key, or a JWKS's bound keys by `kid`."""
 PeerCert = Mapping[str, Any]
 """A verified peer certificate as `ssl.SSLSocket.getpeercert()` decodes it."""
 
@@ -41,9 +50,7 @@ class AuthError(Exception):
 
 
 class Identity:
-    def __init__(
-        self, spec: IdentitySpec, key: str | bytes | None, *, cache_size: int = 10_000
-    ) -> None:
+    def __init__(self, spec: IdentitySpec, key: Key | None, *, cache_size: int = 10_000) -> None:
         self.spec = spec
         self.key = key
         self._verified: dict[str, tuple[str, float]] = {}
@@ -70,6 +77,16 @@ class Identity:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise AuthError(401, "missing_identity", "an Authorization: Bearer JWT is required")
+        bound = self.key
+        if isinstance(bound, Mapping):  # a JWKS: the token's `kid` picks the key
+            try:
+                kid = jwt.get_unverified_header(token).get("kid")
+            except jwt.InvalidTokenError as exc:
+                raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
+            if not isinstance(kid, str) or kid not in bound:
+                raise AuthError(401, "invalid_token", f"no key with kid {kid!r} in the JWKS")
+            bound = bound[kid]
+        key, algorithm = bound
         known = self._verified.get(token)
         if known is not None:
             tenant, expires_at = known
@@ -79,8 +96,8 @@ class Identity:
         try:
             claims = jwt.decode(
                 token,
-                self.key,
-                algorithms=list(spec.algorithms),
+                key,
+                algorithms=[algorithm],
                 issuer=spec.issuer,
                 audience=spec.audience,
                 leeway=spec.leeway_s,
@@ -88,7 +105,7 @@ class Identity:
             )
         except jwt.ExpiredSignatureError as exc:
             raise AuthError(401, "expired_token", "the JWT has expired") from exc
-        except jwt.InvalidTokenError as exc:
+        except (jwt.PyJWTError, TypeError, ValueError) as exc:  # a crafted token: never a 500
             raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
         claimed = claims.get(spec.tenant_claim)
         if not isinstance(claimed, str) or not claimed:
@@ -137,13 +154,49 @@ def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None
             raise ConfigError(
                 "identity.jwt.secret", "<hidden>", "HS256 needs a secret of at least 32 characters"
             )
-        return Identity(spec, secret)
+        return Identity(spec, (secret, "HS256"))
+    if spec.jwt.jwks_file is not None:
+        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms))
     if spec.jwt.public_key_file is None:
-        raise ConfigError("identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key")
-    try:
-        key = spec.jwt.public_key_file.read_bytes()
-    except OSError as exc:
         raise ConfigError(
-            "identity.jwt.public_key_file", str(spec.jwt.public_key_file), f"cannot be read ({exc})"
-        ) from exc
-    return Identity(spec, key)
+            "identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key or a jwks_file"
+        )
+    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms))
+
+
+def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:
+    """A PEM public key bound to its algorithm: RSA → RS256, EC P-256 → ES256."""
+    field = "identity.jwt.public_key_file"
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (OSError, ValueError, UnsupportedAlgorithm) as exc:
+        raise ConfigError(field, str(path), f"cannot be read as a PEM public key ({exc})") from exc
+    if isinstance(key, rsa.RSAPublicKey):
+        algorithm = "RS256"
+    elif isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        algorithm = "ES256"
+    else:
+        raise ConfigError(field, str(path), "must be an RSA or EC P-256 public key")
+    if algorithm not in algorithms:
+        raise ConfigError(field, str(path), f"is a {algorithm} key; algorithms has {sorted(algorithms)}")
+    return key, algorithm
+
+
+def _read_jwks(path: Path, algorithms: Collection[str]) -> dict[str, BoundKey]:
+    """The JWKS file's RSA/EC public keys by `kid`, each bound to its algorithm (its `alg`,
+    else its type's default: a token must use exactly that one). A key without a `kid`, or
+    whose algorithm is not configured, is left out; none left is a config error."""
+    field = "identity.jwt.jwks_file"
+    try:
+        jwks = jwt.PyJWKSet.from_json(path.read_text())
+    except (OSError, jwt.PyJWKSetError, jwt.InvalidKeyError, ValueError) as exc:
+        raise ConfigError(field, str(path), f"cannot be read as a JWKS ({exc})") from exc
+    keys: dict[str, BoundKey] = {
+        jwk.key_id: (jwk.key, jwk.algorithm_name)
+        for jwk in jwks.keys
+        if jwk.key_id and jwk.key_type in {"RSA", "EC"} and jwk.algorithm_name in algorithms
+    }
+    if not keys:
+        wanted = sorted(algorithms)
+        raise ConfigError(field, str(path), f"has no RSA/EC key with a kid for {wanted}")
+    return keys
