@@ -178,7 +178,8 @@ def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:
     else:
         raise ConfigError(field, str(path), "must be an RSA or EC P-256 public key")
     if algorithm not in algorithms:
-        raise ConfigError(field, str(path), f"is a {algorithm} key; algorithms has {sorted(algorithms)}")
+        allowed = sorted(algorithms)
+        raise ConfigError(field, str(path), f"is a {algorithm} key; algorithms has {allowed}")
     return key, algorithm
 
 
