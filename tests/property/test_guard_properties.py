@@ -14,6 +14,7 @@ from floorguard.core.contract import CapacityAction, DispatchOrder, MeterKind
 from floorguard.core.events import TERMINAL_KINDS, EventKind
 from floorguard.core.guard import Dispatch, Drop, Guard
 from floorguard.core.request import Request
+from floorguard.store import MemoryCreditStore
 from tests.strategies import LearnerFaultError, answers, configs, operations
 
 
@@ -32,10 +33,13 @@ class Adversary:
         return answer
 
 
-def drive(config, script, ops):
-    """Run the ops through a guard, checking per-step invariants; drain at the end."""
+def drive(config, script, ops, prefetch=False):
+    """Run the ops through a guard, checking per-step invariants; drain at the end. With
+    `prefetch` the driver makes each store call itself (`store_call`) and hands the grant
+    to `on_arrival`, as the HTTP guard does with Redis."""
     events = []
-    guard = Guard(config, learner=Adversary(script), sink=events.append)
+    store = MemoryCreditStore()
+    guard = Guard(config, learner=Adversary(script), sink=events.append, store=store)
     now, next_id = 0.0, 0
 
     def poll():
@@ -60,8 +64,12 @@ def drive(config, script, ops):
             _, _, tenant, tokens, prompt = op
             request = Request(next_id, tenant, now, tokens, prompt)
             next_id += 1
-            predicted, calls = guard.consults_learner(request, now), guard.stats.learner_calls
-            admission = guard.on_arrival(request, now)
+            grant = None
+            if prefetch and (call := guard.store_call(request, now)) is not None:
+                grant = store.acquire(call.key, call.weight, call.capacity, config.schedule, now)
+            predicted = guard.consults_learner(request, now, grant)
+            calls = guard.stats.learner_calls
+            admission = guard.on_arrival(request, now, grant=grant)
             assert predicted == (guard.stats.learner_calls == calls + 1), "consults_learner"
             guard_deadlines[request.request_id] = admission.deadline_at
         else:
@@ -107,9 +115,14 @@ def assert_af_per_window(config, events):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(config=configs(), script=st.lists(answers, min_size=1, max_size=6), ops=operations)
-def test_guard_invariants_hold_for_any_arrivals_and_any_learner(config, script, ops):
-    guard, events, num_offered = drive(config, script, ops)
+@given(
+    config=configs(),
+    script=st.lists(answers, min_size=1, max_size=6),
+    ops=operations,
+    prefetch=st.booleans(),
+)
+def test_guard_invariants_hold_for_any_arrivals_and_any_learner(config, script, ops, prefetch):
+    guard, events, num_offered = drive(config, script, ops, prefetch)
     assert_af_per_window(config, events)
     terminal = Counter(e.request_id for e in events if e.kind in TERMINAL_KINDS)
     assert len(terminal) == num_offered and set(terminal.values()) <= {1}

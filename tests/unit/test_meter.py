@@ -1,18 +1,38 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from floorguard.core.contract import Contract, ContractClass, MeterKind, WindowSchedule
 from floorguard.core.meter import MeterVerdict, ReservationMeter
 from floorguard.store import MemoryCreditStore
+from floorguard.store.redis_store import RedisCreditStore
 from tests.helpers import make_request
+from tests.redis_server import RedisServer
 
-STORES = [MemoryCreditStore]  # the Redis store joins this list (one suite over all stores)
+PREFIXES = itertools.count()
 
 
-@pytest.fixture(params=STORES, ids=lambda s: s.__name__)
+@pytest.fixture(scope="module")
+def redis_url():
+    server = RedisServer().start()
+    yield server.url
+    server.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
 def store(request):
-    return request.param()
+    """One suite over every store: the in-memory reference and Redis (caller's clock, so
+    the same instants drive both; `clock="server"` is tested on its own)."""
+    if request.param == "memory":
+        yield MemoryCreditStore()
+        return
+    store = RedisCreditStore(
+        request.getfixturevalue("redis_url"), prefix=f"t{next(PREFIXES)}", clock="caller"
+    )
+    yield store
+    store._client.close()
 
 
 def test_store_grants_until_capacity_then_denies_and_resets_next_window(store):

@@ -46,7 +46,7 @@ from floorguard.core.monitors import (
     assumption_report,
 )
 from floorguard.core.request import Request, RequestId
-from floorguard.store.base import CreditStore
+from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "Guard",
     "GuardStats",
     "RejectReason",
+    "StoreCall",
 ]
 
 ASSURED = ContractClass.ASSURED
@@ -71,6 +72,14 @@ class RejectReason(StrEnum):
     COST_EXCESS = "cost_excess"
     LEARNER_REJECT = "learner_reject"
     LEARNER_FAULT = "learner_fault"
+
+
+class StoreCall(NamedTuple):
+    """One credit-store call: take `weight` of `capacity` credits from `key`'s window."""
+
+    key: str
+    weight: int
+    capacity: int
 
 
 class Admission(NamedTuple):
@@ -171,9 +180,17 @@ class Guard:
     # -- arrival --------------------------------------------------------------------------
 
     def on_arrival(
-        self, request: Request, now: float, scheduled_at: float | None = None
+        self,
+        request: Request,
+        now: float,
+        scheduled_at: float | None = None,
+        *,
+        grant: Grant | None = None,
     ) -> Admission:
-        """Bind the class from the tenant, charge the floor, ask the learner for the surplus."""
+        """Bind the class from the tenant, charge the floor, ask the learner for the surplus.
+
+        `grant`: the answer to `store_call(request, now)`, made by the driver itself (a
+        remote store awaited without blocking); None lets the guard call its store."""
         contract = self._contracts.get(request.tenant)
         if self._sink is not None:
             self._sink(arrive_event(now, request, contract, scheduled_at))
@@ -183,16 +200,21 @@ class Guard:
         self.stats.per_class[contract.cls].offered += 1
         deadline_at = request.arrival_at + contract.deadline_budget_s
         if contract.cls is ASSURED:
-            return self._arrive_assured(request, contract, deadline_at, now)
+            return self._arrive_assured(request, contract, deadline_at, now, grant)
         return self._admit_surplus(request, contract, deadline_at, None, now, demoted=False)
 
     def _arrive_assured(
-        self, request: Request, contract: Contract, deadline_at: float, now: float
+        self,
+        request: Request,
+        contract: Contract,
+        deadline_at: float,
+        now: float,
+        grant: Grant | None,
     ) -> Admission:
         """SPEC §4.1: entitled from the floor, else cost-excess, else the excess policy."""
         self._max_assured_tokens = max(self._max_assured_tokens, request.num_output_tokens)
         floor = self.effective_floor(contract)
-        charge = self._meter.charge(contract, request, now, floor)
+        charge = self._meter.charge(contract, request, now, floor, grant)
         window = charge.window_index
         if charge.verdict is MeterVerdict.ENTITLED:
             self.stats.per_class[ASSURED].entitled += 1
@@ -530,10 +552,22 @@ class Guard:
             self.config.total_slots,
         )
 
-    def consults_learner(self, request: Request, now: float) -> bool:
-        """Whether `on_arrival(request, now)` would ask the learner, changing nothing. A
-        driver whose learner answers asynchronously (an HTTP callout) fetches a proposal
-        first only for these, so a floor-entitled request never waits on the learner."""
+    def store_call(self, request: Request, now: float) -> StoreCall | None:
+        """The credit-store call `on_arrival(request, now)` would make (None: it makes
+        none — not an assured tenant, or cost-excess). A driver with a remote store makes
+        it itself, asynchronously, and passes the grant to `on_arrival`."""
+        contract = self._contracts.get(request.tenant)
+        if contract is None or contract.cls is not ASSURED:
+            return None
+        weight = self._meter.weight(request)
+        if weight > contract.floor:
+            return None
+        return StoreCall(contract.tenant, weight, self.effective_floor(contract))
+
+    def consults_learner(self, request: Request, now: float, grant: Grant | None = None) -> bool:
+        """Whether `on_arrival(request, now, grant=grant)` would ask the learner, changing
+        nothing. A driver whose learner answers asynchronously (an HTTP callout) fetches a
+        proposal first only for these, so a floor-entitled request never waits on it."""
         contract = self._contracts.get(request.tenant)
         if contract is None:
             return False
@@ -543,10 +577,15 @@ class Guard:
         if contract.excess_policy is not ExcessPolicy.DEMOTE or weight > contract.floor:
             return False  # rejected, or cost-excess: no learner either way
         floor = self.effective_floor(contract)
-        remaining = self._meter.remaining(contract, now) - (contract.floor - floor)
-        if weight <= remaining:
-            return False  # entitled
-        window = self.config.schedule.index_at(now)
+        if grant is None:
+            remaining = self._meter.remaining(contract, now) - (contract.floor - floor)
+            window = self.config.schedule.index_at(now)
+            if weight <= remaining:
+                return False  # entitled
+        elif grant.granted:
+            return False
+        else:
+            remaining, window = grant.remaining, grant.window_index
         return self._lowered_weight(contract, request, floor, window, remaining) is None
 
     def credits_left(self, tenant: str, now: float) -> int | None:

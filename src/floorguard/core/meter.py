@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from floorguard.core.contract import Contract, MeterKind, WindowSchedule
 from floorguard.core.request import Request
-from floorguard.store.base import CreditStore
+from floorguard.store.base import CreditStore, Grant
 
 __all__ = ["MeterDecision", "MeterVerdict", "ReservationMeter"]
 
@@ -42,17 +42,25 @@ class ReservationMeter:
         return request.num_prompt_tokens + request.num_output_tokens
 
     def charge(
-        self, contract: Contract, request: Request, now: float, floor: int | None = None
+        self,
+        contract: Contract,
+        request: Request,
+        now: float,
+        floor: int | None = None,
+        grant: Grant | None = None,
     ) -> MeterDecision:
         """One store call per admission; a cost-excess request (heavier than the contract's
         whole `B`) never reaches the store. `floor` overrides the credits available this
-        window (a lowered effective floor); what exceeds it is burst-excess."""
+        window (a lowered effective floor); what exceeds it is burst-excess. `grant`: the
+        driver already made this store call (`store_call`), asynchronously; it is used as
+        the store's answer."""
         floor = contract.floor if floor is None else floor
         weight = self.weight(request)
         if weight > contract.floor:
             index = self._schedule.index_at(now)
             return MeterDecision(MeterVerdict.COST_EXCESS, index, -1)
-        grant = self._store.acquire(contract.tenant, weight, floor, self._schedule, now)
+        if grant is None:
+            grant = self._store.acquire(contract.tenant, weight, floor, self._schedule, now)
         verdict = MeterVerdict.ENTITLED if grant.granted else MeterVerdict.BURST_EXCESS
         return MeterDecision(verdict, grant.window_index, grant.remaining)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -26,15 +28,18 @@ from prometheus_client import generate_latest
 from floorguard.clock import Clock, WallClock
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Dispatch, Drop, Guard
+from floorguard.core.guard import Dispatch, Drop, Guard, StoreCall
 from floorguard.core.request import Request
 from floorguard.learners.registry import create_learner
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.decision_log import DecisionLog
 from floorguard.proxy.identity import AuthError, create_identity
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.openai_format import error_body
+from floorguard.proxy.shared_floor import SharedFloor
+from floorguard.store.base import Grant
+from floorguard.store.redis_store import RedisCreditStore
 
 __all__ = ["SERVER", "GuardServer", "create_app"]
 
@@ -93,9 +98,12 @@ class GuardServer:
             else None
         )
         learner = self.http_learner or create_learner(config.learner, np.random.default_rng(seed))
+        self.shared_floor = _shared_floor(config.store, self.clock) if config.store else None
+        self._replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
         self.guard = Guard(
             guard_config,
             learner=learner,
+            store=self.shared_floor,
             sink=self._on_event,
             started_at=self.clock.now(),
         )
@@ -103,6 +111,7 @@ class GuardServer:
             self.guard,
             self.clock.now,
             self.http_learner.outcomes if self.http_learner is not None else None,
+            self.shared_floor,
         )
         self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
@@ -177,6 +186,8 @@ class GuardServer:
             task.cancel()
         if self._session is not None:
             await self._session.close()
+        if self.shared_floor is not None:
+            await self.shared_floor.store.aclose()
         if self._log is not None:
             self._log.close()
 
@@ -224,6 +235,28 @@ class GuardServer:
             raise _RefusedError(_error(400, "invalid_request", "stream must be true or false"))
         return tenant, raw, body, max_tokens
 
+    async def _charge_shared_floor(self, offered: Request, call: StoreCall) -> Grant:
+        """The shared floor's grant for an arriving assured request. A client that leaves
+        meanwhile does not lose the credit's trace: once the grant is in, the request is
+        offered to the guard and aborted at once (one terminal outcome)."""
+        assert self.shared_floor is not None
+        schedule = self.guard.config.schedule
+        charge = asyncio.ensure_future(
+            self.shared_floor.acquire_call(call, schedule, self.clock.now())
+        )
+        try:
+            return await asyncio.shield(charge)
+        except asyncio.CancelledError:
+
+            def arrive_and_abort(done: asyncio.Future[Grant]) -> None:
+                now = self.clock.now()
+                admission = self.guard.on_arrival(offered, now, grant=done.result())
+                if admission.admitted:
+                    self.guard.on_abort(offered.request_id, now, "client_disconnected")
+
+            charge.add_done_callback(arrive_and_abort)
+            raise
+
     def _refusal(self, reason: str | None, now: float) -> web.Response:
         schedule = self.guard.config.schedule
         retry = max(1, math.ceil(schedule.start_of(schedule.index_at(now) + 1) - now))
@@ -240,14 +273,20 @@ class GuardServer:
         except _RefusedError as refused:
             return refused.response
         arrived_at = now = self.clock.now()
-        rid = f"fg-{next(self._ids)}"
+        rid = f"{self._replica}-{next(self._ids)}"
         offered = Request(rid, tenant, arrived_at, max_tokens)
-        if self.http_learner is not None and self.guard.consults_learner(offered, now):
+        grant = None
+        if self.shared_floor is not None:
+            call = self.guard.store_call(offered, now)
+            if call is not None:
+                grant = await self._charge_shared_floor(offered, call)
+                now = self.clock.now()
+        if self.http_learner is not None and self.guard.consults_learner(offered, now, grant):
             assert self._session is not None
             cls = self._contracts[tenant].cls
             await self.http_learner.fetch(self._session, offered, cls, self.guard.load())
             now = self.clock.now()
-        admission = self.guard.on_arrival(offered, now)
+        admission = self.guard.on_arrival(offered, now, grant=grant)
         if self.http_learner is not None:
             self.http_learner.forget(rid)
         if not admission.admitted:
@@ -415,7 +454,31 @@ class GuardServer:
                 "learner_faults": guard.stats.learner_faults,
             },
             "assumptions": asdict(guard.assumptions()),
+            **({"store": self.store_status()} if self.shared_floor is not None else {}),
         }
+
+    def store_status(self) -> dict[str, Any]:
+        """The shared floor's state: `shared`, or degraded under its fallback policy."""
+        floor = self.shared_floor
+        assert floor is not None
+        return {
+            "url": floor.store.url,
+            "state": floor.policy.value if floor.degraded else "shared",
+            "degraded_since": floor.degraded_since,
+            "replicas": floor.replicas,
+            "calls": dict(floor.calls),
+        }
+
+
+def _shared_floor(spec: StoreSpec, clock: Clock) -> SharedFloor:
+    store = RedisCreditStore(spec.url, prefix=spec.prefix, timeout_s=spec.timeout_ms / 1e3)
+    return SharedFloor(
+        store,
+        policy=spec.on_unavailable,
+        replicas=spec.replicas,
+        retry_s=spec.retry_s,
+        clock=clock.now,
+    )
 
 
 SERVER: web.AppKey[GuardServer] = web.AppKey("floorguard.server", GuardServer)
@@ -459,9 +522,10 @@ def create_app(
         ]
         up = server._session is not None and not server._session.closed
         ready = up and any(server.backend_healthy)
-        return web.json_response(
-            {"ready": ready, "backends": backends}, status=200 if ready else 503
-        )
+        body: dict[str, Any] = {"ready": ready, "backends": backends}
+        if server.shared_floor is not None:
+            body["store"] = server.store_status()
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(

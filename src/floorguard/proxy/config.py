@@ -29,6 +29,7 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.errors import ConfigError
+from floorguard.proxy.shared_floor import Unavailable
 from floorguard.sim.profiles import PROFILES, get_profile
 
 __all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
@@ -99,6 +100,19 @@ class LearnerHttpSpec(_Strict):
     """No answer in time → the surplus request is rejected as a learner fault."""
 
 
+class StoreSpec(_Strict):
+    url: str = Field(pattern=r"^rediss?://")
+    """The Redis every replica shares (`redis://host:port/db`)."""
+    replicas: int = Field(default=1, ge=1, le=1024)
+    """N: how many guard replicas share this floor (fail-static grants ⌊B/N⌋ each)."""
+    on_unavailable: Unavailable = Unavailable.FAIL_STATIC
+    timeout_ms: float = Field(default=50.0, gt=0, le=10_000)
+    """A Redis call that takes longer counts as Redis unavailable."""
+    retry_s: float = Field(default=1.0, gt=0, le=300)
+    """While Redis is unavailable, try it again at most this often."""
+    prefix: str = Field(default="floorguard", min_length=1)
+
+
 class LimitsSpec(_Strict):
     max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
     max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
@@ -114,6 +128,11 @@ class GuardServerConfig(_Strict):
     backends: list[BackendSpec] = Field(min_length=1)
     identity: IdentitySpec
     tls: TlsSpec | None = None
+    store: StoreSpec | None = None
+    """Share the floor with other replicas through Redis (`store: redis://…` for short);
+    none: this process's memory."""
+    replica: str | None = None
+    """This replica's name, prefixed to its request ids (default: host-pid)."""
     """Serve HTTPS (and verify client certificates when `client_ca_file` is set)."""
     learner: str = "always-admit"
     """A registered learner, a `package.module:factory` path, or `http` (`learner_http`)."""
@@ -130,6 +149,11 @@ class GuardServerConfig(_Strict):
     decision_log: Path | None = None
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
     """The decision log is written in batches, at least this often (and at shutdown)."""
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_url_shorthand(cls, value: object) -> object:
+        return {"url": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _http_learner_needs_a_url(self) -> GuardServerConfig:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
+from floorguard.proxy.shared_floor import SharedFloor
 
 __all__ = ["GuardMetrics"]
 
@@ -29,6 +30,7 @@ class GuardMetrics:
         guard: Guard,
         clock_now: Callable[[], float],
         learner_callouts: Tally[str] | None = None,
+        shared_floor: SharedFloor | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.learner_callouts: Tally[str] = (
@@ -49,6 +51,7 @@ class GuardMetrics:
             registry=self.registry,
         )
         self._service_of = {cls: self._service.labels(cls.value) for cls in ContractClass}
+        self.shared_floor = shared_floor
         self.registry.register(_GuardCollector(self, guard, clock_now))
 
     def on_event(self, event: TraceEvent) -> None:
@@ -124,6 +127,19 @@ class _GuardCollector(Collector):
             ["outcome"],
             {(k,): v for k, v in m.learner_callouts.items()},
         )
+        if m.shared_floor is not None:
+            floor = m.shared_floor
+            yield _counter(
+                "floorguard_store_calls",
+                "Shared-floor store calls by outcome (redis, redis_error, local)",
+                ["outcome"],
+                {(k,): v for k, v in floor.calls.items()},
+            )
+            yield GaugeMetricFamily(
+                "floorguard_store_degraded",
+                "1 while Redis is unreachable and the fallback policy grants the floor",
+                value=float(floor.degraded),
+            )
         for name, doc, read in _GAUGES:
             yield GaugeMetricFamily(name, doc, value=read(guard))
         credits = GaugeMetricFamily(

@@ -33,3 +33,8 @@ class MemoryCreditStore(CreditStore):
         index = schedule.index_at(now)
         window, used = self._windows.get(key, (index, 0))
         return capacity - (used if window == index else 0)
+
+    def used_in(self, index: int) -> dict[str, int]:
+        """Credits taken per key in window `index` (keys with none are left out)."""
+        windows = self._windows.items()
+        return {key: used for key, (window, used) in windows if window == index and used}
