@@ -32,7 +32,7 @@ def store(request):
         request.getfixturevalue("redis_url"), prefix=f"t{next(PREFIXES)}", clock="caller"
     )
     yield store
-    store._client.close()
+    store.close()
 
 
 def test_store_grants_until_capacity_then_denies_and_resets_next_window(store):

@@ -97,7 +97,12 @@ class RedisCreditStore(CreditStore):
         args = self._args(weight, capacity, schedule, mode, now)
         return _grant(await self._async_script(keys=[self.key(key)], args=args))
 
+    def close(self) -> None:
+        """Close the blocking client (a store never used asynchronously needs no more)."""
+        self._client.close()
+
     async def aclose(self) -> None:
+        """Close both clients, on the event loop the asyncio client ran on."""
         await self._async_client.aclose()
         self._client.close()
 
