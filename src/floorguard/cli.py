@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from floorguard.analysis.checker import check_trace, format_prefix
+from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
 from floorguard.analysis.metrics import RunMetrics, measure
 from floorguard.analysis.records import fold_trace
 from floorguard.analysis.summary import pool_runs
@@ -139,7 +139,17 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--max-tokens", type=int, default=48, help="output cap (ℓ)")
 
     verify = commands.add_parser("verify", help="check a decision log for AF, DR, SF, order")
-    verify.add_argument("trace", type=Path)
+    verify.add_argument(
+        "trace",
+        type=Path,
+        nargs="+",
+        help="a decision log; several: replicas sharing one floor (AF checked fleet-wide)",
+    )
+    verify.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the log(s) come from replicas sharing a Redis floor (implied by several logs)",
+    )
     verify.add_argument(
         "--strict-sf",
         action="store_true",
@@ -414,8 +424,11 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    events = list(read_jsonl(str(args.trace)))
-    report = check_trace(events, allow_open=args.allow_open)
+    logs = [list(read_jsonl(str(path))) for path in args.trace]
+    if args.fleet or len(logs) > 1:
+        report = check_fleet(logs, allow_open=args.allow_open)
+    else:
+        report = check_trace(logs[0], allow_open=args.allow_open)
     failed = report.failed(args.strict_sf)
     if args.json:
         print(
@@ -445,7 +458,11 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
                 f"(conditional property, SPEC §6)"
             )
         if failed:
-            console.print(format_prefix(events, failed[0]), markup=False, highlight=False)
+            if len(logs) > 1:
+                console.print(f"in {args.trace[failed[0].log]}:", markup=False)
+            console.print(
+                format_prefix(logs[failed[0].log], failed[0]), markup=False, highlight=False
+            )
             console.print(f"FAIL: {len(failed)} violation(s)")
         else:
             console.print(

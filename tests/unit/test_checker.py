@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from floorguard.analysis.checker import check_trace, format_prefix
-from floorguard.core.contract import DispatchOrder
+from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
+from floorguard.core.contract import DispatchOrder, ExcessPolicy
 from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.guard import Guard
+from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import marquee
+from floorguard.store import MemoryCreditStore
 from tests.helpers import make_config, make_guard, make_request
 
 
@@ -151,3 +154,52 @@ def test_drop_without_a_lower_envelope_is_never_sound():
         TraceEvent(5.0, EventKind.DROP, 1, "a10", reason="doomed"),
     ]
     assert props(check_trace(events)) == ["DR"]
+
+
+def _fleet(shared: bool, excess: ExcessPolicy = ExcessPolicy.REJECT):
+    """Three replicas taking turns with one tenant's arrivals (B = 2 per window), sharing
+    one credit store or (a broken fleet) each keeping its own."""
+    config = make_config(floor=2, slots=(4,), excess=excess)
+    store = MemoryCreditStore()
+    logs = [[] for _ in range(3)]
+    guards = [
+        Guard(
+            config,
+            learner=AlwaysAdmit(),
+            sink=log.append,
+            store=store if shared else MemoryCreditStore(),
+        )
+        for log in logs
+    ]
+    for i in range(12):  # 4 windows × 3 arrivals
+        now = 0.3 * i
+        guard = guards[i % 3]
+        guard.on_arrival(make_request(request_id=f"r{i}", at=now, tenant="a95"), now)
+        for d in guard.poll(now):
+            guard.on_complete(d.request.request_id, now + 0.01)
+    return logs
+
+
+@pytest.mark.parametrize("excess", [ExcessPolicy.REJECT, ExcessPolicy.DEMOTE])
+def test_replicas_sharing_one_floor_pass_the_fleet_check(excess):
+    logs = _fleet(shared=True, excess=excess)
+    report = check_fleet(logs)
+    assert report.ok(), report.violations[:3]
+    assert report.num_entitled == 8  # min(B = 2, 3 offered) in each of 4 windows
+    # alone, a replica's log looks wrong: the others spent credits it cannot see
+    assert not all(check_trace(log).ok() for log in logs)
+
+
+def test_replicas_with_private_floors_over_grant_and_the_fleet_check_says_so():
+    report = check_fleet(_fleet(shared=False))
+    assert "AF" in props(report)
+    assert any("> B = 2" in v.message for v in report.violations)
+
+
+def test_a_refusal_while_the_fleet_had_room_is_an_af_violation():
+    logs = _fleet(shared=True)
+    victim = first(logs[0], EventKind.ADMIT, entitled=True)
+    e = logs[0][victim]
+    logs[0][victim] = e._replace(kind=EventKind.REJECT, entitled=None, reason="floor_exhausted")
+    report = check_fleet(logs)
+    assert any("while the fleet granted" in v.message for v in report.violations)

@@ -15,6 +15,11 @@ violation's position is reported:
 
 SF (an entitled request completes by its deadline) is conditional (SPEC §6): late
 completions are reported, and fail the check only when `strict_sf` is asked for.
+
+`check_fleet` checks the logs of replicas that share one floor (a Redis store): each log
+on its own for everything but AF, and AF across all of them, per tenant and window as the
+shared store reported it (its clock, not the replicas'): no window grants more than `B`,
+and no request was refused from the floor while the fleet's grants left room for it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from floorguard.core.contract import (
     CapacityAction,
@@ -41,7 +46,7 @@ from floorguard.core.events import (
 from floorguard.core.request import RequestId
 from floorguard.errors import TraceError
 
-__all__ = ["CheckReport", "Violation", "check_trace", "format_prefix"]
+__all__ = ["CheckReport", "Violation", "check_fleet", "check_trace", "format_prefix"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Violation:
     """Position of the violating event in the log (0-based); the bad prefix is [0, index]."""
     request_id: RequestId | None
     message: str
+    log: int = 0
+    """Which log (`check_fleet`: its position in the list given)."""
 
 
 @dataclass
@@ -86,9 +93,13 @@ class _Open:
 
 
 class _Checker:
-    def __init__(self, config: GuardConfig, report: CheckReport) -> None:
+    def __init__(
+        self, config: GuardConfig, report: CheckReport, *, shared_floor: bool = False
+    ) -> None:
         self.config = config
         self.report = report
+        self.shared_floor = shared_floor
+        """AF is judged across the fleet's logs (`check_fleet`), not per log."""
         self.floors = {c.tenant: c.floor for c in config.contracts if c.assured}
         self.used: dict[tuple[str, int], int] = {}
         self.granted: Counter[tuple[str, int]] = Counter()
@@ -139,7 +150,7 @@ class _Checker:
         )
         self.requests[rid] = state  # type: ignore[index]
         floor = self.floors.get(event.tenant or "")
-        if floor is None:
+        if floor is None or self.shared_floor:
             return
         schedule = self.config.schedule
         window = math.floor((event.at - schedule.origin_at) / schedule.window_s)
@@ -163,6 +174,8 @@ class _Checker:
 
     def _on_admit(self, event: TraceEvent, state: _Open) -> None:
         state.entitled = bool(event.entitled)
+        if self.shared_floor and state.entitled:
+            self.report.num_entitled += 1
         if state.expected_entitled is not None:
             self._decided(state, event.request_id, state.entitled, "admitted as surplus")
         if state.entitled:
@@ -265,13 +278,96 @@ class _Checker:
 def check_trace(events: Iterable[TraceEvent], *, allow_open: bool = False) -> CheckReport:
     """Check a whole log. `allow_open` accepts requests still open at the end (a live log)."""
     report = CheckReport()
+    _check_one(events, report, allow_open=allow_open, shared_floor=False)
+    return report
+
+
+def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = False) -> CheckReport:
+    """Check the logs of replicas sharing one floor; each violation names its log
+    (`Violation.log`, the position in `logs`)."""
+    report = CheckReport()
+    configs = []
+    for number, events in enumerate(logs):
+        start = len(report.violations)
+        configs.append(_check_one(events, report, allow_open=allow_open, shared_floor=True))
+        report.violations[start:] = [replace(v, log=number) for v in report.violations[start:]]
+    floors = {c.tenant: c.floor for c in configs[0].contracts if c.assured} if configs else {}
+    for config in configs[1:]:
+        if {c.tenant: c.floor for c in config.contracts if c.assured} != floors:
+            raise TraceError("the logs' configs give different floors: not one fleet")
+    if configs:
+        _fleet_af(logs, configs[0], floors, report)
+    return report
+
+
+def _fleet_af(
+    logs: Sequence[Sequence[TraceEvent]],
+    config: GuardConfig,
+    floors: dict[str, int],
+    report: CheckReport,
+) -> None:
+    """AF across replicas, per (tenant, window the store reported)."""
+    weights: dict[RequestId, int] = {}
+    granted: Counter[tuple[str, int]] = Counter()
+    refused: list[tuple[str, int, int, RequestId | None, int, int]] = []
+    for number, events in enumerate(logs):
+        for index, e in enumerate(events):
+            if e.tenant not in floors or e.request_id is None:
+                continue
+            if e.kind is EventKind.ARRIVE:
+                weights[e.request_id] = (
+                    (e.num_prompt_tokens or 0) + (e.num_output_tokens or 0)
+                    if config.meter is MeterKind.TOKEN
+                    else 1
+                )
+                continue
+            if e.window is None:
+                continue
+            key = (e.tenant, e.window)
+            weight = weights.get(e.request_id, 1)
+            if (e.kind is EventKind.ADMIT and e.entitled) or (
+                e.kind is EventKind.REJECT and e.reason == "floor_lowered"
+            ):
+                granted[key] += weight
+            elif e.kind is EventKind.DEMOTE or (
+                e.kind is EventKind.REJECT and e.reason == "floor_exhausted"
+            ):
+                refused.append((*key, weight, e.request_id, number, index))
+    for (tenant, window), total in sorted(granted.items()):
+        if total > floors[tenant]:
+            report.violations.append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: {tenant} was granted {total} > B = {floors[tenant]} from the "
+                    f"floor in window {window}",
+                )
+            )
+    for tenant, window, weight, rid, number, index in refused:
+        if granted[tenant, window] + weight <= floors[tenant]:
+            report.violations.append(
+                Violation(
+                    "AF",
+                    index,
+                    rid,
+                    f"fleet: refused from the floor in window {window} while the fleet "
+                    f"granted {granted[tenant, window]} of B = {floors[tenant]}",
+                    log=number,
+                )
+            )
+
+
+def _check_one(
+    events: Iterable[TraceEvent], report: CheckReport, *, allow_open: bool, shared_floor: bool
+) -> GuardConfig:
     checker: _Checker | None = None
     for index, event in enumerate(events):
         report.num_events += 1
         if event.kind is EventKind.CONFIG:
             if event.data is None:
                 raise TraceError("config event without a configuration")
-            checker = _Checker(config_from_dict(event.data), report)
+            checker = _Checker(config_from_dict(event.data), report, shared_floor=shared_floor)
             continue
         if checker is None:
             raise TraceError("the trace must start with a config event")
@@ -280,11 +376,11 @@ def check_trace(events: Iterable[TraceEvent], *, allow_open: bool = False) -> Ch
     if checker is None:
         raise TraceError("the trace has no config event")
     if not allow_open:
-        checker.index = report.num_events
+        checker.index = index + 1
         for rid, state in checker.requests.items():
             if not state.ended:
                 checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
-    return report
+    return checker.config
 
 
 def format_prefix(events: Sequence[TraceEvent], violation: Violation, context: int = 8) -> str:
