@@ -33,6 +33,7 @@ from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.bench import bench_calibration, bench_sim
 from floorguard.bench_proxy import bench_proxy
+from floorguard.bench_store import bench_store
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
@@ -256,6 +257,16 @@ def _add_bench(commands: Any) -> None:
     bench_proxy_cmd.add_argument("--requests", type=int, default=400)
     bench_proxy_cmd.add_argument("--repeats", type=int, default=2)
     bench_proxy_cmd.add_argument("--json", action="store_true")
+    bench_store_cmd = kinds.add_parser(
+        "store", help="admissions/s with the Redis floor beside raw EVALSHA/s"
+    )
+    bench_store_cmd.add_argument(
+        "--redis", default=None, help="a Redis URL (default: a throw-away local redis-server)"
+    )
+    bench_store_cmd.add_argument("--requests", type=int, default=6_000)
+    bench_store_cmd.add_argument("--concurrency", type=int, default=32)
+    bench_store_cmd.add_argument("--repeats", type=int, default=3)
+    bench_store_cmd.add_argument("--json", action="store_true")
     bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
     bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
     bench_cal.add_argument("--json", action="store_true")
@@ -648,6 +659,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
     elif args.bench == "proxy":
         result = bench_proxy(requests=args.requests, repeats=args.repeats)
+    elif args.bench == "store":
+        if args.requests < args.concurrency or args.concurrency < 1:
+            raise FloorguardError("--requests must be ≥ --concurrency ≥ 1")
+        result = bench_store(
+            redis_url=args.redis,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            repeats=args.repeats,
+        )
     else:
         result = bench_calibration(fit=args.fit)
     if args.json:

@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 
+from floorguard.bench_store import bench_store
 from floorguard.core.contract import WindowSchedule
 from floorguard.core.guard import StoreCall
 from floorguard.proxy.shared_floor import SharedFloor, Unavailable
@@ -145,3 +146,10 @@ def test_an_unreachable_redis_never_hangs_the_call(server, stores, loop):
     started = time.monotonic()
     _take(loop, floor, 0.1, 20)
     assert time.monotonic() - started < 2  # one failed call, then the fallback until retry_s
+
+
+def test_bench_store_measures_both_sides_against_one_redis(server):
+    """`floorguard bench store` runs (its figures are for docs/benchmarks.md, not asserted)."""
+    result = bench_store(redis_url=server.url, requests=64, concurrency=8, repeats=1)
+    assert result["decisions_per_s"] > 0 and result["raw_evalsha_per_s"] > 0
+    assert result["ratio"] == result["decisions_per_s"] / result["raw_evalsha_per_s"]

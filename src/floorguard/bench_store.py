@@ -1,0 +1,110 @@
+"""`floorguard bench store`: admission decisions per second through one guard with the
+Redis-shared floor, beside raw redis-py EVALSHA throughput, in one run.
+
+Both sides run `concurrency` asyncio tasks on one event loop against the same
+`redis-server` (a throw-away one on a free port unless `--redis URL` is given). Raw: each
+task loops on the floor's Lua script (`EVALSHA`). Guard: each task loops on one admission —
+`Guard.store_call`, the awaited EVALSHA through `SharedFloor`, `on_arrival` with the grant,
+then dispatch and completion so the queue stays empty. Sides alternate `repeats` times; the
+best of each is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+
+from floorguard.core.contract import Contract, ContractClass, GuardConfig, WindowSchedule
+from floorguard.core.guard import Guard
+from floorguard.core.request import Request
+from floorguard.learners.adversaries import AlwaysAdmit
+from floorguard.proxy.shared_floor import SharedFloor, Unavailable
+from floorguard.store.local_redis import LocalRedis
+from floorguard.store.redis_store import RedisCreditStore
+
+__all__ = ["bench_store"]
+
+
+async def _raw(store: RedisCreditStore, schedule: WindowSchedule, n: int, tasks: int) -> float:
+    async def worker() -> None:
+        for _ in range(n // tasks):
+            await store.call_async("raw", 1, 1_000_000_000, schedule, 0.0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    return (n // tasks) * tasks / (time.perf_counter() - started)
+
+
+async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> float:
+    ids = itertools.count()
+    schedule = guard.config.schedule
+
+    async def worker() -> None:
+        for _ in range(n // tasks):
+            now = time.time()
+            offered = Request(next(ids), "acme", now, 16)
+            call = guard.store_call(offered, now)
+            assert call is not None
+            grant = await floor.acquire_call(call, schedule, now)
+            guard.on_arrival(offered, now, grant=grant)
+            for decision in guard.poll(now):
+                guard.on_complete(decision.request.request_id, now)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    return (n // tasks) * tasks / (time.perf_counter() - started)
+
+
+async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[str, Any]:
+    schedule = WindowSchedule(1.0)
+    config = GuardConfig(
+        contracts=(Contract("acme", ContractClass.ASSURED, 60.0, floor=1_000_000_000),),
+        schedule=schedule,
+        slots=(concurrency,),
+    )
+    raw_store = RedisCreditStore(url, prefix="bench-raw")
+    store = RedisCreditStore(url, prefix="bench-guard")
+    floor = SharedFloor(
+        store, policy=Unavailable.FAIL_STATIC, replicas=1, retry_s=1.0, clock=time.time
+    )
+    guard = Guard(config, learner=AlwaysAdmit(), store=floor)
+    raw, guarded = [], []
+    try:
+        await _raw(raw_store, schedule, 200, concurrency)  # warm up: connections, scripts
+        await _guarded(guard, floor, 200, concurrency)
+        for _ in range(repeats):
+            raw.append(await _raw(raw_store, schedule, requests, concurrency))
+            guarded.append(await _guarded(guard, floor, requests, concurrency))
+    finally:
+        await raw_store.aclose()
+        await store.aclose()
+    if floor.calls["redis_error"]:
+        raise RuntimeError(f"Redis failed {floor.calls['redis_error']} calls during the bench")
+    return {
+        "decisions_per_s": max(guarded),
+        "raw_evalsha_per_s": max(raw),
+        "ratio": max(guarded) / max(raw),
+        "decisions_per_s_runs": guarded,
+        "raw_evalsha_per_s_runs": raw,
+        "median_ratio": float(np.median(np.array(guarded) / np.array(raw))),
+        "concurrency": concurrency,
+        "requests_per_run": requests,
+        "repeats": repeats,
+    }
+
+
+def bench_store(
+    *,
+    redis_url: str | None = None,
+    requests: int = 6_000,
+    concurrency: int = 32,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    if redis_url is not None:
+        return asyncio.run(_run(redis_url, requests, concurrency, repeats))
+    with LocalRedis() as server:
+        return {**asyncio.run(_run(server.url, requests, concurrency, repeats)), "redis": "local"}
