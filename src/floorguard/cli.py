@@ -636,6 +636,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         ssl_context=server_ssl_context(config.tls) if config.tls else None,
         print=None,
         handler_cancellation=True,
+        shutdown_timeout=config.drain_timeout_s,
     )
     return 0
 

@@ -7,58 +7,35 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
-import yaml
 
 from tests.integration.live import ISSUER, SECRET, token
-from tests.redis_server import RedisServer, free_port
+from tests.integration.processes import emulate, serve, stop
+from tests.redis_server import RedisServer
 
 FLOOR, WINDOW_S = 4, 1.0
-
-
-def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"process exited with {process.returncode}") from None
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on {port}") from None
-            time.sleep(0.1)
-
-
-def _floorguard(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "floorguard", *args])
 
 
 @pytest.fixture
 def fleet(tmp_path):
     redis_server = RedisServer().start()
-    processes = []
-    backend_port = free_port()
-    processes.append(_floorguard("emulate", "--slots", "12", "--port", str(backend_port)))
-    _wait_listening(backend_port, processes[-1])
+    backend, emulator = emulate(slots=12)
+    processes = [emulator]
     replicas = []
     for n in range(3):
-        port, log = free_port(), tmp_path / f"replica-{n}.jsonl"
+        log = tmp_path / f"replica-{n}.jsonl"
         config = {
-            "port": port,
             "window_s": WINDOW_S,
             "replica": f"r{n}",
             "contracts": [
                 {"tenant": "acme", "class": "assured", "floor": FLOOR, "deadline_ms": 1820},
                 {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
             ],
-            "backends": [{"url": f"http://127.0.0.1:{backend_port}", "slots": 4}],
+            "backends": [{"url": backend, "slots": 4}],
             "identity": {
                 "mode": "jwt",
                 "jwt": {"algorithms": ["HS256"], "secret": SECRET, "issuer": ISSUER,
@@ -67,16 +44,11 @@ def fleet(tmp_path):
             "store": {"url": redis_server.url, "replicas": 3},
             "decision_log": str(log),
         }  # fmt: skip
-        path = tmp_path / f"replica-{n}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        processes.append(_floorguard("serve", "--config", str(path)))
-        _wait_listening(port, processes[-1])
-        replicas.append((f"http://127.0.0.1:{port}", log, processes[-1]))
+        url, process = serve(config, tmp_path / f"replica-{n}.yaml")
+        processes.append(process)
+        replicas.append((url, log, process))
     yield replicas
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    stop(*processes)
     redis_server.close()
 
 

@@ -11,6 +11,7 @@ in the guard exactly once, so the slot is always released.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -88,6 +89,8 @@ class GuardServer:
         self._mtls = config.identity.mode == "mtls"
         self._log = DecisionLog(config.decision_log) if config.decision_log else None
         self._background: list[asyncio.Task[None]] = []
+        self.draining = False
+        """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
         self.backend_healthy = [False] * len(config.backends)
         """Whether each backend answered its last health probe (for `/readyz`)."""
         guard_config = config.guard_config()
@@ -267,7 +270,14 @@ class GuardServer:
             {"Retry-After": str(retry), "x-floorguard-decision": "rejected"},
         )
 
+    async def drain(self, _: web.Application) -> None:
+        self.draining = True
+
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        if self.draining:
+            return _error(
+                503, "draining", "this guard is shutting down; retry", {"Connection": "close"}
+            )
         try:
             tenant, raw, body, max_tokens = await self._parse(request)
         except _RefusedError as refused:
@@ -413,8 +423,12 @@ class GuardServer:
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError("the client went away mid-stream")
                 await response.write(chunk)
-        except aiohttp.ClientError:
+        except aiohttp.ClientError as exc:
             end("fail", "upstream_broke_mid_stream")
+            error = error_body("upstream_broke_mid_stream", f"the backend stream broke: {exc}")
+            with contextlib.suppress(ConnectionResetError):  # tell the client, if still there
+                await response.write(b"data: " + orjson.dumps(error) + b"\n\n")
+                await response.write_eof()
             return response
         end("complete")
         await response.write_eof()
@@ -521,7 +535,7 @@ def create_app(
             for b, healthy in zip(config.backends, server.backend_healthy, strict=True)
         ]
         up = server._session is not None and not server._session.closed
-        ready = up and any(server.backend_healthy)
+        ready = up and any(server.backend_healthy) and not server.draining
         body: dict[str, Any] = {"ready": ready, "backends": backends}
         if server.shared_floor is not None:
             body["store"] = server.store_status()
@@ -549,5 +563,6 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/status", admin_status)
     app.on_startup.append(server.start)
+    app.on_shutdown.append(server.drain)
     app.on_cleanup.append(server.stop)
     return app

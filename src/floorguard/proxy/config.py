@@ -141,6 +141,9 @@ class GuardServerConfig(_Strict):
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
     limits: LimitsSpec = LimitsSpec()
     upstream_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    """On SIGTERM: stop accepting, answer 503 `draining`, and give in-flight requests this
+    long to finish before exiting."""
     health_interval_s: float = Field(default=2.0, gt=0, le=300)
     """How often each backend's `health_path` is probed; `/readyz` is 200 while at least
     one backend answered its last probe."""

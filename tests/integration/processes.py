@@ -1,0 +1,55 @@
+"""`floorguard` subprocesses for tests that need real processes (signals, crashes)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.redis_server import free_port
+
+
+def wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"process exited with {process.returncode}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on {port}") from None
+            time.sleep(0.1)
+
+
+def floorguard(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "floorguard", *args])
+
+
+def emulate(slots: int = 4) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    process = floorguard("emulate", "--slots", str(slots), "--port", str(port))
+    wait_listening(port, process)
+    return f"http://127.0.0.1:{port}", process
+
+
+def serve(config: dict[str, Any], path: Path) -> tuple[str, subprocess.Popen]:
+    """`floorguard serve` on a free port with `config` (written to `path`)."""
+    port = free_port()
+    path.write_text(yaml.safe_dump({**config, "port": port}))
+    process = floorguard("serve", "--config", str(path))
+    wait_listening(port, process)
+    return f"http://127.0.0.1:{port}", process
+
+
+def stop(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

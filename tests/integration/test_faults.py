@@ -1,0 +1,200 @@
+"""The fault matrix: each fault ends every request in exactly one terminal outcome (the
+decision log verifies), and the guard keeps serving afterwards.
+
+Backend refusing connections and client disconnect mid-stream are in test_proxy.py."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from floorguard.analysis.checker import check_fleet, check_trace
+from floorguard.core.events import EventKind, read_jsonl
+from floorguard.proxy.app import SERVER
+from tests.integration.live import guard_config, token
+from tests.integration.processes import emulate, serve, stop
+from tests.redis_server import RedisServer
+
+BEARER = {t: {"Authorization": f"Bearer {token(t)}"} for t in ("acme", "free")}
+
+
+def body(tokens=4, stream=False):
+    return {"model": "m", "prompt": "x", "max_tokens": tokens, "stream": stream}
+
+
+async def _post(url, tenant="acme", tokens=4):
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/completions", json=body(tokens), headers=BEARER[tenant]) as r,
+    ):
+        return r.status, await r.json(content_type=None)
+
+
+async def _stream(url, tokens, *, on_first=None, read_delay_s=0.0):
+    """Stream a completion; returns (status, the SSE data lines)."""
+    lines = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            url + "/v1/completions", json=body(tokens, stream=True), headers=BEARER["acme"]
+        ) as r,
+    ):
+        async for line in r.content:
+            if line.startswith(b"data: "):
+                lines.append(line[6:].strip())
+                if len(lines) == 1 and on_first is not None:
+                    on_first()
+                await asyncio.sleep(read_delay_s)
+        return r.status, lines
+
+
+def _verified(live, app, log):
+    live.flush_log(app)
+    events = list(read_jsonl(str(log)))
+    report = check_trace(events)
+    assert report.ok(), report.violations[:3]
+    return events
+
+
+def test_backend_crash_mid_stream_fails_that_request_and_the_guard_keeps_serving(live, tmp_path):
+    backend, emulator = emulate()
+    log = tmp_path / "crash.jsonl"
+    url, app = live.guard(guard_config(backend, decision_log=str(log)))
+    try:
+        status, lines = live.run(_stream(url, 100, on_first=emulator.kill))
+    finally:
+        stop(emulator)
+    assert status == 200
+    assert b"[DONE]" not in lines
+    assert b"upstream_broke_mid_stream" in lines[-1]  # the client is told, in the stream
+    assert app[SERVER].guard.num_in_flight == 0
+    assert live.run(_post(url))[0] == 502  # the backend is gone: 502, promptly
+    events = _verified(live, app, log)
+    failed = next(e for e in events if e.kind is EventKind.FAIL)
+    assert failed.reason == "upstream_broke_mid_stream"
+
+
+async def _hanging_backend():
+    """Accepts connections, reads, and never answers."""
+    held = []
+
+    async def hold(reader, writer):
+        held.append(writer)  # keep the connection open; answer nothing
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    return server, held, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _gather(*coroutines):
+    return await asyncio.gather(*coroutines)
+
+
+def test_a_hanging_backend_is_504_after_the_upstream_timeout(live, tmp_path):
+    server, held, backend = live.run(_hanging_backend())
+    log = tmp_path / "hang.jsonl"
+    url, app = live.guard(guard_config(backend, decision_log=str(log), upstream_timeout_s=0.5))
+    started = time.monotonic()
+    results = live.run(_gather(*(_post(url) for _ in range(3))))
+    assert [status for status, _ in results] == [504] * 3
+    assert all(payload["error"]["type"] == "upstream_timeout" for _, payload in results)
+    assert time.monotonic() - started < 5
+    assert app[SERVER].guard.num_in_flight == 0
+    live.run(_close(server, held))
+    _verified(live, app, log)
+
+
+async def _close(server, held):
+    for writer in held:
+        writer.close()
+    server.close()
+
+
+def test_a_slow_client_gets_its_whole_stream_and_others_are_served_meanwhile(live, tmp_path):
+    log = tmp_path / "slow.jsonl"
+    url, app = live.guard(guard_config(live.emulator(), decision_log=str(log)))
+
+    async def both():
+        slow = asyncio.create_task(_stream(url, 30, read_delay_s=0.05))
+        await asyncio.sleep(0.2)
+        fast = await _post(url, "acme", 4)
+        return await slow, fast
+
+    (status, lines), fast = live.run(both())
+    assert status == 200 and lines[-1] == b"[DONE]" and len(lines) == 31
+    assert fast[0] == 200
+    _verified(live, app, log)
+
+
+def test_redis_killed_and_restarted_mid_run(live, tmp_path):
+    redis_server = RedisServer().start()
+    log = tmp_path / "redis.jsonl"
+    config = guard_config(
+        live.emulator(),
+        floor=2,
+        window_s=2.0,
+        decision_log=str(log),
+        store={"url": redis_server.url, "replicas": 1, "timeout_ms": 100, "retry_s": 0.3},
+    )
+    url, app = live.guard(config)
+    server = app[SERVER]
+    try:
+        time.sleep(2.0 - time.time() % 2.0 + 0.05)  # start just after a window begins
+        assert live.run(_post(url))[0] == 200
+        redis_server.kill()
+        outcomes = [live.run(_post(url))[0] for _ in range(3)]
+        assert outcomes == [429] * 3  # fail-static: nothing more in the window Redis was lost
+        assert server.shared_floor.degraded
+        time.sleep(2.0 - time.time() % 2.0 + 0.05)  # the next window: ⌊B/N⌋ = 2 local
+        assert live.run(_post(url))[0] == 200
+        redis_server.start()
+        time.sleep(0.4)  # past retry_s
+        assert live.run(_post(url))[0] in (200, 429)
+        assert not server.shared_floor.degraded
+        assert server.status()["store"]["state"] == "shared"
+    finally:
+        redis_server.close()
+    live.flush_log(app)
+    report = check_fleet([list(read_jsonl(str(log)))])
+    # AF is conditional on the shared store: only the three refusals made while Redis was
+    # away (in the window it was lost in) break it; every request has one outcome.
+    assert [v.prop for v in report.violations] == ["AF"] * 3, report.violations
+    assert report.num_requests == sum(report.counts.values()) == 6
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(tmp_path):
+    backend, emulator = emulate()
+    log = tmp_path / "drain.jsonl"
+    config = guard_config(backend, decision_log=str(log)).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    url, guard = serve(config, tmp_path / "guard.yaml")
+    try:
+        status, lines = asyncio.run(
+            _stream(url, 60, on_first=lambda: guard.send_signal(signal.SIGTERM))
+        )
+        assert status == 200 and lines[-1] == b"[DONE]" and len(lines) == 61  # it finished
+        assert guard.wait(20) == 0
+        with pytest.raises(aiohttp.ClientError):
+            asyncio.run(_post(url))  # nothing listens any more
+    finally:
+        stop(guard, emulator)
+    events = list(read_jsonl(str(log)))
+    assert check_trace(events).ok()
+    assert [e.kind for e in events].count(EventKind.COMPLETE) == 1
+
+
+def test_a_draining_guard_answers_503_and_is_not_ready(live):
+    url, app = live.guard(guard_config(live.emulator()))
+    app[SERVER].draining = True
+    status, payload = live.run(_post(url))
+    assert (status, payload["error"]["type"]) == (503, "draining")
+
+    async def readyz():
+        async with aiohttp.ClientSession() as s, s.get(url + "/readyz") as r:
+            return r.status
+
+    assert live.run(readyz()) == 503
