@@ -33,6 +33,7 @@ from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.bench import bench_calibration, bench_sim
 from floorguard.bench_proxy import bench_proxy
+from floorguard.bench_soak import bench_soak
 from floorguard.bench_store import bench_store
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
@@ -267,6 +268,14 @@ def _add_bench(commands: Any) -> None:
     bench_store_cmd.add_argument("--concurrency", type=int, default=32)
     bench_store_cmd.add_argument("--repeats", type=int, default=3)
     bench_store_cmd.add_argument("--json", action="store_true")
+    bench_soak_cmd = kinds.add_parser(
+        "soak", help="sustained overload: the floor per window, p99, RSS and descriptors"
+    )
+    bench_soak_cmd.add_argument("--minutes", type=float, default=5.0)
+    bench_soak_cmd.add_argument(
+        "--overload", type=float, default=10.0, help="opportunistic load × backend capacity"
+    )
+    bench_soak_cmd.add_argument("--json", action="store_true")
     bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
     bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
     bench_cal.add_argument("--json", action="store_true")
@@ -660,6 +669,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
     elif args.bench == "proxy":
         result = bench_proxy(requests=args.requests, repeats=args.repeats)
+    elif args.bench == "soak":
+        if not args.minutes > 0 or not args.overload > 0:
+            raise FloorguardError("--minutes and --overload must be > 0")
+        result = bench_soak(minutes=args.minutes, overload=args.overload)
     elif args.bench == "store":
         if args.requests < args.concurrency or args.concurrency < 1:
             raise FloorguardError("--requests must be ≥ --concurrency ≥ 1")
