@@ -37,7 +37,7 @@ from floorguard.proxy.decision_log import DecisionLog
 from floorguard.proxy.identity import AuthError, create_identity
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
-from floorguard.proxy.openai_format import error_body
+from floorguard.proxy.openai_format import BadRequestError, error_body, parse_body
 from floorguard.proxy.shared_floor import SharedFloor
 from floorguard.store.base import Grant
 from floorguard.store.redis_store import RedisCreditStore
@@ -215,27 +215,13 @@ class GuardServer:
         if len(raw) > limit:
             raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise _RefusedError(
-                _error(400, "invalid_json", f"the body is not JSON: {exc}")
-            ) from exc
-        if not isinstance(body, dict):
-            raise _RefusedError(_error(400, "invalid_request", "the body must be a JSON object"))
-        max_tokens = body.get(
-            "max_tokens", body.get("max_completion_tokens", self.config.limits.default_max_tokens)
-        )
-        cap = self.config.limits.max_tokens
-        if type(max_tokens) is not int or not 1 <= max_tokens <= cap:
-            raise _RefusedError(
-                _error(
-                    400,
-                    "invalid_max_tokens",
-                    f"max_tokens = {max_tokens!r}: must be an integer in [1, {cap}]",
-                )
+            body, max_tokens = parse_body(
+                raw,
+                max_tokens_cap=self.config.limits.max_tokens,
+                default_max_tokens=self.config.limits.default_max_tokens,
             )
-        if not isinstance(body.get("stream", False), bool):
-            raise _RefusedError(_error(400, "invalid_request", "stream must be true or false"))
+        except BadRequestError as exc:
+            raise _RefusedError(_error(exc.status, exc.kind, str(exc))) from exc
         return tenant, raw, body, max_tokens
 
     async def _charge_shared_floor(self, offered: Request, call: StoreCall) -> Grant:

@@ -6,7 +6,9 @@ import json
 import time
 from typing import Any
 
-__all__ = ["completion_body", "error_body", "stream_chunk"]
+import orjson
+
+__all__ = ["BadRequestError", "completion_body", "error_body", "parse_body", "stream_chunk"]
 
 
 def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -58,3 +60,40 @@ def stream_chunk(
         "choices": [choice],
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class BadRequestError(Exception):
+    """A request body the guard refuses before it reaches the core (400/413)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def parse_body(
+    raw: bytes, *, max_tokens_cap: int, default_max_tokens: int
+) -> tuple[dict[str, Any], int]:
+    """The body as a JSON object and its output-token cap (`max_tokens`, else
+    `max_completion_tokens`, else the default; null means the default). Anything else is a
+    BadRequestError naming what is wrong; nothing else is ever raised."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(400, "invalid_json", f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError(400, "invalid_request", "the body must be a JSON object")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if type(max_tokens) is not int or not 1 <= max_tokens <= max_tokens_cap:
+        raise BadRequestError(
+            400,
+            "invalid_max_tokens",
+            f"max_tokens = {max_tokens!r:.40}: must be an integer in [1, {max_tokens_cap}]",
+        )
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequestError(400, "invalid_request", "stream must be true or false")
+    return body, max_tokens
