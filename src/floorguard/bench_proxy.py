@@ -14,6 +14,8 @@ import multiprocessing
 import socket
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -25,7 +27,7 @@ from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.openai_format import completion_body
 
-__all__ = ["bench_proxy"]
+__all__ = ["bench_proxy", "serving_in_child"]
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 PATHS = ("direct", "passthrough", "floorguard")
@@ -172,14 +174,24 @@ async def _client(ports: list[int], requests: int, repeats: int) -> dict[str, An
 
 def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
     ports = _free_ports(3)
+    with serving_in_child(_serve_forever, ports):
+        return asyncio.run(_client(ports, requests, repeats))
+
+
+@contextmanager
+def serving_in_child(
+    serve: Callable[[list[int], str], None], ports: list[int]
+) -> Iterator[multiprocessing.process.BaseProcess]:
+    """Run `serve(ports, decision_log_path)` in a spawned child until every port listens;
+    the child is terminated on exit."""
     with tempfile.TemporaryDirectory() as tmp:
         child = multiprocessing.get_context("spawn").Process(
-            target=_serve_forever, args=(ports, f"{tmp}/decisions.jsonl"), daemon=True
+            target=serve, args=(ports, f"{tmp}/decisions.jsonl"), daemon=True
         )
         child.start()
         try:
             _wait_listening(ports)
-            return asyncio.run(_client(ports, requests, repeats))
+            yield child
         finally:
             child.terminate()
             child.join(5)

@@ -12,9 +12,7 @@ class; RSS and descriptor counts over time, and their growth after the warm-up.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +24,7 @@ import numpy as np
 from aiohttp import web
 from rich.progress import Progress
 
-from floorguard.bench_proxy import _free_ports, _wait_listening
+from floorguard.bench_proxy import _free_ports, serving_in_child
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.emulator import Emulator, create_emulator_app
@@ -178,17 +176,8 @@ def bench_soak(*, minutes: float = 5.0, overload: float = 10.0) -> dict[str, Any
     seconds = minutes * 60
     capacity, _ = saturated_capacity(get_profile("v100-moe"), TOKENS, SLOTS)
     ports = _free_ports(2)
-    with tempfile.TemporaryDirectory() as tmp:
-        child = multiprocessing.get_context("spawn").Process(
-            target=_serve, args=(ports, f"{tmp}/decisions.jsonl"), daemon=True
-        )
-        child.start()
-        try:
-            _wait_listening(ports)
-            assert child.pid is not None
-            url = f"http://127.0.0.1:{ports[1]}/v1/completions"
-            run = asyncio.run(_load(url, child.pid, seconds, overload * capacity))
-        finally:
-            child.terminate()
-            child.join(5)
+    with serving_in_child(_serve, ports) as child:
+        assert child.pid is not None
+        url = f"http://127.0.0.1:{ports[1]}/v1/completions"
+        run = asyncio.run(_load(url, child.pid, seconds, overload * capacity))
     return _report(run, seconds, overload, capacity)
