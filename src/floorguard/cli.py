@@ -35,6 +35,7 @@ from floorguard.bench import bench_calibration, bench_sim
 from floorguard.bench_proxy import bench_proxy
 from floorguard.bench_soak import bench_soak
 from floorguard.bench_store import bench_store
+from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
@@ -55,7 +56,7 @@ from floorguard.screen.model import (
     screen,
 )
 from floorguard.sim.probe import fit_probe_model
-from floorguard.sim.profiles import PROFILES
+from floorguard.sim.profiles import PROFILES, save_profile
 from floorguard.sim.run import SimRun, simulate_once
 from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
 from floorguard.sim.workloads import build_requests
@@ -93,7 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--reps", type=int, default=1, help="independent seeded runs (default 1)")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--profile", choices=sorted(PROFILES), help="service profile override")
+    sim.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"service profile override: {', '.join(sorted(PROFILES))} or a calibrated .yaml",
+    )
     sim.add_argument("--floor", type=int, help="B: credits per window of every assured tenant")
     sim.add_argument("--slots", type=int, help="C: slots of every backend")
     sim.add_argument("--deadline-ms", type=float, help="deadline budget of every contract")
@@ -234,8 +239,23 @@ def _add_http(commands: Any) -> None:
     demo.add_argument("--json", action="store_true")
     serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
     serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
+    cal = commands.add_parser(
+        "calibrate", help="probe an OpenAI-compatible backend and fit a service profile"
+    )
+    cal.add_argument("--backend", required=True, help="the backend's base URL")
+    cal.add_argument("--model", required=True, help="the model name it serves")
+    cal.add_argument("--slots", type=int, default=4, help="its --max-num-seqs (C)")
+    cal.add_argument("--reps", type=int, default=3, help="samples per output length, alone")
+    cal.add_argument("--name", default="calibrated", help="the profile's name")
+    cal.add_argument("--out", type=Path, help="write the profile (YAML) here")
+    cal.add_argument("--json", action="store_true")
     emulate = commands.add_parser("emulate", help="an OpenAI-compatible emulated backend")
-    emulate.add_argument("--profile", choices=sorted(PROFILES), default="v100-moe")
+    emulate.add_argument(
+        "--profile",
+        default="v100-moe",
+        metavar="NAME|FILE",
+        help=f"{', '.join(sorted(PROFILES))} or a calibrated profile .yaml",
+    )
     emulate.add_argument("--slots", type=int, default=4)
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=int, default=8001)
@@ -650,6 +670,38 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    if args.reps < 1:
+        raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
+    if not args.json:
+        console.print(f"probing {args.backend} ({args.model}, C = {args.slots})…", markup=False)
+    result = calibrate(args.backend, args.model, slots=args.slots, reps=args.reps, name=args.name)
+    measured = result.measured(args.backend, args.model)
+    if args.out is not None:
+        save_profile(result.profile, args.out, measured=measured)
+    p = result.profile
+    summary = {
+        "profile": {
+            "prefill_ms": p.prefill_s * 1e3,
+            "step_1_ms": p.step_1_s * 1e3,
+            "step_full_ms": p.step_full_s * 1e3,
+            "coupling_shape": p.coupling_shape,
+            "jitter_mean": p.jitter_mean,
+            "jitter_cap": p.jitter_cap,
+            "L_ms_at_16": p.lower.at(16) * 1e3,
+            "s_max_ms_at_16": p.ceiling.at(16) * 1e3,
+        },
+        "mu_sat_per_s": result.mu_sat_per_s,
+        "residuals": result.residuals,
+        "out": str(args.out) if args.out else None,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        console.print_json(json.dumps(summary))
+    return 0
+
+
 def cmd_emulate(args: argparse.Namespace, console: Console) -> int:
     if args.slots < 1:
         raise FloorguardError(f"--slots = {args.slots}: must be ≥ 1")
@@ -700,6 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": cmd_demo,
         "load": cmd_load,
         "emulate": cmd_emulate,
+        "calibrate": cmd_calibrate,
         "simulate": cmd_simulate,
         "verify": cmd_verify,
         "experiment": cmd_experiment,

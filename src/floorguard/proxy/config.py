@@ -173,8 +173,8 @@ class GuardServerConfig(_Strict):
     @field_validator("profile")
     @classmethod
     def _known_profile(cls, value: str | None) -> str | None:
-        if value is not None and value not in PROFILES:
-            raise ValueError(f"must be one of {sorted(PROFILES)} or null")
+        if value is not None and value not in PROFILES and not value.endswith((".yaml", ".yml")):
+            raise ValueError(f"must be one of {sorted(PROFILES)}, a profile .yaml, or null")
         return value
 
     def guard_config(self) -> GuardConfig:

@@ -27,12 +27,17 @@ other prefills — so the doom gate is sound by construction on this model.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from floorguard.core.contract import AffineEnvelope
 from floorguard.errors import ConfigError, require
 
-__all__ = ["PROFILES", "ServiceProfile", "get_profile"]
+__all__ = ["PROFILES", "ServiceProfile", "get_profile", "load_profile", "save_profile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,54 @@ PROFILES: dict[str, ServiceProfile] = {p.name: p for p in (V100_MOE, ADA_FP8, DE
 
 
 def get_profile(name: str) -> ServiceProfile:
+    """A shipped profile by name, or a profile file (`floorguard calibrate --out`) by path."""
     profile = PROFILES.get(name)
-    if profile is None:
-        raise ConfigError("profile", name, f"must be one of {sorted(PROFILES)}")
-    return profile
+    if profile is not None:
+        return profile
+    if name.endswith((".yaml", ".yml")):
+        return load_profile(Path(name))
+    raise ConfigError("profile", name, f"must be one of {sorted(PROFILES)} or a profile .yaml file")
+
+
+_FIELDS = (
+    "name",
+    "prefill_s",
+    "step_1_s",
+    "step_full_s",
+    "coupling_shape",
+    "reference_slots",
+    "jitter_mean",
+    "jitter_cap",
+    "prefill_per_prompt_token_s",
+)
+
+
+def save_profile(
+    profile: ServiceProfile, path: Path, *, measured: Mapping[str, Any] | None = None
+) -> None:
+    """Write a profile as YAML; `measured` (probe results, residuals, provenance) is kept
+    beside it for the reader and ignored when loading."""
+    data: dict[str, Any] = {name: getattr(profile, name) for name in _FIELDS}
+    data["ceiling"] = {"base_s": profile.ceiling.base_s, "per_token_s": profile.ceiling.per_token_s}
+    if measured:
+        data["measured"] = dict(measured)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def load_profile(path: Path) -> ServiceProfile:
+    """A profile written by `save_profile`; a bad file is a ConfigError naming the key."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError("profile", str(path), f"cannot be read as YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("profile", str(path), "must be a YAML mapping")
+    missing = [name for name in (*_FIELDS, "ceiling") if name not in data]
+    if missing:
+        raise ConfigError("profile", str(path), f"misses {missing}")
+    try:
+        bound = data["ceiling"]
+        ceiling = AffineEnvelope(float(bound["base_s"]), float(bound["per_token_s"]))
+        return ServiceProfile(**{name: data[name] for name in _FIELDS}, ceiling=ceiling)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ConfigError("profile", str(path), f"is not a service profile ({exc})") from exc

@@ -1,0 +1,222 @@
+"""`floorguard calibrate`: measure an OpenAI-compatible backend (vLLM, or the emulator) and
+fit the simulator's service model to it, so the simulator, the screen and the guard's doom
+gate use what this backend really does.
+
+Every probe pins the output length (`max_tokens` = `min_tokens` = ℓ, `ignore_eos`), so a
+service time is a function of ℓ and of what else runs. Probes, in order:
+
+1. **alone**: one request at a time, ℓ ∈ {1, 16, 32, 64}, `reps` each. A line through the
+   per-ℓ minima gives `prefill_s` (intercept) and `step_1_s` (slope); the intercept is then
+   lowered until no sample falls below the line, so `L(ℓ)` is a sound lower envelope for
+   every service seen. The samples' excess over `L` gives the jitter (mean and cap).
+2. **together**: `n` requests of ℓ = 32 started at once, n = 2…C. The last one completes after
+   n prefills and 32 steps of n: `step(n) = (t_n − n·prefill_s) / 32`. `step_full_s` is
+   `step(C)`; the coupling shape `r` is the grid value that fits step(2…C−1) best.
+3. **saturated**: C workers each send 8 requests of ℓ = 16 back to back, so the backend
+   always runs C and nothing waits in its queue. μ_sat is the completion rate over the
+   middle 80 % of completions; the largest service seen sets the ceiling `s_max(ℓ)`: the
+   full-batch line `C·prefill_s + ℓ·step_full_s`, scaled through that maximum (never below
+   the line itself).
+
+Residuals (model against measurement, per probe) are reported and written with the profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from floorguard.core.contract import AffineEnvelope
+from floorguard.errors import FloorguardError
+from floorguard.sim.profiles import ServiceProfile
+
+__all__ = ["CalibrationError", "CalibrationResult", "calibrate"]
+
+ALONE_TOKENS = (1, 16, 32, 64)
+TOGETHER_TOKENS = 32
+FLOOD_TOKENS = 16
+FLOOD_PER_SLOT = 8
+
+
+class CalibrationError(FloorguardError):
+    """The backend could not be probed (unreachable, refusing, or answering nonsense)."""
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    profile: ServiceProfile
+    mu_sat_per_s: float
+    """Measured saturated completion rate at ℓ = 16."""
+    alone_s: dict[int, list[float]]
+    together_s: dict[int, float]
+    """n → when the last of n simultaneous ℓ = 32 requests completed."""
+    flood_max_s: float
+    residuals: dict[str, Any]
+
+    def measured(self, backend: str, model: str) -> dict[str, Any]:
+        """What to keep beside the profile in its file."""
+        return {
+            "backend": backend,
+            "model": model,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mu_sat_per_s": self.mu_sat_per_s,
+            "alone_s": {k: [round(x, 6) for x in v] for k, v in self.alone_s.items()},
+            "together_s": {k: round(v, 6) for k, v in self.together_s.items()},
+            "flood_max_s": self.flood_max_s,
+            "residuals": self.residuals,
+        }
+
+
+async def _service(session: aiohttp.ClientSession, url: str, model: str, tokens: int) -> float:
+    body = {
+        "model": model,
+        "prompt": "floorguard calibration",
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "ignore_eos": True,
+    }
+    started = time.perf_counter()
+    try:
+        async with session.post(url, json=body) as response:
+            payload = await response.read()
+            if response.status != 200:
+                raise CalibrationError(
+                    f"{url} answered {response.status}: {payload[:200].decode(errors='replace')}"
+                )
+    except aiohttp.ClientError as exc:
+        raise CalibrationError(f"{url} cannot be reached: {exc}") from exc
+    return time.perf_counter() - started
+
+
+async def _together(
+    session: aiohttp.ClientSession, url: str, model: str, n: int, tokens: int
+) -> list[float]:
+    return list(await asyncio.gather(*(_service(session, url, model, tokens) for _ in range(n))))
+
+
+def _fit_alone(alone: dict[int, list[float]]) -> tuple[float, float, float, float]:
+    """(prefill_s, step_1_s, jitter_mean, jitter_cap) from the alone probe."""
+    ells = np.array(sorted(alone), dtype=float)
+    minima = np.array([min(alone[int(ell)]) for ell in ells])
+    fitted_slope, fitted_intercept = np.polyfit(ells, minima, 1)
+    slope, intercept = max(float(fitted_slope), 1e-6), float(fitted_intercept)
+    # lower the intercept until every sample is at or above the line (a sound L)
+    worst = max(
+        slope * ell + intercept - sample for ell, samples in alone.items() for sample in samples
+    )
+    intercept = max(0.0, intercept - max(0.0, worst))
+    excess = [
+        (sample - intercept) / (slope * ell) - 1
+        for ell, samples in alone.items()
+        if ell >= 16
+        for sample in samples
+    ]
+    excess = [max(0.0, e) for e in excess]
+    return intercept, slope, float(np.mean(excess)), float(max(excess))
+
+
+def _fit_together(
+    together: dict[int, float], prefill_s: float, step_1_s: float, slots: int
+) -> tuple[float, float, dict[int, float]]:
+    """(step_full_s, coupling_shape, step(n) measured)."""
+    steps = {n: max(step_1_s, (t - n * prefill_s) / TOGETHER_TOKENS) for n, t in together.items()}
+    step_full = steps[slots]
+    best_r, best_err = 1.0, math.inf
+    for r in np.linspace(0.0, 1.0, 101):
+        probe = ServiceProfile(
+            "fit",
+            prefill_s,
+            step_1_s,
+            step_full,
+            AffineEnvelope(0.0, 0.0),
+            coupling_shape=float(r),
+            reference_slots=slots,
+        )
+        err = sum((probe.step_s(n) - s) ** 2 for n, s in steps.items())
+        if err < best_err:
+            best_r, best_err = float(r), err
+    return step_full, best_r, steps
+
+
+async def _probe(
+    url: str, model: str, slots: int, reps: int, timeout_s: float
+) -> tuple[dict[int, list[float]], dict[int, float], list[float], float]:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await _service(session, url, model, 1)  # warm up (and fail fast if unreachable)
+        alone: dict[int, list[float]] = {ell: [] for ell in ALONE_TOKENS}
+        for _ in range(reps):
+            for ell in ALONE_TOKENS:
+                alone[ell].append(await _service(session, url, model, ell))
+        together: dict[int, float] = {}
+        for n in range(2, slots + 1):
+            lasts = [await _together(session, url, model, n, TOGETHER_TOKENS) for _ in range(2)]
+            together[n] = min(max(last) for last in lasts)
+        started = time.perf_counter()
+        workers = await asyncio.gather(
+            *(_keep_busy(session, url, model, started, FLOOD_PER_SLOT) for _ in range(slots))
+        )
+        flood = [run for worker in workers for run in worker]
+        ends = sorted(end for end, _ in flood)
+        lo, hi = len(ends) // 10, len(ends) * 9 // 10
+        mu_sat = (hi - 1 - lo) / (ends[hi - 1] - ends[lo]) if ends[hi - 1] > ends[lo] else math.nan
+        return alone, together, [service for _, service in flood], mu_sat
+
+
+async def _keep_busy(
+    session: aiohttp.ClientSession, url: str, model: str, started: float, count: int
+) -> list[tuple[float, float]]:
+    """One of C workers keeping the backend full: (completed at, service) per request."""
+    runs = []
+    for _ in range(count):
+        service = await _service(session, url, model, FLOOD_TOKENS)
+        runs.append((time.perf_counter() - started, service))
+    return runs
+
+
+def calibrate(
+    backend: str,
+    model: str,
+    *,
+    slots: int = 4,
+    reps: int = 3,
+    name: str = "calibrated",
+    timeout_s: float = 120.0,
+) -> CalibrationResult:
+    """Probe `backend` (its `/v1/completions`) serving `model` with `slots` sequences at
+    most (vLLM's `--max-num-seqs`) and fit a profile named `name`."""
+    if slots < 2:
+        raise CalibrationError(f"slots = {slots}: the coupling fit needs at least 2")
+    url = backend.rstrip("/") + "/v1/completions"
+    alone, together, flood, mu_sat = asyncio.run(_probe(url, model, slots, reps, timeout_s))
+    prefill_s, step_1_s, jitter_mean, jitter_cap = _fit_alone(alone)
+    step_full_s, shape, steps = _fit_together(together, prefill_s, step_1_s, slots)
+    full_line = AffineEnvelope(slots * prefill_s, step_full_s)
+    scale = max(1.0, max(flood) / full_line.at(FLOOD_TOKENS))
+    profile = ServiceProfile(
+        name=name,
+        prefill_s=prefill_s,
+        step_1_s=step_1_s,
+        step_full_s=step_full_s,
+        ceiling=AffineEnvelope(full_line.base_s * scale, full_line.per_token_s * scale),
+        coupling_shape=shape,
+        reference_slots=slots,
+        jitter_mean=jitter_mean,
+        jitter_cap=jitter_cap,
+    )
+    residuals = {
+        "alone_median_rel": {
+            ell: float(np.median(v)) / profile.lower.at(ell) - 1 for ell, v in alone.items()
+        },
+        "step_rel": {n: profile.step_s(n) / s - 1 for n, s in steps.items()},
+        "samples_below_L": sum(
+            s < profile.lower.at(ell) - 1e-9 for ell, v in alone.items() for s in v
+        ),
+    }
+    return CalibrationResult(profile, mu_sat, alone, together, max(flood), residuals)

@@ -1,0 +1,47 @@
+"""`floorguard calibrate` against a backend whose service model is known — the emulator,
+running v100-moe over real HTTP — recovers that model, writes a profile the simulator and
+the guard load, and keeps its lower envelope below every service it saw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from floorguard.calibrate import CalibrationError, calibrate
+from floorguard.cli import main
+from floorguard.sim.calibration import saturated_capacity
+from floorguard.sim.profiles import V100_MOE, get_profile, load_profile, save_profile
+from tests.integration.live import guard_config
+
+
+@pytest.fixture(scope="module")
+def result(live):
+    return calibrate(live.emulator("v100-moe", slots=4), "m", slots=4, reps=2)
+
+
+def test_calibrating_the_emulator_recovers_its_model(result):
+    p = result.profile
+    assert p.prefill_s == pytest.approx(V100_MOE.prefill_s, abs=0.015)
+    assert p.step_1_s == pytest.approx(V100_MOE.step_1_s, rel=0.10)
+    assert p.step_full_s == pytest.approx(V100_MOE.step_full_s, rel=0.15)
+    assert p.coupling_shape <= 0.5  # v100-moe: 0 (all the slowdown on the second sequence)
+    mu_sat, _ = saturated_capacity(V100_MOE, 16, 4)
+    assert result.mu_sat_per_s == pytest.approx(mu_sat, rel=0.15)
+    assert result.residuals["samples_below_L"] == 0  # L(ℓ) is below every service seen
+    assert p.ceiling.at(16) >= result.flood_max_s - 1e-9
+
+
+def test_the_profile_file_round_trips_and_everything_loads_it(result, tmp_path, capsys):
+    path = tmp_path / "emulated.yaml"
+    save_profile(result.profile, path, measured=result.measured("http://x", "m"))
+    assert load_profile(path) == result.profile == get_profile(str(path))
+    assert main(["simulate", "--scenario", "light", "--profile", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["assured"]["completed"] > 0
+    config = guard_config("http://127.0.0.1:9", profile=str(path))
+    assert config.guard_config().lower_envelope == result.profile.lower
+
+
+def test_an_unreachable_backend_is_a_clear_error():
+    with pytest.raises(CalibrationError, match="cannot be reached"):
+        calibrate("http://127.0.0.1:9", "m", slots=2, reps=1, timeout_s=2)
