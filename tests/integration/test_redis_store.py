@@ -153,3 +153,20 @@ def test_bench_store_measures_both_sides_against_one_redis(server):
     result = bench_store(redis_url=server.url, requests=64, concurrency=8, repeats=1)
     assert result["decisions_per_s"] > 0 and result["raw_evalsha_per_s"] > 0
     assert result["ratio"] == result["decisions_per_s"] / result["raw_evalsha_per_s"]
+
+
+def test_the_synchronous_path_degrades_and_hands_back_the_same_way(server, stores):
+    """The core's own store calls (no grant handed in) follow the same policy."""
+    floor = _floor(stores, server, Unavailable.FAIL_STATIC)
+    schedule = WindowSchedule(1.0)
+    assert floor.acquire("acme", 1, 6, schedule, 0.1).granted
+    server.kill()
+    assert not floor.acquire("acme", 1, 6, schedule, 0.2).granted  # the onset window
+    assert [floor.acquire("acme", 1, 6, schedule, 1.1).granted for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    server.start()
+    assert floor.acquire("acme", 1, 6, schedule, 1.7).granted and not floor.degraded
+    assert floor.store.remaining("acme", 6, schedule, 1.8) == 3  # 2 handed back + 1

@@ -96,11 +96,13 @@ class SharedFloor(CreditStore):
         if self._should_try(now):
             try:
                 grant = self.store.call(key, weight, capacity, schedule, now)
+                if self.degraded:
+                    for local_key, used in self._local_grants(schedule, now).items():
+                        self.store.call(local_key, used, 0, schedule, now, mode="force")
+                    self._recovered()
             except _UNREACHABLE:
                 self._lost(schedule, now)
             else:
-                if self.degraded:
-                    self._recovered()  # its local grants are handed back on the async path
                 return self._answered(key, grant)
         return self._fallback(key, weight, capacity, schedule, now)
 
@@ -139,9 +141,12 @@ class SharedFloor(CreditStore):
     async def _hand_back(self, schedule: WindowSchedule, now: float) -> None:
         """Add what this replica granted locally in the current window to the shared count
         (a failure here leaves it degraded; the next retry hands back again)."""
-        for key, used in self._local.used_in(schedule.index_at(now)).items():
+        for key, used in self._local_grants(schedule, now).items():
             await self.store.call_async(key, used, 0, schedule, now, mode="force")
         self._recovered()
+
+    def _local_grants(self, schedule: WindowSchedule, now: float) -> dict[str, int]:
+        return self._local.used_in(schedule.index_at(now))
 
     def _local_capacity(self, capacity: int) -> int:
         if self.policy is Unavailable.FAIL_OPEN:
