@@ -225,6 +225,9 @@ def _add_http(commands: Any) -> None:
     load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 % assured)")
     load.add_argument("--trace-duration-s", type=float, default=60.0)
     load.add_argument(
+        "--model", default="floorguard", help="the model name to ask for (vLLM checks it)"
+    )
+    load.add_argument(
         "--token",
         action="append",
         default=[],
@@ -640,7 +643,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
     headers = {tenant: {"Authorization": f"Bearer {jwt_}"} for tenant, jwt_ in tokens.items()}
     requests = build_requests(scenario.streams, np.random.default_rng(0))
     console.print(f"firing {len(requests)} requests open-loop at {args.target}…", markup=False)
-    results = asyncio.run(replay(requests, args.target, headers))
+    results = asyncio.run(replay(requests, args.target, headers, model=args.model))
     summary = pool_runs([measure_client(results, scenario.guard_config())])
     summary["num_requests"] = len(requests)
     if args.json:

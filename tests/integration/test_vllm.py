@@ -24,7 +24,9 @@ import pytest
 from floorguard.analysis.checker import check_trace
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl
+from floorguard.core.request import Request
 from floorguard.proxy.app import SERVER
+from floorguard.proxy.loadgen import replay
 from floorguard.sim.profiles import save_profile
 from tests.integration.live import guard_config, token
 from tests.integration.processes import serve
@@ -194,3 +196,12 @@ def test_the_floor_holds_on_vllm_where_admit_all_and_a_faulty_priority_mapping_m
         return np.median([latency for *_, latency in results])
 
     assert p50(right) < p50(swapped)  # vLLM's priority scheduler really reorders
+
+
+def test_the_load_generator_asks_vllm_for_its_own_model(vllm):
+    """`floorguard load --model NAME`: a real backend refuses a model it does not serve."""
+    requests = [Request(i, "acme", i * 0.05, 8) for i in range(8)]
+    served = asyncio.run(replay(requests, vllm, {}, model=MODEL))
+    assert [r.status for r in served] == [200] * 8
+    refused = asyncio.run(replay(requests[:1], vllm, {}, model="no-such-model"))
+    assert refused[0].status == 404

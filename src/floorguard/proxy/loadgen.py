@@ -43,11 +43,13 @@ async def _one(
     request: Request,
     scheduled_at: float,
     headers: Mapping[str, str],
+    *,
+    model: str,
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
     body = {
-        "model": "floorguard",
+        "model": model,
         "prompt": "floorguard load",
         "max_tokens": request.num_output_tokens,
         "min_tokens": request.num_output_tokens,
@@ -68,19 +70,20 @@ async def replay(
     headers_for: Mapping[str, Mapping[str, str]],
     *,
     start_in_s: float = 0.5,
+    model: str = "floorguard",
 ) -> list[ClientResult]:
-    """Fire every request at `start + arrival_at` (wall clock) against `target`."""
+    """Fire every request at `start + arrival_at` (wall clock) against `target`, asking for
+    `model` (a real backend serves only the model names it knows)."""
     url = target.rstrip("/") + "/v1/completions"
     start = time.time() + start_in_s
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        return await asyncio.gather(
-            *(
-                _one(session, url, r, start + r.arrival_at, headers_for.get(r.tenant, {}))
-                for r in requests
-            )
+        fired = (
+            _one(session, url, r, start + r.arrival_at, headers_for.get(r.tenant, {}), model=model)
+            for r in requests
         )
+        return await asyncio.gather(*fired)
 
 
 def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunMetrics:
