@@ -298,3 +298,30 @@ def test_health_metrics_and_models(live, backend):
     )
     assert "floorguard_credits_left" in out["/metrics"][1]
     assert json.loads(out["/v1/models"][1])["data"][0]["id"]
+
+
+@pytest.mark.parametrize(("dispatch", "first"), [("assured-first", "acme"), ("fifo", "free")])
+def test_the_dispatch_order_is_configurable(live, tmp_path, dispatch, first):
+    """One slot, busy; a surplus request queues, then an entitled one: assured-first starts
+    the entitled one first, `dispatch: fifo` (the gated-FIFO baseline) the earlier one. The
+    log verifies under either order."""
+    log = tmp_path / f"{dispatch}.jsonl"
+    url, app = live.guard(
+        guard_config(live.emulator(slots=1), slots=1, decision_log=str(log), dispatch=dispatch)
+    )
+
+    async def three():
+        async with aiohttp.ClientSession() as session:
+            busy = asyncio.create_task(_post(session, url, "acme", max_tokens=40))
+            await asyncio.sleep(0.1)
+            surplus = asyncio.create_task(_post(session, url, "free", max_tokens=4))
+            await asyncio.sleep(0.05)
+            entitled = asyncio.create_task(_post(session, url, "acme", max_tokens=4))
+            return await asyncio.gather(busy, surplus, entitled)
+
+    assert [status for _, status, _ in live.run(three())] == [200, 200, 200]
+    live.flush_log(app)
+    events = list(read_jsonl(str(log)))
+    assert check_trace(events).ok()
+    dispatched = [e.tenant for e in events if e.kind.value == "dispatch"]
+    assert dispatched[1] == first

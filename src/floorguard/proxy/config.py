@@ -24,6 +24,7 @@ from floorguard.core.contract import (
     AffineEnvelope,
     Contract,
     ContractClass,
+    DispatchOrder,
     ExcessPolicy,
     GuardConfig,
     WindowSchedule,
@@ -147,6 +148,9 @@ class GuardServerConfig(_Strict):
     health_interval_s: float = Field(default=2.0, gt=0, le=300)
     """How often each backend's `health_path` is probed; `/readyz` is 200 while at least
     one backend answered its last probe."""
+    dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
+    """`assured-first` (SF: floor-entitled requests start first), or `fifo` (admission order:
+    the gated-FIFO baseline of the evaluation, E3)."""
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
@@ -188,6 +192,7 @@ class GuardServerConfig(_Strict):
             slots=tuple(b.slots for b in self.backends),
             lower_envelope=profile.lower if profile else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
+            dispatch=self.dispatch,
         )
 
 
