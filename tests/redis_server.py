@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 
 import pytest
 
+from floorguard.net import free_ports
 from floorguard.store.local_redis import LocalRedis
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports()[0]
 
 
 def RedisServer() -> LocalRedis:

@@ -23,6 +23,7 @@ import jwt
 import numpy as np
 from aiohttp import web
 
+from floorguard.net import free_ports
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.openai_format import completion_body
@@ -31,16 +32,6 @@ __all__ = ["bench_proxy", "serving_in_child"]
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 PATHS = ("direct", "passthrough", "floorguard")
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _upstream_app() -> web.Application:
@@ -173,7 +164,7 @@ async def _client(ports: list[int], requests: int, repeats: int) -> dict[str, An
 
 
 def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     with serving_in_child(_serve_forever, ports):
         return asyncio.run(_client(ports, requests, repeats))
 

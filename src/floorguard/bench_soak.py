@@ -24,7 +24,8 @@ import numpy as np
 from aiohttp import web
 from rich.progress import Progress
 
-from floorguard.bench_proxy import _free_ports, serving_in_child
+from floorguard.bench_proxy import serving_in_child
+from floorguard.net import free_ports
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.emulator import Emulator, create_emulator_app
@@ -175,7 +176,7 @@ def _report(
 def bench_soak(*, minutes: float = 5.0, overload: float = 10.0) -> dict[str, Any]:
     seconds = minutes * 60
     capacity, _ = saturated_capacity(get_profile("v100-moe"), TOKENS, SLOTS)
-    ports = _free_ports(2)
+    ports = free_ports(2)
     with serving_in_child(_serve, ports) as child:
         assert child.pid is not None
         url = f"http://127.0.0.1:{ports[1]}/v1/completions"

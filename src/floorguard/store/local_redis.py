@@ -4,20 +4,15 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 import redis
 
+from floorguard.net import free_ports
+
 __all__ = ["LocalRedis"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalRedis:
@@ -26,7 +21,7 @@ class LocalRedis:
         if found is None:
             raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
         self.binary = found
-        self.port = _free_port()
+        self.port = free_ports()[0]
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="floorguard-redis-")
         self._process: subprocess.Popen[bytes] | None = None
