@@ -40,8 +40,15 @@ from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
 from floorguard.experiments.catalogue import catalogue
-from floorguard.experiments.report import write_report
+from floorguard.experiments.real import (
+    REAL_EXPERIMENTS,
+    RealBackend,
+    fidelity_report,
+    run_real_experiments,
+)
+from floorguard.experiments.report import write_real_section, write_report
 from floorguard.experiments.runner import run_experiments
+from floorguard.experiments.spec import Experiment
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import load_config, server_ssl_context
@@ -184,13 +191,36 @@ def _add_experiment(commands: Any) -> None:
     run.add_argument("ids", nargs="+", help="experiment ids (E1 … E19), or 'all'")
     run.add_argument("--out", type=Path, default=Path("out/experiments"))
     run.add_argument("--reps", type=int, help="override every experiment's reps")
-    run.add_argument("--quick", action="store_true", help="smaller grids and 2 reps (smoke)")
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller grids and 2 reps (smoke); with --backend, 1 rep",
+    )
     run.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     run.add_argument("--burstgpt", help="a real BurstGPT CSV to add to E12's sources")
     run.add_argument(
         "--results-md",
         type=Path,
-        help="also write the full report with inline tables here (docs/results.md)",
+        help="also write the full report with inline tables here (docs/results.md); with "
+        "--backend, the fidelity section of that file",
+    )
+    real = run.add_argument_group(
+        "on a real backend (E1, E3, E8; docs/vllm.md)",
+        "run the experiments against an OpenAI-compatible backend with C slots (vLLM: "
+        "--max-num-seqs C --scheduling-policy priority), rescaled to its measured capacity, "
+        "each beside the simulator's prediction for its calibrated profile; the short grids "
+        "(E1: β ∈ {0, 1}), 3 reps",
+    )
+    real.add_argument("--backend", help="the backend's base URL, e.g. http://127.0.0.1:8001")
+    real.add_argument("--model", help="the model name the backend serves (with --backend)")
+    real.add_argument(
+        "--profile",
+        type=Path,
+        help="its calibrated profile (floorguard calibrate --out); default: calibrate it "
+        "first (OUT/profile.yaml)",
+    )
+    real.add_argument(
+        "--duration-s", type=float, help="arrivals per run, seconds (default: marquee 12 s × k)"
     )
 
 
@@ -526,6 +556,12 @@ def cmd_experiment(args: argparse.Namespace, console: Console) -> int:
         raise FloorguardError(f"unknown experiment(s) {unknown}: choose from {list(experiments)}")
     if args.reps is not None and args.reps < 1:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
+    if args.backend is not None:
+        if args.ids == ["all"]:
+            ids = list(REAL_EXPERIMENTS)
+        return _experiment_on_backend(args, [experiments[i] for i in ids], console)
+    if args.model or args.profile or args.duration_s:
+        raise FloorguardError("--model, --profile and --duration-s go with --backend")
     started = time.perf_counter()
     results = run_experiments(
         [experiments[i] for i in ids],
@@ -559,6 +595,51 @@ def cmd_experiment(args: argparse.Namespace, console: Console) -> int:
             figure_dir=args.results_md.parent / "figures",
         )
         console.print(f"wrote {args.results_md}")
+    return 0
+
+
+def _experiment_on_backend(
+    args: argparse.Namespace, experiments: list[Experiment], console: Console
+) -> int:
+    if not args.model:
+        raise FloorguardError("--backend needs --model (the name the backend serves)")
+    if args.duration_s is not None and args.duration_s <= 0:
+        raise FloorguardError(f"--duration-s = {args.duration_s}: must be > 0")
+    args.out.mkdir(parents=True, exist_ok=True)
+    profile = args.profile
+    if profile is None:
+        slots = experiments[0].grid(True)[0].slots
+        console.print(f"calibrating {args.backend} ({args.model}, C = {slots})…", markup=False)
+        calibrated = calibrate(args.backend, args.model, slots=slots, name=args.model)
+        profile = args.out / "profile.yaml"
+        save_profile(
+            calibrated.profile, profile, measured=calibrated.measured(args.backend, args.model)
+        )
+    backend = RealBackend.from_profile(args.backend, args.model, profile)
+    started = time.perf_counter()
+    results = run_real_experiments(
+        experiments,
+        backend,
+        out=args.out,
+        reps=args.reps,
+        quick=args.quick,
+        duration_s=args.duration_s,
+        console=console,
+    )
+    wall_s = time.perf_counter() - started
+    command = " ".join(
+        ["floorguard experiment run", *args.ids, "--backend", args.backend, "--model", args.model]
+        + (["--quick"] if args.quick else [])
+        + ([f"--reps {args.reps}"] if args.reps else [])
+        + ([f"--duration-s {args.duration_s:g}"] if args.duration_s else [])
+    )
+    body = fidelity_report(results, backend, command=command, wall_s=wall_s)
+    report = args.out / "fidelity.md"
+    report.write_text(body + "\n")
+    console.print(f"wrote {report} ({sum(len(r.real) for r in results)} real runs, {wall_s:.0f} s)")
+    if args.results_md is not None:
+        write_real_section(args.results_md, body)
+        console.print(f"wrote the real-backend section of {args.results_md}")
     return 0
 
 

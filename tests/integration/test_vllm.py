@@ -9,10 +9,12 @@ message, unless `FLOORGUARD_REQUIRE_VLLM=1` (set by `.ci/run`) makes that a fail
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -205,3 +207,35 @@ def test_the_load_generator_asks_vllm_for_its_own_model(vllm):
     assert [r.status for r in served] == [200] * 8
     refused = asyncio.run(replay(requests[:1], vllm, {}, model="no-such-model"))
     assert refused[0].status == 404
+
+
+def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_path):
+    """`floorguard experiment run E1 E3 E8 --backend`: the CI subset (`--quick --reps 1
+    --duration-s 6`; the full set is `docs/vllm.md`'s command). Every request ends in one
+    outcome the client saw; every guard run's decision log checks; the guard keeps the
+    assured class on time where the unguarded admit-all (β = 0) does not; the fidelity
+    section lands in the results file beside the simulator's columns."""
+    path, _ = profile
+    out, results_md = tmp_path / "real", tmp_path / "results.md"
+    results_md.write_text("# Results\n\n(simulator report)\n")
+    subprocess.run(
+        [sys.executable, "-m", "floorguard", "experiment", "run", "E1", "E3", "E8",
+         "--backend", vllm, "--model", MODEL, "--profile", str(path), "--quick",
+         "--reps", "1", "--duration-s", "6", "--out", str(out), "--results-md", str(results_md)],
+        check=True,
+    )  # fmt: skip
+    rows = {
+        e: [json.loads(line) for line in (out / e / "real_runs.jsonl").read_text().splitlines()]
+        for e in ("E1", "E3", "E8")
+    }
+    assert [len(rows[e]) for e in rows] == [4, 2, 8]
+    for row in (r for e in rows for r in rows[e]):
+        assert sum(row["statuses"].values()) == row["a_offered"] + row["o_offered"] > 0, row
+        assert set(row["statuses"]) <= {"200", "429", "503"}, row  # nothing failed or lost
+        if row["policy"] in ("guard", "gated-fifo"):
+            assert row["log_violations"] == 0, row  # AF and DR hold in the guard's own log
+    e1 = {(r["policy"], r["beta"]): r for r in rows["E1"]}
+    assert e1["guard", 0.0]["a_late"] < e1["unguarded", 0.0]["a_late"], e1
+    text = results_md.read_text()
+    assert text.startswith("# Results") and "fidelity of the simulator" in text
+    assert text.count("| guard |") >= 3 and "| server-priority | " in text

@@ -23,6 +23,7 @@ from floorguard.core.contract import (
     ContractClass,
     ExcessPolicy,
     MeterKind,
+    WindowSchedule,
 )
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.monitors import assumption_report
@@ -47,7 +48,7 @@ from floorguard.sim.workloads import (
     TraceStream,
 )
 
-__all__ = ["Condition", "run_condition"]
+__all__ = ["Condition", "build_scenario", "latency_model_of", "mu_sat_of", "run_condition"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Condition:
     floor: int = 6
     slots: int = 4
     deadline_ms: float = 1820.0
+    window_s: float = 1.0
     workload: str = "marquee"
     """marquee | paced-bimodal | burst | gamma | trace"""
     duration_s: float = 12.0
@@ -91,12 +93,12 @@ class Condition:
 
 
 @functools.cache
-def _mu_sat(profile: str, slots: int) -> float:
+def mu_sat_of(profile: str, slots: int) -> float:
     return saturated_capacity(get_profile(profile), 16, slots)[0]
 
 
 @functools.cache
-def _latency_model(profile: str, slots: int) -> LatencyModel:
+def latency_model_of(profile: str, slots: int) -> LatencyModel:
     return fit_probe_model(get_profile(profile), slots)
 
 
@@ -184,6 +186,7 @@ def build_scenario(c: Condition) -> Scenario:
         streams=_streams(c),
         profile=get_profile(c.profile),
         slots=(c.slots,),
+        schedule=WindowSchedule(c.window_s),
         meter=MeterKind(c.meter),
         doom_gate=c.doom_gate,
         capacity_action=CapacityAction(c.capacity_action),
@@ -193,7 +196,7 @@ def build_scenario(c: Condition) -> Scenario:
 def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
     scenario = build_scenario(c)
-    model = _latency_model(c.profile, c.slots) if needs_latency_model(c.learner) else None
+    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
     run = simulate_once(
         scenario,
         seed=seed,
@@ -207,7 +210,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     assert run.events is not None
     trace = fold_trace(run.events)
     m = measure(trace)
-    mu_sat = _mu_sat(c.profile, c.slots)
+    mu_sat = mu_sat_of(c.profile, c.slots)
     admitted = m.assured.admitted + m.opportunistic.admitted
     offered = m.assured.offered + m.opportunistic.offered
     span = m.span_s if m.span_s > 0 else math.nan

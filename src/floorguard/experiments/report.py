@@ -10,7 +10,7 @@ from pathlib import Path
 from floorguard.experiments.runner import ExperimentResult
 from floorguard.experiments.tables import summarize
 
-__all__ = ["write_report"]
+__all__ = ["write_real_section", "write_report"]
 
 
 def _section(result: ExperimentResult, base: Path, figure_dir: Path, inline: bool) -> str:
@@ -99,5 +99,26 @@ def write_report(
     figure_dir = figure_dir or base
     sections = [_section(r, base, figure_dir, inline_tables) for r in results]
     head = [f"# {title}", "", preamble, "", HOW_TO_READ, guarantee_summary(results), ""]
-    path.write_text("\n".join([*head, *sections]))
+    kept = _real_section(path.read_text()) if path.exists() else ""
+    path.write_text("\n".join([*head, *sections]) + (f"\n{kept}\n" if kept else ""))
+    return path
+
+
+REAL_BEGIN = "<!-- real-backend results: begin (floorguard experiment run --backend) -->"
+REAL_END = "<!-- real-backend results: end -->"
+
+
+def _real_section(text: str) -> str:
+    start, end = text.find(REAL_BEGIN), text.find(REAL_END)
+    return text[start : end + len(REAL_END)] if 0 <= start < end else ""
+
+
+def write_real_section(path: Path, body: str) -> Path:
+    """Put `body` between the real-backend markers of `path` (replacing what was there, or
+    appended); the simulator's report keeps that section when it rewrites the file."""
+    section = f"{REAL_BEGIN}\n{body}\n{REAL_END}"
+    text = path.read_text() if path.exists() else ""
+    old = _real_section(text)
+    text = text.replace(old, section) if old else text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
     return path

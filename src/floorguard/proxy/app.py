@@ -100,7 +100,9 @@ class GuardServer:
             if config.learner_http
             else None
         )
-        learner = self.http_learner or create_learner(config.learner, np.random.default_rng(seed))
+        learner = self.http_learner or create_learner(
+            config.learner, np.random.default_rng(seed), config.learner_config()
+        )
         self.shared_floor = _shared_floor(config.store, self.clock) if config.store else None
         self._replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
         self.guard = Guard(

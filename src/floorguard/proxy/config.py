@@ -30,7 +30,9 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.errors import ConfigError
+from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.proxy.shared_floor import Unavailable
+from floorguard.sim.probe import fit_probe_model
 from floorguard.sim.profiles import PROFILES, get_profile
 
 __all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
@@ -101,6 +103,16 @@ class LearnerHttpSpec(_Strict):
     """No answer in time → the surplus request is rejected as a learner fault."""
 
 
+class LearnerOptionsSpec(_Strict):
+    """For the built-in latency predictors (`predictor-sheddable`, `predictor-agnostic`):
+    they are fitted at start on the configured `profile` and admit against `slo_ms`."""
+
+    beta: float = Field(default=1.0, ge=0, le=100)
+    """Miscalibration: predictions are scaled by β (1: as fitted; 0: everything looks fast)."""
+    slo_ms: float | None = Field(default=None, gt=0)
+    """The latency SLO; default: the smallest opportunistic deadline."""
+
+
 class StoreSpec(_Strict):
     url: str = Field(pattern=r"^rediss?://")
     """The Redis every replica shares (`redis://host:port/db`)."""
@@ -138,6 +150,7 @@ class GuardServerConfig(_Strict):
     learner: str = "always-admit"
     """A registered learner, a `package.module:factory` path, or `http` (`learner_http`)."""
     learner_http: LearnerHttpSpec | None = None
+    learner_options: LearnerOptionsSpec = LearnerOptionsSpec()
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
     limits: LimitsSpec = LimitsSpec()
@@ -167,6 +180,31 @@ class GuardServerConfig(_Strict):
         if (self.learner == "http") != (self.learner_http is not None):
             raise ValueError("learner: http and a learner_http section go together")
         return self
+
+    @model_validator(mode="after")
+    def _predictors_need_a_profile(self) -> GuardServerConfig:
+        if needs_latency_model(self.learner) and self.profile is None:
+            raise ValueError(f"learner {self.learner} is fitted on a profile: set profile")
+        return self
+
+    def learner_config(self) -> LearnerOptions:
+        """The learner's options; a predictor's latency model is fitted here (once)."""
+        if not needs_latency_model(self.learner):
+            return LearnerOptions(beta=self.learner_options.beta)
+        assert self.profile is not None
+        opportunistic = [
+            c.deadline_ms for c in self.contracts if c.cls is ContractClass.OPPORTUNISTIC
+        ]
+        slo_ms = self.learner_options.slo_ms or min(
+            opportunistic or [c.deadline_ms for c in self.contracts]
+        )
+        return LearnerOptions(
+            beta=self.learner_options.beta,
+            slo_s=slo_ms / 1e3,
+            latency_model=fit_probe_model(
+                get_profile(self.profile), sum(b.slots for b in self.backends)
+            ),
+        )
 
     @model_validator(mode="after")
     def _mtls_needs_a_client_ca(self) -> GuardServerConfig:

@@ -22,7 +22,7 @@ from floorguard.analysis.records import RequestRecord, TraceRecords
 from floorguard.core.contract import GuardConfig
 from floorguard.core.request import Request
 
-__all__ = ["ClientResult", "measure_client", "replay"]
+__all__ = ["ClientResult", "measure_client", "post_completion", "replay"]
 
 OUTCOMES = {200: "completed", 429: "rejected", 503: "dropped"}
 
@@ -37,6 +37,33 @@ class ClientResult:
     """HTTP status, or 0 when the connection itself failed."""
 
 
+async def post_completion(
+    session: aiohttp.ClientSession,
+    url: str,
+    request: Request,
+    *,
+    model: str,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> int:
+    """POST `request` as a completion with its output length pinned (`max_tokens` =
+    `min_tokens`, `ignore_eos`); the HTTP status, or 0 when the connection failed."""
+    body = {
+        "model": model,
+        "prompt": "floorguard load",
+        "max_tokens": request.num_output_tokens,
+        "min_tokens": request.num_output_tokens,
+        "ignore_eos": True,
+        **(extra or {}),
+    }
+    try:
+        async with session.post(url, json=body, headers=dict(headers or {})) as response:
+            await response.read()
+            return response.status
+    except (aiohttp.ClientError, TimeoutError):
+        return 0
+
+
 async def _one(
     session: aiohttp.ClientSession,
     url: str,
@@ -45,22 +72,11 @@ async def _one(
     headers: Mapping[str, str],
     *,
     model: str,
+    extra: Mapping[str, object],
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
-    body = {
-        "model": model,
-        "prompt": "floorguard load",
-        "max_tokens": request.num_output_tokens,
-        "min_tokens": request.num_output_tokens,
-        "ignore_eos": True,
-    }
-    try:
-        async with session.post(url, json=body, headers=dict(headers)) as response:
-            await response.read()
-            status = response.status
-    except (aiohttp.ClientError, TimeoutError):
-        status = 0
+    status = await post_completion(session, url, request, model=model, headers=headers, extra=extra)
     return ClientResult(request, scheduled_at, fired, time.time(), status)
 
 
@@ -70,17 +86,30 @@ async def replay(
     headers_for: Mapping[str, Mapping[str, str]],
     *,
     start_in_s: float = 0.5,
+    start_at: float | None = None,
     model: str = "floorguard",
+    body_for: Mapping[str, Mapping[str, object]] | None = None,
 ) -> list[ClientResult]:
-    """Fire every request at `start + arrival_at` (wall clock) against `target`, asking for
-    `model` (a real backend serves only the model names it knows)."""
+    """Fire every request at `start + arrival_at` (wall clock; `start_at`, or `start_in_s`
+    from now) against `target`, asking for `model` (a real backend serves only the model
+    names it knows); `body_for[tenant]` adds fields to that tenant's bodies (vLLM's
+    `priority`, say)."""
     url = target.rstrip("/") + "/v1/completions"
-    start = time.time() + start_in_s
+    start = start_at if start_at is not None else time.time() + start_in_s
+    body_for = body_for or {}
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         fired = (
-            _one(session, url, r, start + r.arrival_at, headers_for.get(r.tenant, {}), model=model)
+            _one(
+                session,
+                url,
+                r,
+                start + r.arrival_at,
+                headers_for.get(r.tenant, {}),
+                model=model,
+                extra=body_for.get(r.tenant, {}),
+            )
             for r in requests
         )
         return await asyncio.gather(*fired)

@@ -37,7 +37,14 @@ import yaml
 from floorguard.core.contract import AffineEnvelope
 from floorguard.errors import ConfigError, require
 
-__all__ = ["PROFILES", "ServiceProfile", "get_profile", "load_profile", "save_profile"]
+__all__ = [
+    "PROFILES",
+    "ServiceProfile",
+    "get_profile",
+    "load_measured",
+    "load_profile",
+    "save_profile",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +188,16 @@ def save_profile(
     if measured:
         data["measured"] = dict(measured)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def load_measured(path: Path) -> dict[str, Any]:
+    """The `measured` section `save_profile` kept beside a profile (empty when none)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError("profile", str(path), f"cannot be read as YAML ({exc})") from exc
+    measured = data.get("measured") if isinstance(data, dict) else None
+    return dict(measured) if isinstance(measured, dict) else {}
 
 
 def load_profile(path: Path) -> ServiceProfile:

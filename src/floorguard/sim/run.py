@@ -19,7 +19,7 @@ from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import build_requests
 
-__all__ = ["SimRun", "simulate_once"]
+__all__ = ["SimRun", "scenario_requests", "simulate_once"]
 
 
 @dataclass
@@ -86,6 +86,12 @@ class _Simulation:
         self.guard.on_first_token(request_id, now)
 
 
+def scenario_requests(scenario: Scenario, seed: int) -> list[Request]:
+    """The requests run `seed` of `scenario` offers: the same arrivals whether the simulator
+    or a real backend serves them (`floorguard experiment run --backend`)."""
+    return build_requests(scenario.streams, np.random.default_rng(seed).spawn(3)[0])
+
+
 def simulate_once(
     scenario: Scenario,
     *,
@@ -99,8 +105,8 @@ def simulate_once(
     """One seeded run of `policy` (`--policy`): every offered request ends in one terminal
     outcome before it returns."""
     started = time.perf_counter()
-    workload_rng, backend_rng, learner_rng = np.random.default_rng(seed).spawn(3)
-    requests = build_requests(scenario.streams, workload_rng)
+    _, backend_rng, learner_rng = np.random.default_rng(seed).spawn(3)
+    requests = scenario_requests(scenario, seed)
     events: list[TraceEvent] | None = [] if record else None
     the_learner = (
         create_learner(learner, learner_rng, learner_options)

@@ -1,0 +1,517 @@
+"""`floorguard experiment run E1 E3 E8 --backend URL --model NAME`: the experiments on a real
+OpenAI-compatible backend (vLLM), each condition beside the simulator's prediction for the
+same calibrated profile and the same arrivals — the fidelity table.
+
+**Scaling.** The catalogue's conditions are written for the v100-moe profile. On another
+backend they are rescaled by its measured capacity: with
+`k = μ_sat(v100-moe, C) / μ_sat(backend)` (both at ℓ = 16), every arrival rate is divided by
+`k` and the window `W` and the run length are multiplied by `k`, so the offered load against
+capacity (ρ̂), the arrivals per window against the floor `B` and the requests per run stay
+what they were. Deadlines come from the calibrated service instead: the catalogue's factor
+`d / s_max(16)` is kept (marquee: 1820 ms / 660 ms = 2.76), so `d = factor · s_max_backend(16)`.
+
+**The stacks on a real backend.**
+
+* `guard`, `gated-fifo`: a `floorguard serve` process in front of the backend (dispatch
+  assured-first or fifo, the learner and its options from the condition, tenant from a
+  trusted header). Its decision log is checked afterwards (AF, DR, SF by its own clock).
+* `server-priority`: every request straight to the backend with vLLM's `priority`
+  (assured 0, opportunistic 1): vLLM's own scheduler. It never sees a deadline, so one run
+  per rep is measured against each of E8's deadlines.
+* `unguarded`: the learner's admission, then FIFO — the simulator's `UnguardedStack`, driven
+  here on the wall clock; it forwards a request when one of the `C` slots is free, which is
+  what the backend's own FIFO queue would do.
+
+The simulator then runs every scaled condition on the calibrated profile with the same seeds.
+Real runs are sequential (one backend); each lasts its arrivals plus the drain of its backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from floorguard.analysis.checker import check_trace
+from floorguard.baselines.unguarded import UnguardedStack
+from floorguard.core.contract import GuardConfig
+from floorguard.core.events import read_jsonl
+from floorguard.core.guard import Dispatch
+from floorguard.core.request import Request, RequestId
+from floorguard.errors import FloorguardError
+from floorguard.experiments.conditions import (
+    Condition,
+    build_scenario,
+    latency_model_of,
+    mu_sat_of,
+    run_condition,
+)
+from floorguard.experiments.runner import seed_for
+from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.tables import write_csv
+from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
+from floorguard.net import free_ports
+from floorguard.proxy.loadgen import ClientResult, measure_client, post_completion, replay
+from floorguard.sim.profiles import ServiceProfile, get_profile, load_measured
+from floorguard.sim.run import scenario_requests
+from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT
+
+__all__ = [
+    "REAL_EXPERIMENTS",
+    "RealBackend",
+    "fidelity_report",
+    "fidelity_table",
+    "run_real_experiments",
+    "scaled",
+]
+
+REAL_EXPERIMENTS = ("E1", "E3", "E8")
+REAL_REPS = 3
+POLICIES = frozenset({"guard", "gated-fifo", "server-priority", "unguarded"})
+DEADLINE_BLIND = frozenset({"server-priority"})
+"""Stacks whose run does not depend on the deadline (measured against each)."""
+TENANT_HEADER = "X-Floorguard-Tenant"
+PRIORITY = {ASSURED_TENANT: {"priority": 0}, OPPORTUNISTIC_TENANT: {"priority": 1}}
+
+
+@dataclass(frozen=True)
+class RealBackend:
+    url: str
+    model: str
+    profile_path: Path
+    """Its calibrated profile (`floorguard calibrate --out`)."""
+    mu_sat_per_s: float
+    """Its measured saturated capacity at ℓ = 16 (from the profile file)."""
+
+    @classmethod
+    def from_profile(cls, url: str, model: str, profile_path: Path) -> RealBackend:
+        measured = load_measured(profile_path)
+        mu_sat = measured.get("mu_sat_per_s")
+        if not isinstance(mu_sat, int | float) or mu_sat <= 0:
+            raise FloorguardError(
+                f"{profile_path} has no measured.mu_sat_per_s: write it with floorguard calibrate"
+            )
+        return cls(url.rstrip("/"), model, profile_path, float(mu_sat))
+
+    @property
+    def profile(self) -> ServiceProfile:
+        return get_profile(str(self.profile_path))
+
+
+def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) -> Condition:
+    """`c` rescaled to `backend` (module docstring); `duration_s` overrides the run length."""
+    reference = get_profile(c.profile)
+    k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
+    factor = c.deadline_ms / 1e3 / reference.ceiling.at(c.tokens)
+    return replace(
+        c,
+        profile=str(backend.profile_path),
+        assured_rate=c.assured_rate / k,
+        opp_rate=c.opp_rate / k,
+        window_s=c.window_s * k,
+        duration_s=duration_s if duration_s is not None else c.duration_s * k,
+        deadline_ms=factor * backend.profile.ceiling.at(c.tokens) * 1e3,
+    )
+
+
+# -- one run on the real backend ------------------------------------------------------------
+
+
+def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> dict[str, Any]:
+    deadline = {"deadline_ms": c.deadline_ms}
+    return {
+        "port": port,
+        "window_s": c.window_s,
+        "contracts": [
+            {
+                "tenant": ASSURED_TENANT,
+                "class": "assured",
+                "floor": c.floor,
+                "excess_policy": c.excess,
+                **deadline,
+            },
+            {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
+        ],
+        "backends": [{"url": backend.url, "slots": c.slots}],
+        "identity": {"mode": "header", "header": TENANT_HEADER},
+        "learner": c.learner,
+        "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms},
+        "profile": str(backend.profile_path) if c.doom_gate else None,
+        "dispatch": "fifo" if c.policy == "gated-fifo" else "assured-first",
+        "upstream_timeout_s": 600,
+        "drain_timeout_s": 5,
+        "decision_log": str(log),
+    }
+
+
+def _wait_ready(url: str, child: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise FloorguardError(f"floorguard serve exited with {child.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise FloorguardError(f"floorguard serve at {url} was not ready in {timeout_s:.0f} s")
+
+
+def _window_start(window_s: float) -> float:
+    """The next window boundary at least a second away: the guard's windows are aligned to
+    the epoch (`origin_at: 0`), and the simulator's runs start at a boundary too."""
+    return math.ceil((time.time() + 1.0) / window_s) * window_s
+
+
+def _through_guard(
+    c: Condition, backend: RealBackend, requests: list[Request], folder: Path
+) -> tuple[list[ClientResult], dict[str, Any]]:
+    port = free_ports()[0]
+    log = folder / "decisions.jsonl"
+    log.unlink(missing_ok=True)
+    config_path = folder / "guard.yaml"
+    config_path.write_text(yaml.safe_dump(_guard_config(c, backend, port, log)))
+    url = f"http://127.0.0.1:{port}"
+    with (folder / "guard.log").open("wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "floorguard", "serve", "--config", str(config_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_ready(url, child)
+            headers = {t: {TENANT_HEADER: t} for t in (ASSURED_TENANT, OPPORTUNISTIC_TENANT)}
+            results = asyncio.run(
+                replay(
+                    requests,
+                    url,
+                    headers,
+                    start_at=_window_start(c.window_s),
+                    model=backend.model,
+                )
+            )
+        finally:
+            child.terminate()  # SIGTERM: drains (nothing is left) and flushes the log
+            child.wait(30)
+    report = check_trace(list(read_jsonl(str(log))))
+    return results, {
+        "log_violations": len(report.failed()),  # AF, DR, order, slots, terminal
+        "log_sf_late": report.num_sf_late,
+    }
+
+
+async def _unguarded(
+    c: Condition, backend: RealBackend, requests: list[Request], seed: int
+) -> list[ClientResult]:
+    """The learner's admission and a FIFO of `C` slots, on the wall clock."""
+    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
+    learner = create_learner(
+        c.learner,
+        np.random.default_rng(seed).spawn(3)[2],
+        LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model),
+    )
+    stack = UnguardedStack(build_scenario(c).guard_config(), learner=learner)
+    url = backend.url + "/v1/completions"
+    start = _window_start(c.window_s)
+    fired: dict[RequestId, float] = {}
+    results: dict[RequestId, ClientResult] = {}
+    running: set[asyncio.Task[None]] = set()
+
+    def now() -> float:
+        return time.time() - start
+
+    def finish(request: Request, status: int) -> None:
+        scheduled = start + request.arrival_at
+        results[request.request_id] = ClientResult(
+            request, scheduled, fired[request.request_id], time.time(), status
+        )
+
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+    ) as session:
+
+        async def forward(request: Request) -> None:
+            status = await post_completion(session, url, request, model=backend.model)
+            if status == 200:
+                stack.on_complete(request.request_id, now())
+            else:
+                stack.on_fail(request.request_id, now(), f"http_{status}")
+            finish(request, status)
+            pump()
+
+        def pump() -> None:
+            for action in stack.poll(now()):
+                if isinstance(action, Dispatch):
+                    task = asyncio.create_task(forward(action.request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                else:
+                    finish(action.request, 503)
+
+        async def arrive(request: Request) -> None:
+            await asyncio.sleep(max(0.0, start + request.arrival_at - time.time()))
+            fired[request.request_id] = time.time()
+            if not stack.on_arrival(request, now()).admitted:
+                finish(request, 429)
+            pump()
+
+        await asyncio.gather(*(arrive(r) for r in requests))
+        while running:
+            await asyncio.gather(*list(running))
+    return [results[r.request_id] for r in requests]
+
+
+def _serve_real(
+    c: Condition, seed: int, backend: RealBackend, folder: Path
+) -> tuple[list[ClientResult], dict[str, Any]]:
+    requests = scenario_requests(build_scenario(c), seed)
+    if c.policy in ("guard", "gated-fifo"):
+        return _through_guard(c, backend, requests, folder)
+    if c.policy == "server-priority":
+        results = asyncio.run(
+            replay(
+                requests,
+                backend.url,
+                {},
+                start_at=_window_start(c.window_s),
+                model=backend.model,
+                body_for=PRIORITY,
+            )
+        )
+        return results, {}
+    return asyncio.run(_unguarded(c, backend, requests, seed)), {}
+
+
+def real_row(c: Condition, seed: int, results: Sequence[ClientResult], backend: RealBackend) -> Row:
+    """One real run as a row with the simulator's keys (those a client can measure)."""
+    config: GuardConfig = build_scenario(c).guard_config()
+    m = measure_client(results, config)
+    offered = m.assured.offered + m.opportunistic.offered
+    admitted = m.assured.admitted + m.opportunistic.admitted
+    span = m.span_s if m.span_s > 0 else math.nan
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+    return {
+        **asdict(c),
+        "seed": seed,
+        **{f"a_{k}": v for k, v in m.assured.as_dict().items()},
+        **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
+        "entitled": m.num_entitled,
+        "entitled_met": m.phase_counts[0][1],
+        "attainment": m.attainment,
+        "mu_sat": backend.mu_sat_per_s,
+        "rho_hat": offered / span / backend.mu_sat_per_s,
+        "rho_emp": admitted / span / backend.mu_sat_per_s,
+        "goodput_per_s": m.goodput_per_s,
+        "span_s": m.span_s,
+        "fire_cv": m.fire_cv,
+        "max_fire_lag_s": m.max_fire_lag_s,
+        "statuses": statuses,
+        "phase_counts": [list(p) for p in m.phase_counts],
+    }
+
+
+# -- the fidelity table ---------------------------------------------------------------------
+
+
+def _label(experiment: Experiment, row: Row) -> list[str]:
+    return [f"{row[f]:.4g}" if isinstance(row[f], float) else str(row[f]) for f in experiment.shown]
+
+
+def _pooled(rows: Sequence[Row], numerator: Sequence[str], denominator: str) -> float | None:
+    den = sum(r[denominator] for r in rows)
+    return sum(r[k] for r in rows for k in numerator) / den if den else None
+
+
+def _mean(rows: Sequence[Row], key: str) -> float | None:
+    values = [r[key] for r in rows if r[key] is not None and not math.isnan(r[key])]
+    return float(np.mean(values)) if values else None
+
+
+UNMET = ("a_rejected", "a_dropped", "a_late", "a_failed", "a_aborted")
+COLUMNS: tuple[tuple[str, Any, str], ...] = (
+    ("A miss", lambda rows: _pooled(rows, ("a_late",), "a_admitted"), "{:.3f}"),
+    ("A unmet", lambda rows: _pooled(rows, UNMET, "a_offered"), "{:.3f}"),
+    ("floor attainment", lambda rows: _pooled(rows, ("entitled_met",), "entitled"), "{:.3f}"),
+    ("A p99 ms", lambda rows: _ms(_mean(rows, "a_sojourn_p99_s")), "{:.0f}"),
+    ("goodput /s", lambda rows: _mean(rows, "goodput_per_s"), "{:.2f}"),
+)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]) -> str:
+    """Per condition: each measure on the real backend | the simulator's prediction (same
+    profile, same arrivals), pooled over reps; the guard's own log check."""
+    groups: dict[int, tuple[list[Row], list[Row]]] = {}
+    for rows, side in ((real, 0), (sim, 1)):
+        for row in rows:
+            groups.setdefault(row["condition"], ([], []))[side].append(row)
+    head = [*experiment.shown, "runs"]
+    for name, _, _ in COLUMNS:
+        head += [f"{name} real", "sim"]
+    head += ["ρ̂ real", "log check"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for index in sorted(groups):
+        real_rows, sim_rows = groups[index]
+        cells = [*_label(experiment, real_rows[0]), str(len(real_rows))]
+        for _, measure, fmt in COLUMNS:
+            cells += [_cell(measure(real_rows), fmt), _cell(measure(sim_rows), fmt)]
+        cells.append(_cell(_mean(real_rows, "rho_hat"), "{:.2f}"))
+        logged = [r for r in real_rows if r["log_violations"] is not None]
+        cells.append(
+            f"{sum(r['log_violations'] for r in logged)} violations; "
+            f"SF late {sum(r['log_sf_late'] for r in logged)}"
+            if logged
+            else "–"
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -- the whole suite ------------------------------------------------------------------------
+
+
+@dataclass
+class RealResult:
+    experiment: Experiment
+    real: list[Row]
+    sim: list[Row]
+    table_md: str
+
+
+def run_real_experiments(
+    experiments: Sequence[Experiment],
+    backend: RealBackend,
+    *,
+    out: Path,
+    reps: int | None = None,
+    quick: bool = False,
+    duration_s: float | None = None,
+    console: Console | None = None,
+) -> list[RealResult]:
+    """Every (condition × rep) of `experiments` on `backend`, then on the simulator. The
+    grids are the catalogue's short ones (E1: β ∈ {0, 1}); reps 3, or 1 with `quick`."""
+    console = console or Console(stderr=True)
+    unknown = [e.id for e in experiments if e.id not in REAL_EXPERIMENTS]
+    if unknown:
+        raise FloorguardError(f"{unknown} run on the simulator only; on a real backend: E1 E3 E8")
+    n = reps if reps is not None else (1 if quick else REAL_REPS)
+    tasks = [
+        (experiment, index, rep, scaled(c, backend, duration_s))
+        for experiment in experiments
+        for index, c in enumerate(experiment.grid(True))
+        for rep in range(n)
+    ]
+    for *_, c in tasks:
+        if c.policy not in POLICIES:
+            raise FloorguardError(f"policy {c.policy} has no real-backend form")
+    blind_runs: dict[tuple[str, Condition, int], list[ClientResult]] = {}
+    real: dict[str, list[Row]] = {e.id: [] for e in experiments}
+    columns = (*Progress.get_default_columns()[:2], BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task(f"real runs on {backend.url}", total=len(tasks))
+        for experiment, index, rep, c in tasks:
+            seed = seed_for(experiment.id, rep, c)
+            folder = out / experiment.id / "runs" / f"c{index}-r{rep}"
+            folder.mkdir(parents=True, exist_ok=True)
+            progress.update(bar, description=f"{experiment.id} {c.policy} c{index} rep {rep}")
+            key = (experiment.id, replace(c, deadline_ms=0.0), seed)
+            extra: dict[str, Any] = {"log_violations": None, "log_sf_late": None}
+            if c.policy in DEADLINE_BLIND and key in blind_runs:
+                results = blind_runs[key]
+            else:
+                results, checked = _serve_real(c, seed, backend, folder)
+                extra.update(checked)
+                if c.policy in DEADLINE_BLIND:
+                    blind_runs[key] = results
+            row = {**real_row(c, seed, results, backend), **extra, "rep": rep, "condition": index}
+            real[experiment.id].append(row)
+            progress.advance(bar)
+        sim_bar = progress.add_task("simulator predictions", total=len(tasks))
+        sim: dict[str, list[Row]] = {e.id: [] for e in experiments}
+        for experiment, index, rep, c in tasks:
+            row = run_condition(c, seed_for(experiment.id, rep, c))
+            sim[experiment.id].append({**row, "rep": rep, "condition": index})
+            progress.advance(sim_bar)
+    done = []
+    for experiment in experiments:
+        folder = out / experiment.id
+        for side, rows in (("real", real[experiment.id]), ("sim", sim[experiment.id])):
+            write_csv(rows, folder / f"{side}_runs.csv")
+            with (folder / f"{side}_runs.jsonl").open("w") as f:
+                f.writelines(json.dumps(row, default=str) + "\n" for row in rows)
+        table = fidelity_table(experiment, real[experiment.id], sim[experiment.id])
+        (folder / "fidelity.md").write_text(f"# {experiment.id}: {experiment.title}\n\n{table}\n")
+        done.append(RealResult(experiment, real[experiment.id], sim[experiment.id], table))
+    return done
+
+
+def describe(backend: RealBackend, c: Condition) -> str:
+    """The scaling applied to `c` (catalogue defaults) on `backend`, in one paragraph."""
+    s = scaled(c, backend)
+    reference = get_profile(c.profile)
+    k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
+    return (
+        f"Backend {backend.url} (model `{backend.model}`), profile `{backend.profile_path}`: "
+        f"measured μ_sat {backend.mu_sat_per_s:.2f}/s at ℓ = 16, C = {c.slots} "
+        f"(the simulator on this profile: {mu_sat_of(s.profile, c.slots):.2f}/s); "
+        f"s_max(16) {backend.profile.ceiling.at(c.tokens) * 1e3:.0f} ms "
+        f"(v100-moe: {reference.ceiling.at(c.tokens) * 1e3:.0f} ms). "
+        f"k = μ_sat(v100-moe) / μ_sat = {k:.2f}: rates ÷ k, W and run length × k "
+        f"(marquee: W = {s.window_s:.2f} s, assured {s.assured_rate:.2f}/s, opportunistic "
+        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max(16) "
+        f"(marquee {c.deadline_ms / 1e3 / reference.ceiling.at(c.tokens):.2f} → "
+        f"d = {s.deadline_ms:.0f} ms)."
+    )
+
+
+def fidelity_report(
+    results: Sequence[RealResult], backend: RealBackend, *, command: str, wall_s: float
+) -> str:
+    """The fidelity section: how it was made, the scaling, and one table per experiment."""
+    lines = [
+        "## On a real backend: fidelity of the simulator",
+        "",
+        f"Generated by `{command}` in {wall_s:.0f} s ({sum(len(r.real) for r in results)} real "
+        "runs, then the simulator on the same conditions and seeds). Real measures are the "
+        "client's (a request's arrival is when it was fired; a 503 drop or 429 rejection is "
+        "unmet); *sim* is the simulator's prediction for the calibrated profile with the same "
+        "arrivals. Pooled over reps: A miss = late / admitted, A unmet = (rejected + dropped + "
+        "late + failed) / offered, floor attainment = floor-entitled requests met / entitled; "
+        "A p99 and goodput (completions on time per second, both classes) are means over reps. "
+        "*log check*: the guard's decision log through `floorguard verify`'s checker: "
+        "violations of AF, DR, dispatch order, slots and terminal outcomes (must be 0), and "
+        "floor-entitled requests late by the guard's clock (SF, conditional: SPEC §6).",
+        "",
+        describe(backend, Condition()),
+        "",
+    ]
+    for r in results:
+        lines += [f"### {r.experiment.id}: {r.experiment.title}", "", r.table_md, ""]
+    return "\n".join(lines).rstrip("\n")

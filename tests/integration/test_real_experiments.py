@@ -1,0 +1,41 @@
+"""`floorguard experiment run … --backend` against the emulator: a real HTTP backend whose
+service model is known (v100-moe), so this runs wherever the tests run (the same command
+against real vLLM is in test_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+
+from floorguard.calibrate import calibrate
+from floorguard.cli import main
+from floorguard.sim.profiles import save_profile
+
+
+def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp_path):
+    url = live.emulator("v100-moe", slots=4)
+    calibrated = calibrate(url, "m", slots=4, reps=1)
+    profile = tmp_path / "emulator.yaml"
+    save_profile(calibrated.profile, profile, measured=calibrated.measured(url, "m"))
+    out = tmp_path / "out"
+    argv = ["experiment", "run", "E1", "E3", "--backend", url, "--model", "m", "--profile",
+            str(profile), "--quick", "--duration-s", "2.5", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+
+    def rows(experiment, side):
+        path = out / experiment / f"{side}_runs.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    for experiment in ("E1", "E3"):
+        real, sim = rows(experiment, "real"), rows(experiment, "sim")
+        assert len(real) == len(sim) == (4 if experiment == "E1" else 2)
+        for r, s in zip(real, sim, strict=True):
+            # the same seeded arrivals on both sides, each ending in one outcome
+            assert (r["a_offered"], r["o_offered"]) == (s["a_offered"], s["o_offered"])
+            assert sum(r["statuses"].values()) == r["a_offered"] + r["o_offered"]
+            assert set(r["statuses"]) <= {"200", "429", "503"}, r
+            if r["policy"] in ("guard", "gated-fifo"):
+                assert r["log_violations"] == 0, r
+    e1 = {(r["policy"], r["beta"]): r for r in rows("E1", "real")}
+    assert e1["guard", 0.0]["a_late"] == 0 < e1["unguarded", 0.0]["a_late"], e1
+    table = (out / "fidelity.md").read_text()
+    assert "| guard | 0 | 1 |" in table and "| gated-fifo | 1 |" in table

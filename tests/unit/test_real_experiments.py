@@ -1,0 +1,84 @@
+"""The real-backend runner's pure parts: scaling a condition to a backend, the fidelity
+section of the results file, and the command's refusals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from floorguard.cli import main
+from floorguard.experiments import Condition
+from floorguard.experiments.conditions import mu_sat_of
+from floorguard.experiments.real import RealBackend, scaled
+from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
+from floorguard.sim.profiles import V100_MOE, save_profile
+
+
+def _backend(tmp_path, mu_sat, profile=V100_MOE):
+    path = tmp_path / "profile.yaml"
+    save_profile(profile, path, measured={"mu_sat_per_s": mu_sat})
+    return RealBackend.from_profile("http://127.0.0.1:1/", "m", path)
+
+
+def test_a_condition_scales_by_measured_capacity_and_keeps_d_over_s_max(tmp_path):
+    marquee = Condition()
+    same = scaled(marquee, _backend(tmp_path, mu_sat_of("v100-moe", 4)))
+    assert same.assured_rate == pytest.approx(6.0) and same.window_s == pytest.approx(1.0)
+    assert same.deadline_ms == pytest.approx(1820.0)
+    assert same.profile.endswith("profile.yaml")
+
+    half = scaled(marquee, _backend(tmp_path, mu_sat_of("v100-moe", 4) / 2))
+    assert (half.assured_rate, half.opp_rate) == pytest.approx((3.0, 8.0))
+    assert (half.window_s, half.duration_s) == pytest.approx((2.0, 24.0))
+    assert half.deadline_ms == pytest.approx(1820.0)  # same s_max(16): same deadline
+
+    ceiling = V100_MOE.ceiling
+    slower = replace(V100_MOE, ceiling=replace(ceiling, base_s=2 * ceiling.base_s,
+                                               per_token_s=2 * ceiling.per_token_s))  # fmt: skip
+    assert scaled(marquee, _backend(tmp_path, 9.0, slower)).deadline_ms == pytest.approx(3640.0)
+    assert scaled(marquee, _backend(tmp_path, 9.0), duration_s=5).duration_s == 5
+
+
+def test_a_profile_without_a_measured_capacity_is_refused(tmp_path):
+    path = tmp_path / "p.yaml"
+    save_profile(V100_MOE, path)
+    with pytest.raises(Exception, match="mu_sat_per_s"):
+        RealBackend.from_profile("http://x", "m", path)
+
+
+def test_the_fidelity_section_is_replaced_in_place_and_kept_by_the_simulator_report(tmp_path):
+    results = tmp_path / "results.md"
+    results.write_text("# Results\n\nsimulator tables\n")
+    write_real_section(results, "first")
+    write_real_section(results, "second")
+    text = results.read_text()
+    assert text.count(REAL_BEGIN) == 1 and "first" not in text and "second" in text
+    assert text.startswith("# Results\n\nsimulator tables\n")
+
+    assert main(["experiment", "run", "E3", "--reps", "1", "--out", str(tmp_path / "o"),
+                 "--results-md", str(results)]) == 0  # fmt: skip
+    text = results.read_text()
+    assert "## E3" in text and text.count(REAL_BEGIN) == 1
+    assert (
+        text.index("## E3") < text.index(REAL_BEGIN) < text.index("second") < text.index(REAL_END)
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["E2", "--backend", "http://127.0.0.1:1", "--model", "m", "--profile", "P"],
+         "simulator only"),
+        (["E1", "--backend", "http://127.0.0.1:1"], "--backend needs --model"),
+        (["E1", "--model", "m"], "go with --backend"),
+        (["E1", "--backend", "http://127.0.0.1:1", "--model", "m", "--profile", "P",
+          "--duration-s", "0"], "must be > 0"),
+    ],
+)  # fmt: skip
+def test_the_real_backend_command_refuses_what_it_cannot_run(argv, message, tmp_path, capsys):
+    profile = tmp_path / "p.yaml"
+    save_profile(V100_MOE, profile, measured={"mu_sat_per_s": 9.0})
+    argv = [str(profile) if a == "P" else a for a in argv]
+    assert main(["experiment", "run", *argv, "--out", str(tmp_path / "o")]) != 0
+    assert message in capsys.readouterr().err
