@@ -40,6 +40,7 @@ from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
 from floorguard.experiments.catalogue import catalogue
+from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.real import (
     REAL_EXPERIMENTS,
     RealBackend,
@@ -633,13 +634,25 @@ def _experiment_on_backend(
         + ([f"--reps {args.reps}"] if args.reps else [])
         + ([f"--duration-s {args.duration_s:g}"] if args.duration_s else [])
     )
-    body = fidelity_report(results, backend, command=command, wall_s=wall_s)
+    points = [p for r in results for p in r.points()]
+    real_vs_sim(points, args.out / "fidelity.png")
+    body = fidelity_report(results, backend, command=command, wall_s=wall_s, figure="fidelity.png")
     report = args.out / "fidelity.md"
     report.write_text(body + "\n")
     console.print(f"wrote {report} ({sum(len(r.real) for r in results)} real runs, {wall_s:.0f} s)")
     if args.results_md is not None:
+        figure = args.results_md.parent / "figures" / "fidelity_real_vs_sim.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        real_vs_sim(points, figure)
+        body = fidelity_report(
+            results,
+            backend,
+            command=command,
+            wall_s=wall_s,
+            figure=str(figure.relative_to(args.results_md.parent)),
+        )
         write_real_section(args.results_md, body)
-        console.print(f"wrote the real-backend section of {args.results_md}")
+        console.print(f"wrote the real-backend section of {args.results_md} and {figure}")
     return 0
 
 

@@ -39,3 +39,5 @@ def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp
     assert e1["guard", 0.0]["a_late"] == 0 < e1["unguarded", 0.0]["a_late"], e1
     table = (out / "fidelity.md").read_text()
     assert "| guard | 0 | 1 |" in table and "| gated-fifo | 1 |" in table
+    assert "agree on whether any assured request was late" in table
+    assert (out / "fidelity.png").stat().st_size > 10_000

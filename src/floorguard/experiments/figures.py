@@ -23,6 +23,7 @@ __all__ = [
     "completion_vs_arrival",
     "cv_vs_miss",
     "priority_vs_fifo",
+    "real_vs_sim",
     "region_heatmap",
 ]
 
@@ -198,3 +199,31 @@ def attainment_vs_phase(rows: Sequence[Row], out: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7)
     return _save(fig, out / "e13_attainment_vs_phase.png")
+
+
+def real_vs_sim(points: Sequence[tuple[str, float | None, float | None, float, float]],
+                path: Path) -> Path:  # fmt: skip
+    """The fidelity plot: per condition (experiment id, real and simulated assured p99 in
+    ms, real and simulated assured unmet), real against simulated, with the diagonal."""
+    fig, (p99, unmet) = plt.subplots(1, 2, figsize=(9, 4))
+    markers = dict(zip(sorted({p[0] for p in points}), "osD^v", strict=False))
+    for experiment, marker in markers.items():
+        mine = [p for p in points if p[0] == experiment]
+        timed = [(real, sim) for _, real, sim, *_ in mine if real and sim]
+        if timed:
+            p99.scatter([s for _, s in timed], [r for r, _ in timed], marker=marker,
+                        label=experiment)  # fmt: skip
+        unmet.scatter([p[4] for p in mine], [p[3] for p in mine], marker=marker, label=experiment)
+    timed_all = [v for p in points for v in p[1:3] if v]
+    if timed_all:
+        low, high = min(timed_all) / 1.3, max(timed_all) * 1.3
+        p99.plot([low, high], [low, high], color="grey", lw=0.8, ls="--")
+        p99.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
+    p99.set(xlabel="simulator: assured p99 sojourn (ms)", ylabel="real vLLM (ms)")
+    unmet.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+    unmet.set(xlabel="simulator: assured unmet", ylabel="real vLLM", xlim=(-0.03, 1.03),
+              ylim=(-0.03, 1.03))  # fmt: skip
+    for ax in (p99, unmet):
+        ax.legend(loc="upper left")
+    fig.suptitle("Each condition on the real backend against the simulator's prediction")
+    return _save(fig, path)

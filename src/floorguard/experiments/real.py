@@ -390,7 +390,35 @@ def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Ro
             else "–"
         )
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + _agreement(experiment, groups)
+
+
+def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[Row]]]) -> str:
+    """How far apart the two sides are, in one sentence."""
+
+    def miss(rows: Sequence[Row]) -> float:
+        return _pooled(rows, ("a_late",), "a_admitted") or 0.0
+
+    worst, where = max(
+        (abs(miss(r) - miss(s)), " ".join(_label(experiment, r[0]))) for r, s in groups.values()
+    )
+    verdicts = sum(
+        (sum(x["a_late"] for x in r) == 0) == (sum(x["a_late"] for x in s) == 0)
+        for r, s in groups.values()
+    )
+    p99 = [
+        abs(real / sim - 1)
+        for r, s in groups.values()
+        if (real := _mean(r, "a_sojourn_p99_s")) and (sim := _mean(s, "a_sojourn_p99_s"))
+    ]
+    return (
+        f"Largest |real − sim| in A miss: {worst:.3f} ({where}). Real and simulated runs "
+        f"agree on whether any assured request was late in {verdicts} of {len(groups)} "
+        f"conditions; A p99 differs by a median {np.median(p99) * 100:.0f} % "
+        f"(max {max(p99) * 100:.0f} %)."
+        if p99
+        else f"Largest |real − sim| in A miss: {worst:.3f} ({where})."
+    )
 
 
 # -- the whole suite ------------------------------------------------------------------------
@@ -402,6 +430,23 @@ class RealResult:
     real: list[Row]
     sim: list[Row]
     table_md: str
+
+    def points(self) -> list[tuple[str, float | None, float | None, float, float]]:
+        """Per condition: (id, real A p99 ms, sim A p99 ms, real A unmet, sim A unmet)."""
+        out = []
+        for index in sorted({r["condition"] for r in self.real}):
+            real = [r for r in self.real if r["condition"] == index]
+            sim = [r for r in self.sim if r["condition"] == index]
+            out.append(
+                (
+                    self.experiment.id,
+                    _ms(_mean(real, "a_sojourn_p99_s")),
+                    _ms(_mean(sim, "a_sojourn_p99_s")),
+                    _pooled(real, UNMET, "a_offered") or 0.0,
+                    _pooled(sim, UNMET, "a_offered") or 0.0,
+                )
+            )
+        return out
 
 
 def run_real_experiments(
@@ -492,9 +537,15 @@ def describe(backend: RealBackend, c: Condition) -> str:
 
 
 def fidelity_report(
-    results: Sequence[RealResult], backend: RealBackend, *, command: str, wall_s: float
+    results: Sequence[RealResult],
+    backend: RealBackend,
+    *,
+    command: str,
+    wall_s: float,
+    figure: str | None = None,
 ) -> str:
-    """The fidelity section: how it was made, the scaling, and one table per experiment."""
+    """The fidelity section: how it was made, the scaling, one table per experiment, and
+    `figure` (a path relative to the report) when given."""
     lines = [
         "## On a real backend: fidelity of the simulator",
         "",
@@ -512,6 +563,8 @@ def fidelity_report(
         describe(backend, Condition()),
         "",
     ]
+    if figure is not None:
+        lines += [f"![real against simulated]({figure})", ""]
     for r in results:
         lines += [f"### {r.experiment.id}: {r.experiment.title}", "", r.table_md, ""]
     return "\n".join(lines).rstrip("\n")
