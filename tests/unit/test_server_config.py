@@ -1,0 +1,51 @@
+"""`floorguard serve`'s config: the built-in latency predictors are fitted on the configured
+profile, with their options; without a profile they are refused at load."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from floorguard.errors import ConfigError
+from floorguard.learners.latency import LatencyModel
+from floorguard.proxy.config import load_config
+
+BASE = {
+    "contracts": [
+        {"tenant": "acme", "class": "assured", "floor": 3, "deadline_ms": 1820},
+        {"tenant": "free", "class": "opportunistic", "deadline_ms": 900},
+    ],
+    "backends": [{"url": "http://127.0.0.1:8001", "slots": 4}],
+    "identity": {"mode": "header", "header": "X-Tenant"},
+}
+
+
+def _load(tmp_path, **extra):
+    path = tmp_path / "guard.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **extra}))
+    return load_config(path)
+
+
+def test_a_predictor_learner_is_fitted_on_the_profile_with_its_options(tmp_path):
+    config = _load(tmp_path, learner="predictor-sheddable", learner_options={"beta": 0.5})
+    options = config.learner_config()
+    assert isinstance(options.latency_model, LatencyModel) and options.latency_model.r2 > 0.9
+    assert options.beta == 0.5
+    assert options.slo_s == pytest.approx(0.9)  # default: the opportunistic deadline
+    explicit = _load(tmp_path, learner="predictor-agnostic", learner_options={"slo_ms": 700})
+    assert explicit.learner_config().slo_s == pytest.approx(0.7)
+    assert _load(tmp_path).learner_config().latency_model is None  # always-admit: no fit
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"learner": "predictor-sheddable", "profile": None}, "config"),
+        ({"learner_options": {"beta": -1}}, "learner_options.beta"),
+        ({"learner_options": {"bogus": 1}}, "learner_options.bogus"),
+    ],
+)
+def test_bad_learner_settings_are_refused_at_load(tmp_path, extra, key):
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, **extra)
+    assert key in str(refused.value)
