@@ -46,6 +46,7 @@ from floorguard.experiments.real import (
     RealBackend,
     fidelity_report,
     run_real_experiments,
+    served_runs,
 )
 from floorguard.experiments.report import write_real_section, write_report
 from floorguard.experiments.runner import run_experiments
@@ -639,7 +640,7 @@ def _experiment_on_backend(
     body = fidelity_report(results, backend, command=command, wall_s=wall_s, figure="fidelity.png")
     report = args.out / "fidelity.md"
     report.write_text(body + "\n")
-    console.print(f"wrote {report} ({sum(len(r.real) for r in results)} real runs, {wall_s:.0f} s)")
+    console.print(f"wrote {report} ({served_runs(results)} runs on the backend, {wall_s:.0f} s)")
     if args.results_md is not None:
         figure = args.results_md.parent / "figures" / "fidelity_real_vs_sim.png"
         figure.parent.mkdir(parents=True, exist_ok=True)

@@ -235,6 +235,8 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
         for e in ("E1", "E3", "E8")
     }
     assert [len(rows[e]) for e in rows] == [4, 2, 8]
+    # vLLM's priority run never sees a deadline: one run, measured against E8's four
+    assert sum(r["served"] for r in rows["E8"]) == 5
     for row in (r for e in rows for r in rows[e]):
         assert sum(row["statuses"].values()) == row["a_offered"] + row["o_offered"] > 0, row
         assert set(row["statuses"]) <= {"200", "429", "503"}, row  # nothing failed or lost

@@ -219,9 +219,9 @@ def real_vs_sim(points: Sequence[tuple[str, float | None, float | None, float, f
         low, high = min(timed_all) / 1.3, max(timed_all) * 1.3
         p99.plot([low, high], [low, high], color="grey", lw=0.8, ls="--")
         p99.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
-    p99.set(xlabel="simulator: assured p99 sojourn (ms)", ylabel="real vLLM (ms)")
+    p99.set(xlabel="simulator: assured p99 sojourn (ms)", ylabel="real backend (ms)")
     unmet.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
-    unmet.set(xlabel="simulator: assured unmet", ylabel="real vLLM", xlim=(-0.03, 1.03),
+    unmet.set(xlabel="simulator: assured unmet", ylabel="real backend", xlim=(-0.03, 1.03),
               ylim=(-0.03, 1.03))  # fmt: skip
     for ax in (p99, unmet):
         ax.legend(loc="upper left")
