@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -644,7 +645,7 @@ def _experiment_on_backend(
     if args.results_md is not None:
         figure = args.results_md.parent / "figures" / "fidelity_real_vs_sim.png"
         figure.parent.mkdir(parents=True, exist_ok=True)
-        real_vs_sim(points, figure)
+        shutil.copyfile(args.out / "fidelity.png", figure)
         body = fidelity_report(
             results,
             backend,

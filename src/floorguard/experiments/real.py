@@ -46,7 +46,6 @@ import aiohttp
 import numpy as np
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from floorguard.analysis.checker import check_trace
 from floorguard.baselines.unguarded import UnguardedStack
@@ -62,7 +61,7 @@ from floorguard.experiments.conditions import (
     mu_sat_of,
     run_condition,
 )
-from floorguard.experiments.runner import seed_for
+from floorguard.experiments.runner import progress_bar, seed_for
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
@@ -476,9 +475,7 @@ def run_real_experiments(
             raise FloorguardError(f"policy {c.policy} has no real-backend form")
     blind_runs: dict[tuple[str, Condition, int], list[ClientResult]] = {}
     real: dict[str, list[Row]] = {e.id: [] for e in experiments}
-    columns = (*Progress.get_default_columns()[:2], BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as progress:
+    with progress_bar(console) as progress:
         bar = progress.add_task(f"real runs on {backend.url}", total=len(tasks))
         for experiment, index, rep, c in tasks:
             seed = seed_for(experiment.id, rep, c)

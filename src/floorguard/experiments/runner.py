@@ -27,7 +27,18 @@ from floorguard.experiments.conditions import Condition, run_condition
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import markdown_table, summarize, write_csv
 
-__all__ = ["ExperimentResult", "run_experiments", "seed_for"]
+__all__ = ["ExperimentResult", "progress_bar", "run_experiments", "seed_for"]
+
+
+def progress_bar(console: Console) -> Progress:
+    """The experiment runners' progress: description, bar, done/total, elapsed."""
+    return Progress(
+        *Progress.get_default_columns()[:2],
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
 
 def seed_for(experiment_id: str, rep: int, condition: Condition) -> int:
@@ -80,15 +91,9 @@ def run_experiments(
     collected: dict[str, list[tuple[int, int, Row]]] = {e.id: [] for e in experiments}
     cpu_s: dict[str, float] = dict.fromkeys(collected, 0.0)
     workers = workers or os.cpu_count() or 1
-    columns = (
-        *Progress.get_default_columns()[:2],
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
     with (
         ProcessPoolExecutor(max_workers=workers) as pool,
-        Progress(*columns, console=console, transient=False) as progress,
+        progress_bar(console) as progress,
     ):
         bar = progress.add_task(
             f"{len(experiments)} experiment(s), {workers} workers", total=len(tasks)
