@@ -24,7 +24,7 @@ import numpy as np
 from aiohttp import web
 
 from floorguard.net import free_ports
-from floorguard.proxy.app import create_app
+from floorguard.proxy.app import GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.openai_format import completion_body
 
@@ -40,8 +40,12 @@ def _upstream_app() -> web.Application:
     async def complete(_: web.Request) -> web.Response:
         return web.json_response(body)
 
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)  # the guard dispatches only to a healthy backend
     return app
 
 
@@ -91,7 +95,7 @@ def _serve_forever(ports: list[int], log_path: str) -> None:
             (_passthrough_app(upstream), ports[1]),
             (create_app(config), ports[2]),
         ):
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            runner = GuardRunner(app, handler_cancellation=True, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)

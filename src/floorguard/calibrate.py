@@ -12,7 +12,13 @@ service time is a function of ℓ and of what else runs. Probes, in order:
 2. **together**: `n` requests of ℓ = 32 started at once, n = 2…C. The last one completes after
    n prefills and 32 steps of n: `step(n) = (t_n − n·prefill_s) / 32`. `step_full_s` is
    `step(C)`; the coupling shape `r` is the grid value that fits step(2…C−1) best.
-3. **saturated**: C workers each send 8 requests of ℓ = 16 back to back, so the backend
+3. **prompt**: one request at a time, ℓ = 1, with prompts of about 64, 256 and 1024 tokens
+   (`reps` each; the backend's own `usage.prompt_tokens` says how many). The prefill cost per
+   prompt token is the smallest slope any sample shows over `L(1)` — so `L(ℓ, p)` stays a
+   sound lower envelope — and it goes into the profile (`prefill_per_prompt_token_s`, which
+   the simulator's prefill, `L` and `s_max` then count). A backend that reports no prompt
+   tokens (the emulator models none) gets 0.
+4. **saturated**: C workers each send 8 requests of ℓ = 16 back to back, so the backend
    always runs C and nothing waits in its queue. μ_sat is the completion rate over the
    middle 80 % of completions; the largest service seen sets the ceiling `s_max(ℓ)`: the
    full-batch line `C·prefill_s + ℓ·step_full_s`, scaled through that maximum (never below
@@ -24,9 +30,10 @@ Residuals (model against measurement, per probe) are reported and written with t
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -39,6 +46,7 @@ from floorguard.sim.profiles import ServiceProfile
 __all__ = ["CalibrationError", "CalibrationResult", "calibrate"]
 
 ALONE_TOKENS = (1, 16, 32, 64)
+PROMPT_WORDS = (64, 256, 1024)
 TOGETHER_TOKENS = 32
 FLOOD_TOKENS = 16
 FLOOD_PER_SLOT = 8
@@ -58,6 +66,8 @@ class CalibrationResult:
     """n → when the last of n simultaneous ℓ = 32 requests completed."""
     flood_max_s: float
     residuals: dict[str, Any]
+    prompt_s: list[tuple[int, float]] = field(default_factory=list)
+    """(prompt tokens as the backend counted them, service) of the prompt probe at ℓ = 1."""
 
     def measured(self, backend: str, model: str) -> dict[str, Any]:
         """What to keep beside the profile in its file."""
@@ -69,14 +79,26 @@ class CalibrationResult:
             "alone_s": {k: [round(x, 6) for x in v] for k, v in self.alone_s.items()},
             "together_s": {k: round(v, 6) for k, v in self.together_s.items()},
             "flood_max_s": self.flood_max_s,
+            "prompt_s": [[p, round(x, 6)] for p, x in self.prompt_s],
             "residuals": self.residuals,
         }
 
 
 async def _service(session: aiohttp.ClientSession, url: str, model: str, tokens: int) -> float:
+    return (await _timed(session, url, model, tokens))[0]
+
+
+async def _timed(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    tokens: int,
+    prompt: str = "floorguard calibration",
+) -> tuple[float, int]:
+    """(service, prompt tokens as the backend reports them; 0 if it does not)."""
     body = {
         "model": model,
-        "prompt": "floorguard calibration",
+        "prompt": prompt,
         "max_tokens": tokens,
         "min_tokens": tokens,
         "ignore_eos": True,
@@ -91,7 +113,24 @@ async def _service(session: aiohttp.ClientSession, url: str, model: str, tokens:
                 )
     except aiohttp.ClientError as exc:
         raise CalibrationError(f"{url} cannot be reached: {exc}") from exc
-    return time.perf_counter() - started
+    service = time.perf_counter() - started
+    try:
+        usage = json.loads(payload).get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    except (ValueError, TypeError, AttributeError):
+        prompt_tokens = 0
+    return service, prompt_tokens
+
+
+def _fit_prompt(
+    prompt_s: list[tuple[int, float]], prefill_s: float, step_1_s: float, base_tokens: int
+) -> tuple[float, float]:
+    """(prefill_s, prefill_per_prompt_token_s): the smallest slope over `L(1)` that any
+    prompt sample shows (0 without samples), and the intercept lowered by what the short
+    calibration prompt of the other probes already paid at that slope."""
+    slopes = [(s - prefill_s - step_1_s) / p for p, s in prompt_s if p > 0]
+    per_token = max(0.0, min(slopes)) if slopes else 0.0
+    return max(0.0, prefill_s - per_token * base_tokens), per_token
 
 
 async def _together(
@@ -146,14 +185,20 @@ def _fit_together(
 
 async def _probe(
     url: str, model: str, slots: int, reps: int, timeout_s: float
-) -> tuple[dict[int, list[float]], dict[int, float], list[float], float]:
+) -> tuple[dict[int, list[float]], dict[int, float], list[float], float, list[tuple[int, float]]]:
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await _service(session, url, model, 1)  # warm up (and fail fast if unreachable)
+        # warm up (and fail fast if unreachable); the short probe prompt's token count
+        _, base_tokens = await _timed(session, url, model, 1)
         alone: dict[int, list[float]] = {ell: [] for ell in ALONE_TOKENS}
         for _ in range(reps):
             for ell in ALONE_TOKENS:
                 alone[ell].append(await _service(session, url, model, ell))
+        prompt_s: list[tuple[int, float]] = []
+        for _ in range(reps):
+            for words in PROMPT_WORDS:
+                service, counted = await _timed(session, url, model, 1, " a" * words)
+                prompt_s.append((counted, service))
         together: dict[int, float] = {}
         for n in range(2, slots + 1):
             lasts = [await _together(session, url, model, n, TOGETHER_TOKENS) for _ in range(2)]
@@ -166,7 +211,16 @@ async def _probe(
         ends = sorted(end for end, _ in flood)
         lo, hi = len(ends) // 10, len(ends) * 9 // 10
         mu_sat = (hi - 1 - lo) / (ends[hi - 1] - ends[lo]) if ends[hi - 1] > ends[lo] else math.nan
-        return alone, together, [service for _, service in flood], mu_sat
+        return (
+            alone,
+            together,
+            [service for _, service in flood],
+            mu_sat,
+            [
+                (base_tokens, -1.0),
+                *prompt_s,
+            ],
+        )
 
 
 async def _keep_busy(
@@ -194,8 +248,10 @@ def calibrate(
     if slots < 2:
         raise CalibrationError(f"slots = {slots}: the coupling fit needs at least 2")
     url = backend.rstrip("/") + "/v1/completions"
-    alone, together, flood, mu_sat = asyncio.run(_probe(url, model, slots, reps, timeout_s))
+    alone, together, flood, mu_sat, probed = asyncio.run(_probe(url, model, slots, reps, timeout_s))
+    (base_tokens, _), prompt_s = probed[0], probed[1:]
     prefill_s, step_1_s, jitter_mean, jitter_cap = _fit_alone(alone)
+    prefill_s, per_prompt_token_s = _fit_prompt(prompt_s, prefill_s, step_1_s, base_tokens)
     step_full_s, shape, steps = _fit_together(together, prefill_s, step_1_s, slots)
     full_line = AffineEnvelope(slots * prefill_s, step_full_s)
     scale = max(1.0, max(flood) / full_line.at(FLOOD_TOKENS))
@@ -204,11 +260,14 @@ def calibrate(
         prefill_s=prefill_s,
         step_1_s=step_1_s,
         step_full_s=step_full_s,
-        ceiling=AffineEnvelope(full_line.base_s * scale, full_line.per_token_s * scale),
+        ceiling=AffineEnvelope(
+            full_line.base_s * scale, full_line.per_token_s * scale, per_prompt_token_s * scale
+        ),
         coupling_shape=shape,
         reference_slots=slots,
         jitter_mean=jitter_mean,
         jitter_cap=jitter_cap,
+        prefill_per_prompt_token_s=per_prompt_token_s,
     )
     residuals = {
         "alone_median_rel": {
@@ -217,6 +276,9 @@ def calibrate(
         "step_rel": {n: profile.step_s(n) / s - 1 for n, s in steps.items()},
         "samples_below_L": sum(
             s < profile.lower.at(ell) - 1e-9 for ell, v in alone.items() for s in v
-        ),
+        )
+        + sum(s < profile.lower.at(1, p) - 1e-9 for p, s in prompt_s),
     }
-    return CalibrationResult(profile, mu_sat, alone, together, max(flood), residuals)
+    return CalibrationResult(
+        profile, mu_sat, alone, together, max(flood), residuals, prompt_s=prompt_s
+    )

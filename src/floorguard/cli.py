@@ -53,11 +53,11 @@ from floorguard.experiments.report import write_real_section, write_report
 from floorguard.experiments.runner import run_experiments
 from floorguard.experiments.spec import Experiment
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
-from floorguard.proxy.app import create_app
-from floorguard.proxy.config import load_config, server_ssl_context
+from floorguard.proxy.config import load_config
 from floorguard.proxy.demo import run_demo
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 from floorguard.proxy.loadgen import measure_client, replay
+from floorguard.proxy.serve import run_guard
 from floorguard.screen.model import (
     AGGREGATIONS,
     ScreenConfig,
@@ -751,21 +751,15 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
-    scheme = "https" if config.tls else "http"
-    console.print(
-        f"floorguard guarding {[b.url for b in config.backends]} on "
-        f"{scheme}://{config.host}:{config.port}",
-        markup=False,
-    )
-    web.run_app(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        ssl_context=server_ssl_context(config.tls) if config.tls else None,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=config.drain_timeout_s,
-    )
+    backends = [b.url for b in config.backends]
+
+    def listening(url: str) -> None:
+        console.print(f"floorguard guarding {backends} on {url}", markup=False)
+
+    try:
+        run_guard(config, listening)
+    except OSError as exc:  # the port is taken, the address is not this host's, …
+        raise FloorguardError(f"cannot listen on {config.host}:{config.port}: {exc}") from exc
     return 0
 
 

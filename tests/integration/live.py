@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import jwt
 from aiohttp import web
 
-from floorguard.proxy.app import SERVER, create_app
+from floorguard.proxy.app import SERVER, FaultHook, GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 
@@ -77,7 +77,7 @@ class Live:
 
         async def start() -> tuple[int, web.Application]:
             app = factory()
-            runner = web.AppRunner(app, handler_cancellation=True)
+            runner = GuardRunner(app, handler_cancellation=True)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
             await site.start()
@@ -90,9 +90,11 @@ class Live:
     def emulator(self, profile: str = "v100-moe", slots: int = 4) -> str:
         return self.serve(lambda: create_emulator_app(Emulator(profile, slots)))[0]
 
-    def guard(self, config: GuardServerConfig) -> tuple[str, web.Application]:
+    def guard(
+        self, config: GuardServerConfig, fault_hook: FaultHook | None = None
+    ) -> tuple[str, web.Application]:
         context = server_ssl_context(config.tls) if config.tls else None
-        return self.serve(lambda: create_app(config), context)
+        return self.serve(lambda: create_app(config, fault_hook=fault_hook), context)
 
     def flush_log(self, app: web.Application) -> None:
         """Write the guard's pending decision-log lines (on the loop's thread)."""

@@ -96,7 +96,7 @@ def test_the_floor_never_calls_the_learner_and_the_surplus_follows_it(live, guar
     assert set(service.seen[-1]["load"]) == load
     service.mode = "refuse"
     status, _, body = _post(live, url, "free")
-    assert (status, body["error"]["type"]) == (429, "learner_reject")
+    assert (status, body["error"]["code"]) == (429, "learner_reject")
     assert server.guard.stats.learner_faults == 0
 
 
@@ -107,7 +107,7 @@ def test_a_failing_learner_rejects_the_surplus_as_a_counted_fault(live, guarded,
     service, url, server = guarded
     service.mode = mode
     status, _, body = _post(live, url, "free")
-    assert (status, body["error"]["type"]) == (429, "learner_fault")
+    assert (status, body["error"]["code"]) == (429, "learner_fault")
     assert server.guard.stats.learner_faults == 1
     assert server.http_learner.outcomes[outcome] == 1
     assert _post(live, url, "acme")[:2] == (200, "entitled")  # the floor is untouched
@@ -116,7 +116,7 @@ def test_a_failing_learner_rejects_the_surplus_as_a_counted_fault(live, guarded,
 def test_an_unreachable_learner_is_a_fault_and_the_guard_keeps_serving(live):
     url, _ = live.guard(callout_config(live.emulator(), "http://127.0.0.1:9/propose"))
     status, _, body = _post(live, url, "free")
-    assert (status, body["error"]["type"]) == (429, "learner_fault")
+    assert (status, body["error"]["code"]) == (429, "learner_fault")
     assert _post(live, url, "acme")[:2] == (200, "entitled")
     metrics = live.run(_get(url + "/metrics"))
     assert 'floorguard_learner_callouts_total{outcome="error"} 1.0' in metrics

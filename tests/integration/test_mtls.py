@@ -77,9 +77,9 @@ def test_the_certificate_common_name_is_the_tenant(live, guard_url, pki):
 
 def test_no_certificate_is_401_and_an_unknown_tenant_403(live, guard_url, pki):
     status, payload, _ = _post(live, guard_url, client_context(pki, None))
-    assert (status, payload["error"]["type"]) == (401, "missing_identity")
+    assert (status, payload["error"]["code"]) == (401, "missing_identity")
     status, payload, _ = _post(live, guard_url, client_context(pki, "mallory"))
-    assert (status, payload["error"]["type"]) == (403, "unknown_tenant")
+    assert (status, payload["error"]["code"]) == (403, "unknown_tenant")
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake(live, guard_url, pki):
@@ -103,5 +103,5 @@ def test_a_uri_san_can_name_the_tenant(live, pki):
     url, _ = live.guard(mtls_config(live.emulator(), pki, tenant_from="san-uri"))
     status, payload, _ = _post(live, url, client_context(pki, "acme"))
     # the acme certificate's URI SAN names "spiffe://tenants/free": no contract by that name
-    assert (status, payload["error"]["type"]) == (403, "unknown_tenant")
+    assert (status, payload["error"]["code"]) == (403, "unknown_tenant")
     assert "spiffe://tenants/free" in payload["error"]["message"]

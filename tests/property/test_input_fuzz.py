@@ -1,6 +1,7 @@
 """Fuzzing what a client controls before the core runs: the request body and the
 Authorization header. Whatever arrives, parsing ends in a value or the one refusal type
-(a 4xx), never another exception (which would be a 500)."""
+(a 4xx), never another exception (which would be a 500); and what it forwards can never
+make the backend do more than the guard metered (SPEC §12)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from floorguard.proxy.config import IdentitySpec
 from floorguard.proxy.identity import AuthError, create_identity
-from floorguard.proxy.openai_format import BadRequestError, parse_body
+from floorguard.proxy.normalize import SCHEDULING_FIELDS, BadRequestError, EdgeLimits, normalize
 
 SECRET = "fuzz-secret-0123456789abcdef0123456789"
 IDENTITY = create_identity(
@@ -42,24 +43,61 @@ bodies = st.one_of(
         optional={
             "max_tokens": json_values | st.integers(-(2**70), 2**70),
             "max_completion_tokens": json_values,
+            "min_tokens": json_values | st.integers(0, 5000),
+            "n": json_values | st.integers(0, 4),
+            "best_of": json_values | st.integers(0, 4),
+            "priority": json_values,
+            "service_tier": json_values,
             "stream": json_values,
-            "prompt": json_values,
+            "prompt": json_values | st.text(max_size=50),
+            "messages": json_values
+            | st.lists(
+                st.fixed_dictionaries(
+                    {"role": st.sampled_from(["user", "system"]), "content": json_values}
+                ),
+                max_size=3,
+            ),
+            "temperature": json_values,
+            "surprise": json_values,
         },
     ).map(_dumps),
+    st.integers(200, 400).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.integers(200, 400).map(
+        lambda depth: b'{"prompt":"x","a":' + b"[" * depth + b"]" * depth + b"}"
+    ),
 )
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=bodies)
-def test_any_body_parses_or_is_refused_with_a_4xx(raw):
+@given(
+    raw=bodies,
+    chat=st.booleans(),
+    policy=st.sampled_from(["refuse", "drop", "forward"]),
+    priority=st.sampled_from([None, 0, 1]),
+)
+def test_any_body_is_normalized_within_the_metered_work_or_refused_with_a_4xx(
+    raw, chat, policy, priority
+):
+    """A body either becomes forwarded bytes whose output cap is the metered ℓ (≤ the
+    limit), with at most one sequence, no client scheduling field and `min_tokens` ≤ ℓ, or
+    is refused with a 400 naming why; nothing else is raised."""
+    limits = EdgeLimits(max_tokens=4096, default_max_tokens=16, unknown_fields=policy)
     try:
-        body, max_tokens = parse_body(raw, max_tokens_cap=4096, default_max_tokens=16)
+        work = normalize(raw, chat=chat, limits=limits, priority=priority)
     except BadRequestError as exc:
-        assert exc.status in (400, 413) and exc.kind
+        assert exc.status == 400 and exc.kind
         return
-    assert isinstance(body, dict)
-    assert type(max_tokens) is int and 1 <= max_tokens <= 4096
-    assert isinstance(body.get("stream", False), bool)
+    forwarded = json.loads(work.body)
+    assert isinstance(forwarded, dict)
+    assert forwarded["max_tokens"] == work.num_output_tokens
+    assert 1 <= work.num_output_tokens <= 4096
+    assert forwarded.get("max_completion_tokens", work.num_output_tokens) == work.num_output_tokens
+    assert forwarded.get("min_tokens") in (None, *range(work.num_output_tokens + 1))
+    assert forwarded.get("n", 1) == 1 and forwarded.get("best_of", 1) == 1
+    assert forwarded.get("priority") == priority
+    assert not (set(forwarded) & SCHEDULING_FIELDS - {"priority"})
+    assert 0 <= (work.min_prompt_tokens or 0) <= work.num_prompt_tokens <= 32768
+    assert isinstance(forwarded.get("stream", False), bool)
 
 
 def _b64(data: bytes) -> str:
@@ -91,3 +129,14 @@ def test_any_authorization_header_names_a_tenant_or_is_refused(token, scheme):
         return
     claims = jwt.decode(token.strip(), SECRET, algorithms=["HS256"], audience="fg")
     assert tenant == claims["sub"] and claims["exp"] > time.time() - 1
+
+
+def test_a_token_expiring_in_10_to_the_400_is_refused_not_a_500():
+    """`exp` = 10^400 is a valid JSON integer that overflows a float: 401, not a crash."""
+    token = jwt.encode({"sub": "acme", "aud": "fg", "exp": 10**400}, SECRET, algorithm="HS256")
+    try:
+        IDENTITY.tenant_of({"Authorization": f"Bearer {token}"})
+    except AuthError as exc:
+        assert (exc.status, exc.kind) == (401, "invalid_token")
+    else:
+        raise AssertionError("accepted a token with an infinite expiry")

@@ -16,7 +16,7 @@ BASE = {
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 900},
     ],
     "backends": [{"url": "http://127.0.0.1:8001", "slots": 4}],
-    "identity": {"mode": "header", "header": "X-Tenant"},
+    "identity": {"mode": "header", "header": "X-Tenant", "trusted_upstreams": ["127.0.0.1/32"]},
 }
 
 

@@ -6,10 +6,14 @@ violation's position is reported:
 * AF       every assured arrival that fits its window's remaining floor is admitted entitled,
            and no window grants more than `B` (recomputed from arrival times, the config's
            `W`, `t0` and meter; the guard's own window field is not trusted);
-* DR       every drop satisfies `t + L(ℓ) > D` with the config's lower envelope;
+* DR       every drop satisfies `t + L(ℓ, p) > D` with the config's lower envelope (`p`: the
+           prompt's tokens, its lower bound where the count was only bounded);
 * ORDER    assured-first: no surplus request starts while a floor-entitled one waits;
-           FIFO: requests start (or drop) in admission order;
+           FIFO: requests start in admission order (a doomed one may leave whenever it
+           is doomed: SPEC §12);
 * SLOTS    no backend ever has more than its `C` in flight;
+* REQUEUE  (not a property) a request whose backend was unreachable frees its slot and waits
+           again at the front of its queue;
 * TERMINAL every arrival ends in exactly one terminal outcome (reject, drop, complete, fail,
            abort), and nothing ends twice or without arriving.
 
@@ -85,6 +89,7 @@ class _Open:
     deadline_at: float
     num_output_tokens: int
     num_prompt_tokens: int
+    prompt_tokens_lower: int
     expected_entitled: bool | None = None
     entitled: bool = False
     left_queue: bool = False
@@ -147,6 +152,9 @@ class _Checker:
             event.deadline_at if event.deadline_at is not None else math.inf,
             event.num_output_tokens or 0,
             event.num_prompt_tokens or 0,
+            event.min_prompt_tokens
+            if event.min_prompt_tokens is not None
+            else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
         floor = self.floors.get(event.tenant or "")
@@ -198,10 +206,17 @@ class _Checker:
         if state.expected_entitled is not None:
             self._decided(state, event.request_id, False, f"rejected ({event.reason})")
 
-    def _leave_queue(self, event: TraceEvent, state: _Open) -> None:
+    def _leave_queue(self, event: TraceEvent, state: _Open, *, started: bool = True) -> None:
+        """ORDER judges starts; a doomed request may be dropped whenever it is doomed (the
+        guard's doom timer), whatever waits beside it."""
         rid = event.request_id
         dispatch = self.config.dispatch
-        if dispatch is DispatchOrder.ASSURED_FIRST and not state.entitled and self.waiting_entitled:
+        if (
+            started
+            and dispatch is DispatchOrder.ASSURED_FIRST
+            and not state.entitled
+            and self.waiting_entitled
+        ):
             self.violate(
                 "ORDER",
                 rid,
@@ -209,7 +224,7 @@ class _Checker:
                 f"{len(self.waiting_entitled)} floor-entitled waited",
             )
         self.waiting_entitled.discard(rid)
-        if dispatch is DispatchOrder.FIFO:
+        if dispatch is DispatchOrder.FIFO and started:
             self._skip_left()
             if self.fifo_head < len(self.fifo) and self.fifo[self.fifo_head] != rid:
                 self.violate("ORDER", rid, "FIFO dispatch out of admission order")
@@ -237,18 +252,34 @@ class _Checker:
             )
 
     def _on_drop(self, event: TraceEvent, state: _Open) -> None:
-        self._leave_queue(event, state)
+        self._leave_queue(event, state, started=False)
         self.report.num_drops += 1
         lower = self.config.lower_envelope
         if lower is None:
             self.violate("DR", event.request_id, "dropped, but the config has no lower envelope")
-        elif not event.at + lower.at(state.num_output_tokens) > state.deadline_at:
-            slack = state.deadline_at - event.at - lower.at(state.num_output_tokens)
+        elif not event.at + lower.at(*self._sizes(state)) > state.deadline_at:
+            slack = state.deadline_at - event.at - lower.at(*self._sizes(state))
             self.violate(
                 "DR",
                 event.request_id,
                 f"dropped with t + L(ℓ) ≤ D (slack {slack * 1e3:.1f} ms): not doomed",
             )
+
+    @staticmethod
+    def _sizes(state: _Open) -> tuple[int, int]:
+        """(ℓ, the prompt tokens `L` may count: the lower bound where the count was one)."""
+        return state.num_output_tokens, state.prompt_tokens_lower
+
+    def _on_requeue(self, event: TraceEvent, state: _Open) -> None:
+        """Its backend was unreachable: the slot is free and the request waits again, in
+        its old place (the front of its queue)."""
+        self._free(state)
+        state.left_queue = False
+        if state.entitled:
+            self.waiting_entitled.add(event.request_id)  # type: ignore[arg-type]
+        if self.config.dispatch is DispatchOrder.FIFO:
+            self._skip_left()
+            self.fifo.insert(self.fifo_head, event.request_id)  # type: ignore[arg-type]
 
     def _free(self, state: _Open) -> None:
         if state.backend is not None:

@@ -21,6 +21,7 @@ __all__ = [
     "ExcessPolicy",
     "GuardConfig",
     "MeterKind",
+    "QueueLimits",
     "WindowSchedule",
 ]
 
@@ -94,10 +95,12 @@ class WindowSchedule:
 
 @dataclass(frozen=True, slots=True)
 class AffineEnvelope:
-    """A service-time bound `base_s + per_token_s · ℓ` for ℓ output tokens."""
+    """A service-time bound `base_s + per_token_s · ℓ + per_prompt_token_s · p` for ℓ
+    output tokens and `p` prompt tokens (the prefill term: SPEC §12, the edge counts `p`)."""
 
     base_s: float
     per_token_s: float
+    per_prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         require(
@@ -109,9 +112,28 @@ class AffineEnvelope:
             self.per_token_s,
             "must be ≥ 0",
         )
+        require(
+            math.isfinite(self.per_prompt_token_s) and self.per_prompt_token_s >= 0,
+            "per_prompt_token_s",
+            self.per_prompt_token_s,
+            "must be ≥ 0",
+        )
 
-    def at(self, num_output_tokens: int) -> float:
-        return self.base_s + self.per_token_s * num_output_tokens
+    def at(self, num_output_tokens: int, num_prompt_tokens: int = 0) -> float:
+        return (
+            self.base_s
+            + self.per_token_s * num_output_tokens
+            + self.per_prompt_token_s * num_prompt_tokens
+        )
+
+    def max_output_tokens(self, budget_s: float, num_prompt_tokens: int = 0) -> int:
+        """The largest ℓ with `at(ℓ, p) ≤ budget_s` (0 when not even one token fits)."""
+        room = budget_s - self.base_s - self.per_prompt_token_s * num_prompt_tokens
+        if room < self.per_token_s:
+            return 0
+        if self.per_token_s == 0:
+            return 2**31 - 1
+        return int(room / self.per_token_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +181,34 @@ class Contract:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """How many *surplus* requests may wait in the guard's queue (SPEC §12): a request over
+    a limit is refused `queue_full`. Floor-entitled requests are never refused by a queue
+    limit (that would break AF); their queue is bounded by the floor itself — at most `B`
+    per window are admitted — and the doom timers (a queued request leaves the moment it is
+    doomed). None: no limit."""
+
+    assured: int | None = None
+    """Demoted burst-excess of assured tenants (`excess_policy: demote`)."""
+    opportunistic: int | None = None
+    per_tenant: int | None = None
+    """Any one tenant's surplus requests waiting, whatever its class."""
+
+    def __post_init__(self) -> None:
+        for name in ("assured", "opportunistic", "per_tenant"):
+            value = getattr(self, name)
+            require(
+                value is None or (isinstance(value, int) and value >= 0),
+                f"queue_limits.{name}",
+                value,
+                "must be an integer ≥ 0, or None for no limit",
+            )
+
+    def for_class(self, cls: ContractClass) -> int | None:
+        return self.assured if cls is ContractClass.ASSURED else self.opportunistic
+
+
+@dataclass(frozen=True, slots=True)
 class GuardConfig:
     """Everything the guard core needs to decide; validated as a whole on construction."""
 
@@ -173,6 +223,7 @@ class GuardConfig:
     upper_envelope: AffineEnvelope | None = None
     """`s_max(ℓ)` (the service ceiling) for the monitors and the §6 report."""
     capacity_action: CapacityAction = CapacityAction.ALARM
+    queue_limits: QueueLimits = field(default_factory=QueueLimits)
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")

@@ -54,6 +54,11 @@ class Dispatcher(ABC):
     def push(self, ticket: Ticket) -> None: ...
 
     @abstractmethod
+    def push_front(self, ticket: Ticket) -> None:
+        """Put back a ticket that was popped (its start failed): ahead of every ticket of
+        its queue that was admitted after it, as if it had never left."""
+
+    @abstractmethod
     def _pop_live(self) -> Ticket | None: ...
 
     def pop(self) -> Ticket | None:
@@ -89,6 +94,13 @@ class AssuredFirstDispatcher(Dispatcher):
         else:
             heapq.heappush(self._surplus, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
 
+    def push_front(self, ticket: Ticket) -> None:
+        if ticket.entitled:
+            self._count(ticket, +1)
+            self._assured.appendleft(ticket)
+        else:
+            self.push(ticket)  # the surplus heap orders by admission already
+
     def _pop_live(self) -> Ticket | None:
         while self._assured:
             ticket = self._assured.popleft()
@@ -112,6 +124,10 @@ class FifoDispatcher(Dispatcher):
         self._count(ticket, +1)
         self._queue.append(ticket)
 
+    def push_front(self, ticket: Ticket) -> None:
+        self._count(ticket, +1)
+        self._queue.appendleft(ticket)
+
     def _pop_live(self) -> Ticket | None:
         while self._queue:
             ticket = self._queue.popleft()
@@ -133,29 +149,43 @@ class SlotPool:
     def __init__(self, slots: tuple[int, ...]) -> None:
         self.capacity = slots
         self._free = list(slots)
+        self._available = [True] * len(slots)
         self.num_free = sum(slots)
+        """Free slots on available backends: what `acquire` may hand out."""
 
     def acquire(self) -> int:
         if self.num_free <= 0:
             raise RuntimeError("acquire() with no free slot: the caller must check num_free")
-        free = self._free
-        backend = 0 if len(free) == 1 else max(range(len(free)), key=free.__getitem__)
+        free, up = self._free, self._available
+        if len(free) == 1:
+            backend = 0
+        else:
+            backend = max(range(len(free)), key=lambda b: free[b] if up[b] else -1)
         free[backend] -= 1
         self.num_free -= 1
         return backend
+
+    def set_available(self, backend: int, available: bool) -> None:
+        """A backend that is not available keeps its running requests but gets no new one."""
+        if self._available[backend] == available:
+            return
+        self._available[backend] = available
+        self.num_free += self._free[backend] if available else -self._free[backend]
 
     def acquire_on(self, backend: int) -> None:
         """Take a slot on one given backend (a stack whose backends keep their own queue)."""
         if self._free[backend] <= 0:
             raise RuntimeError(f"acquire_on({backend}) with no free slot there")
         self._free[backend] -= 1
-        self.num_free -= 1
+        if self._available[backend]:
+            self.num_free -= 1
 
     def release(self, backend: int) -> None:
         if self._free[backend] >= self.capacity[backend]:
             raise RuntimeError(f"release() of backend {backend} with no slot in use")
         self._free[backend] += 1
-        self.num_free += 1
+        if self._available[backend]:
+            self.num_free += 1
 
     def in_flight(self, backend: int) -> int:
         return self.capacity[backend] - self._free[backend]

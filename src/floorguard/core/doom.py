@@ -27,9 +27,36 @@ class DoomGate:
         self.lower = lower
         self.upper = upper
 
-    def check(self, deadline_at: float, num_output_tokens: int, now: float) -> DoomVerdict:
-        if self.lower is not None and now + self.lower.at(num_output_tokens) > deadline_at:
+    def check(
+        self,
+        deadline_at: float,
+        num_output_tokens: int,
+        now: float,
+        *,
+        prompt_lower: int = 0,
+        prompt_upper: int = 0,
+    ) -> DoomVerdict:
+        """`prompt_lower` / `prompt_upper`: bounds on the prompt's tokens, for `L` and `U`."""
+        if self.lower is not None and self.is_doomed(
+            deadline_at, num_output_tokens, now, prompt_lower
+        ):
             return DoomVerdict.DROP
-        if self.upper is None or now + self.upper.at(num_output_tokens) <= deadline_at:
+        if (
+            self.upper is None
+            or now + self.upper.at(num_output_tokens, prompt_upper) <= deadline_at
+        ):
             return DoomVerdict.DISPATCH
         return DoomVerdict.UNCERTAIN
+
+    def is_doomed(
+        self, deadline_at: float, num_output_tokens: int, now: float, prompt_lower: int = 0
+    ) -> bool:
+        """`now + L(ℓ, p) > D`: provably too late (False without a lower envelope)."""
+        lower = self.lower
+        return lower is not None and now + lower.at(num_output_tokens, prompt_lower) > deadline_at
+
+    def doomed_after(self, deadline_at: float, num_output_tokens: int, prompt_lower: int) -> float:
+        """The instant after which the request is doomed, `D − L(ℓ, p)` (inf: never)."""
+        if self.lower is None:
+            return float("inf")
+        return deadline_at - self.lower.at(num_output_tokens, prompt_lower)

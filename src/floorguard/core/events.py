@@ -56,6 +56,9 @@ class EventKind(StrEnum):
     COMPLETE = "complete"
     ABORT = "abort"
     FAIL = "fail"
+    REQUEUE = "requeue"
+    """A dispatched request whose backend could not be reached before any byte was sent:
+    its slot is freed and it waits again, in its old place (SPEC §12)."""
 
 
 TERMINAL_KINDS = frozenset(
@@ -76,7 +79,8 @@ class TraceEvent(NamedTuple):
     backend: int | None = None  # backend: index of the backend dispatched to
     deadline_at: float | None = None  # deadline: D(R)
     num_output_tokens: int | None = None  # tokens: ℓ
-    num_prompt_tokens: int | None = None  # prompt_tokens
+    num_prompt_tokens: int | None = None  # prompt_tokens: as metered (exact or upper bound)
+    min_prompt_tokens: int | None = None  # prompt_tokens_min: lower bound, when not exact
     scheduled_at: float | None = None  # scheduled: the workload's intended fire time
     admit: bool | None = None  # admit: the learner's proposal
     proposed_cls: str | None = None  # proposed_class: the learner's relabel, if any
@@ -92,6 +96,7 @@ _WIRE_NAMES = {
     "deadline_at": "deadline",
     "num_output_tokens": "tokens",
     "num_prompt_tokens": "prompt_tokens",
+    "min_prompt_tokens": "prompt_tokens_min",
     "scheduled_at": "scheduled",
     "proposed_cls": "proposed_class",
     "data": "config",
@@ -113,6 +118,7 @@ def arrive_event(
         deadline_at=request.arrival_at + contract.deadline_budget_s if contract else None,
         num_output_tokens=request.num_output_tokens,
         num_prompt_tokens=request.num_prompt_tokens,
+        min_prompt_tokens=request.min_prompt_tokens,
         scheduled_at=scheduled_at,
     )
 
@@ -176,7 +182,12 @@ def read_jsonl(path: str) -> Iterator[TraceEvent]:
 
 def config_to_dict(config: GuardConfig) -> dict[str, Any]:
     def envelope(e: AffineEnvelope | None) -> dict[str, float] | None:
-        return None if e is None else {"base_s": e.base_s, "per_token_s": e.per_token_s}
+        if e is None:
+            return None
+        out = {"base_s": e.base_s, "per_token_s": e.per_token_s}
+        if e.per_prompt_token_s:
+            out["per_prompt_token_s"] = e.per_prompt_token_s
+        return out
 
     return {
         "window_s": config.schedule.window_s,
@@ -202,7 +213,9 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
 
 def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
     def envelope(e: Mapping[str, float] | None) -> AffineEnvelope | None:
-        return None if e is None else AffineEnvelope(e["base_s"], e["per_token_s"])
+        if e is None:
+            return None
+        return AffineEnvelope(e["base_s"], e["per_token_s"], e.get("per_prompt_token_s", 0.0))
 
     try:
         return GuardConfig(

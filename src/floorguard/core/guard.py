@@ -4,6 +4,9 @@ Pure: no I/O, no clock reads. A driver (the simulator, the HTTP proxy) calls
 
     on_arrival(request, now)      -> Admission
     poll(now)                     -> [Dispatch | Drop, ...]   (fill free slots)
+    expire(now)                   -> [Drop, ...]   (queued requests doomed by now;
+                                                     next_doom_at() says when to call)
+    requeue(id, now)              (its backend was unreachable: wait again, in place)
     on_first_token(id, now)
     on_complete(id, now)          -> Completion
     on_fail(id, now, reason) / on_abort(id, now, reason)
@@ -15,6 +18,8 @@ dataclasses on the per-request hot path (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -72,6 +77,8 @@ class RejectReason(StrEnum):
     COST_EXCESS = "cost_excess"
     LEARNER_REJECT = "learner_reject"
     LEARNER_FAULT = "learner_fault"
+    QUEUE_FULL = "queue_full"
+    """A surplus request over a queue limit (`QueueLimits`); never a floor-entitled one."""
 
 
 class StoreCall(NamedTuple):
@@ -169,6 +176,10 @@ class Guard:
         self.stats = GuardStats()
         self._in_flight: dict[RequestId, Ticket] = {}
         self._queued: dict[RequestId, Ticket] = {}
+        self._doom_heap: list[tuple[float, int, Ticket]] = []
+        """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time."""
+        self._surplus_by_class: Counter[ContractClass] = Counter()
+        self._surplus_by_tenant: Counter[str] = Counter()
         self._seq = 0
         self._max_assured_tokens = 0
         self._lowered: dict[str, tuple[int, int]] = {}
@@ -294,6 +305,8 @@ class Guard:
             return self._reject(request, contract, window_index, RejectReason.LEARNER_FAULT, now)
         if not proposal.admit:
             return self._reject(request, contract, window_index, RejectReason.LEARNER_REJECT, now)
+        if self._surplus_queue_full(contract):
+            return self._reject(request, contract, window_index, RejectReason.QUEUE_FULL, now)
         # SPEC §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
         rank = 0 if proposal.proposed_class is ASSURED else 1
         return self._admit(
@@ -307,6 +320,14 @@ class Guard:
             rank=rank,
             hint=float(proposal.priority_hint),
         )
+
+    def _surplus_queue_full(self, contract: Contract) -> bool:
+        limits = self.config.queue_limits
+        by_class = limits.for_class(contract.cls)
+        if by_class is not None and self._surplus_by_class[contract.cls] >= by_class:
+            return True
+        per_tenant = limits.per_tenant
+        return per_tenant is not None and self._surplus_by_tenant[contract.tenant] >= per_tenant
 
     def _ask_learner(self, request: Request, contract: Contract, now: float) -> Proposal | None:
         """The learner's proposal, or None for a fault (exception or malformed answer)."""
@@ -336,10 +357,7 @@ class Guard:
             request, contract, deadline_at, entitled, window_index, self._seq, rank, hint
         )
         self.stats.per_class[contract.cls].admitted += 1
-        self._queue.push(ticket)
-        self._queued[request.request_id] = ticket
-        if entitled:
-            self.backlog.on_enqueue()
+        self._enqueue(ticket)
         if self._sink is not None:
             self._sink(
                 TraceEvent(
@@ -386,6 +404,109 @@ class Guard:
             )
         return Admission(request.request_id, False, cls, False, False, window_index, None, reason)
 
+    # -- the queue ------------------------------------------------------------------------
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        request = ticket.request
+        self._queue.push(ticket)
+        self._queued[request.request_id] = ticket
+        if ticket.entitled:
+            self.backlog.on_enqueue()
+        else:
+            self._surplus_by_class[ticket.contract.cls] += 1
+            self._surplus_by_tenant[request.tenant] += 1
+        doomed_after = self._doom.doomed_after(
+            ticket.deadline_at, request.num_output_tokens, request.prompt_tokens_lower
+        )
+        if doomed_after != float("inf"):
+            heapq.heappush(self._doom_heap, (doomed_after, ticket.seq, ticket))
+
+    def _dequeued(self, ticket: Ticket) -> None:
+        """Bookkeeping for a ticket that left the queue (started, dropped or aborted)."""
+        request = ticket.request
+        del self._queued[request.request_id]
+        if ticket.entitled:
+            self.backlog.on_dequeue()
+        else:
+            self._surplus_by_class[ticket.contract.cls] -= 1
+            self._surplus_by_tenant[request.tenant] -= 1
+
+    def _is_queued(self, ticket: Ticket) -> bool:
+        return self._queued.get(ticket.request.request_id) is ticket
+
+    def next_doom_at(self) -> float | None:
+        """When the earliest queued request becomes doomed (call `expire` then); None if no
+        queued request can become doomed (no lower envelope, or nothing queued)."""
+        heap = self._doom_heap
+        while heap and not self._is_queued(heap[0][2]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def expire(self, now: float) -> list[Drop]:
+        """Drop every queued request that is doomed at `now` (`now + L > D`, SPEC §4.3),
+        without waiting for a slot to free (SPEC §12)."""
+        out: list[Drop] = []
+        heap = self._doom_heap
+        while heap:
+            ticket = heap[0][2]
+            if not self._is_queued(ticket):
+                heapq.heappop(heap)
+                continue
+            request = ticket.request
+            if not self._doom.is_doomed(
+                ticket.deadline_at, request.num_output_tokens, now, request.prompt_tokens_lower
+            ):
+                break
+            heapq.heappop(heap)
+            self._queue.cancel(ticket)
+            self._dequeued(ticket)
+            out.append(self._drop(ticket, now))
+        return out
+
+    def requeue(self, request_id: RequestId, now: float) -> None:
+        """Its backend could not be reached before any byte was sent: free the slot and
+        let the request wait again in its old place (ahead of everything admitted after
+        it), to be placed on a backend that answers."""
+        ticket = self._in_flight.pop(request_id, None)
+        if ticket is None:
+            raise KeyError(f"request {request_id!r} is not in flight")
+        self._slots.release(ticket.backend)
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.REQUEUE,
+                    request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                    backend=ticket.backend,
+                    reason="backend_unreachable",
+                )
+            )
+        ticket.backend = -1
+        ticket.dispatched_at = float("nan")
+        self._queue.push_front(ticket)
+        self._queued[request_id] = ticket
+        if ticket.entitled:
+            self.backlog.on_enqueue()
+        else:
+            self._surplus_by_class[ticket.contract.cls] += 1
+            self._surplus_by_tenant[ticket.request.tenant] += 1
+
+    def set_backend_available(self, backend: int, available: bool) -> None:
+        """Whether `backend` may get new requests (the driver's health probe says). A down
+        backend's slots are not offered by `poll`; what runs there still ends normally."""
+        self._slots.set_available(backend, available)
+
+    def holds(self, request_id: RequestId) -> bool:
+        """Whether the request is still queued or in flight (not yet ended)."""
+        return request_id in self._queued or request_id in self._in_flight
+
+    def in_flight_request(self, request_id: RequestId) -> Request | None:
+        """The request if it is in flight (dispatched, not yet ended), else None."""
+        ticket = self._in_flight.get(request_id)
+        return ticket.request if ticket is not None else None
+
     # -- dispatch -------------------------------------------------------------------------
 
     def poll(self, now: float) -> list[Dispatch | Drop]:
@@ -397,10 +518,14 @@ class Guard:
             if ticket is None:
                 break
             request = ticket.request
-            del self._queued[request.request_id]
-            if ticket.entitled:
-                self.backlog.on_dequeue()
-            verdict = self._doom.check(ticket.deadline_at, request.num_output_tokens, now)
+            self._dequeued(ticket)
+            verdict = self._doom.check(
+                ticket.deadline_at,
+                request.num_output_tokens,
+                now,
+                prompt_lower=request.prompt_tokens_lower,
+                prompt_upper=request.num_prompt_tokens,
+            )
             if verdict is DoomVerdict.DROP:
                 out.append(self._drop(ticket, now))
                 continue
@@ -464,7 +589,13 @@ class Guard:
         stats = self.stats.per_class[ticket.contract.cls]
         stats.completed += 1
         stats.late += late
-        self.envelope.observe(ticket.request.num_output_tokens, service_s)
+        request = ticket.request
+        self.envelope.observe(
+            request.num_output_tokens,
+            service_s,
+            request.prompt_tokens_lower,
+            request.num_prompt_tokens,
+        )
         self.capacity.on_complete(now, self._queue.num_queued)
         if self._sink is not None:
             self._sink(
@@ -487,11 +618,10 @@ class Guard:
 
     def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool:
         """The client went away: dequeue it, or free its slot. False if it already ended."""
-        ticket = self._queued.pop(request_id, None)
+        ticket = self._queued.get(request_id)
         if ticket is not None:
             self._queue.cancel(ticket)
-            if ticket.entitled:
-                self.backlog.on_dequeue()
+            self._dequeued(ticket)
         elif request_id in self._in_flight:
             ticket = self._release(request_id)
         else:

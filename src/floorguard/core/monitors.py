@@ -30,13 +30,21 @@ class EnvelopeMonitor:
         self.max_upper_ratio = 0.0
         """max of s / s_max(ℓ): above 1 means A3 of §6 failed at least once."""
 
-    def observe(self, num_output_tokens: int, service_s: float) -> None:
+    def observe(
+        self,
+        num_output_tokens: int,
+        service_s: float,
+        prompt_lower: int = 0,
+        prompt_upper: int = 0,
+    ) -> None:
+        """`prompt_lower` / `prompt_upper`: bounds on the prompt's tokens, for `L` / `s_max`."""
         self.num_observed += 1
         self.max_service_s = max(self.max_service_s, service_s)
-        if self._lower is not None and service_s < self._lower.at(num_output_tokens):
+        lower = self._lower
+        if lower is not None and service_s < lower.at(num_output_tokens, prompt_lower):
             self.num_below_lower += 1
         if self._upper is not None:
-            ceiling = self._upper.at(num_output_tokens)
+            ceiling = self._upper.at(num_output_tokens, prompt_upper)
             if service_s > ceiling:
                 self.num_above_upper += 1
             if ceiling > 0:

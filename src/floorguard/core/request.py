@@ -18,3 +18,13 @@ class Request:
     num_output_tokens: int
     """The output cap ℓ (`max_tokens`); the service envelopes are functions of it."""
     num_prompt_tokens: int = 0
+    """The prompt's tokens as metered: exact, or an upper bound where the driver could only
+    bound them (the HTTP edge without a tokenizer, SPEC §12). The meter and `s_max` use it."""
+    min_prompt_tokens: int | None = None
+    """A lower bound on the prompt's tokens where `num_prompt_tokens` is not exact (None: it
+    is exact). The doom gate's `L` uses this one, so a drop stays a proof (DR)."""
+
+    @property
+    def prompt_tokens_lower(self) -> int:
+        """The prompt tokens `L` may count: never more than the prompt really has."""
+        return self.num_prompt_tokens if self.min_prompt_tokens is None else self.min_prompt_tokens

@@ -149,12 +149,16 @@ def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> d
             {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
         ],
         "backends": [{"url": backend.url, "slots": c.slots}],
-        "identity": {"mode": "header", "header": TENANT_HEADER},
+        "identity": {
+            "mode": "header",
+            "header": TENANT_HEADER,
+            "trusted_upstreams": ["127.0.0.0/8"],
+        },
         "learner": c.learner,
         "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms},
         "profile": str(backend.profile_path) if c.doom_gate else None,
         "dispatch": "fifo" if c.policy == "gated-fifo" else "assured-first",
-        "upstream_timeout_s": 600,
+        "upstream": {"first_byte_timeout_s": 600, "idle_timeout_s": 600},
         "drain_timeout_s": 5,
         "decision_log": str(log),
     }

@@ -1,22 +1,32 @@
 """The HTTP guard: an OpenAI-compatible proxy that runs the same `Guard` core as the
 simulator, on the wall clock, in front of OpenAI-compatible backends (vLLM first).
 
-One request: identity → tenant (401/403) → body limits (413/400) → `on_arrival` (429 with
-`Retry-After` on refusal) → wait for `poll` to start it (503 if dropped as doomed) → forward
-to the chosen backend, streaming chunk by chunk → `on_complete`; upstream error 502, timeout
-504, client gone → `on_abort` (the upstream request is closed). Every path ends the request
-in the guard exactly once, so the slot is always released.
+One request (SPEC §12):
+
+    identity → tenant (401/403) → the whole body, size-limited (413) → normalize: the
+    forwarded bytes, ℓ and the prompt's tokens (400) → admission (429, `Retry-After`) →
+    the queue (503 the moment it is doomed) → forward to a healthy backend (placed again,
+    once, if it cannot be reached) → relay (connect / first-byte / idle timeouts; a stream
+    that fails after it started ends with an SSE error event) → complete / fail / abort.
+
+**One owner.** `handle` owns the request from admission on; whatever happens — an
+exception, a cancellation (the client went away), a timeout — its `finally` ends the
+request in the guard if the guard still holds it. The guard's own state says whether it
+does, so a request ends exactly once and its slot is released exactly once, on every path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import itertools
+import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -24,12 +34,13 @@ import aiohttp
 import numpy as np
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Dispatch, Drop, Guard, StoreCall
+from floorguard.core.guard import Admission, Dispatch, Drop, Guard, RejectReason, StoreCall
 from floorguard.core.request import Request
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
@@ -37,34 +48,49 @@ from floorguard.proxy.decision_log import DecisionLog
 from floorguard.proxy.identity import AuthError, create_identity
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
-from floorguard.proxy.openai_format import BadRequestError, error_body, parse_body
+from floorguard.proxy.normalize import (
+    BadRequestError,
+    EdgeLimits,
+    TokenCounter,
+    Work,
+    load_tokenizer,
+    normalize,
+)
+from floorguard.proxy.openai_format import error_body, sse_error
 from floorguard.proxy.shared_floor import SharedFloor
 from floorguard.store.base import Grant
 from floorguard.store.redis_store import RedisCreditStore
 
-__all__ = ["SERVER", "GuardServer", "create_app"]
+__all__ = ["SERVER", "FaultHook", "GuardRunner", "GuardServer", "create_admin_app", "create_app"]
 
-JSON_ERRORS = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    413: "Too Large",
-    429: "Too Many Requests",
-    502: "Bad Gateway",
-    503: "Unavailable",
-    504: "Timeout",
-}
+log = logging.getLogger("floorguard.proxy")
+
+FaultHook = Callable[[str], Awaitable[None]]
+"""Called at each named await point of the request path (`parse`, `store`, `learner`,
+`queue`, `connect`, `headers`, `stream`): the fault-injection tests raise or cancel there."""
+
+_JSON = {"Content-Type": "application/json"}
+_NO_RETRY = {"x-should-retry": "false"}
+_RETRY_AFTER_WINDOW = frozenset(
+    {RejectReason.FLOOR_EXHAUSTED, RejectReason.FLOOR_LOWERED, RejectReason.COST_EXCESS}
+)
+"""Refusals that no retry inside the same window can turn around."""
 
 
 def _error(
-    status: int, kind: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    param: str | None = None,
+    **extra: Any,
 ) -> web.Response:
-    return web.json_response(
-        error_body(kind, message, **extra), status=status, headers=dict(headers or {})
+    return web.Response(
+        body=orjson.dumps(error_body(code, message, status=status, param=param, **extra)),
+        status=status,
+        headers={**_JSON, **(headers or {})},
     )
-
-
-_JSON = {"Content-Type": "application/json"}
 
 
 class _RefusedError(Exception):
@@ -72,6 +98,10 @@ class _RefusedError(Exception):
 
     def __init__(self, response: web.Response) -> None:
         self.response = response
+
+
+class _UnreachableError(Exception):
+    """The backend could not be reached before any byte was sent: place the request again."""
 
 
 class GuardServer:
@@ -82,17 +112,20 @@ class GuardServer:
         environ: Mapping[str, str] | None = None,
         clock: Clock | None = None,
         seed: int = 0,
+        fault_hook: FaultHook | None = None,
     ) -> None:
+        environ = os.environ if environ is None else environ
         self.config = config
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
         self._mtls = config.identity.mode == "mtls"
         self._log = DecisionLog(config.decision_log) if config.decision_log else None
         self._background: list[asyncio.Task[None]] = []
+        self._fault_hook = fault_hook
         self.draining = False
         """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
         self.backend_healthy = [False] * len(config.backends)
-        """Whether each backend answered its last health probe (for `/readyz`)."""
+        """Whether each backend answered its last health probe (for `/readyz` and dispatch)."""
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.http_learner = (
@@ -112,21 +145,47 @@ class GuardServer:
             sink=self._on_event,
             started_at=self.clock.now(),
         )
+        for backend in range(len(config.backends)):
+            self.guard.set_backend_available(backend, False)  # until its first probe answers
         self._metrics = GuardMetrics(
             self.guard,
             self.clock.now,
             self.http_learner.outcomes if self.http_learner is not None else None,
             self.shared_floor,
         )
+        limits = config.limits
+        self.limits = EdgeLimits(
+            max_tokens=limits.max_tokens,
+            default_max_tokens=limits.default_max_tokens,
+            max_prompt_tokens=limits.max_prompt_tokens,
+            chat_overhead_tokens=limits.chat_overhead_tokens,
+            unknown_fields=limits.unknown_fields,
+            allow_fields=frozenset(limits.allow_fields),
+        )
+        self.tokenizer: TokenCounter | None = (
+            load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
+        )
+        self.admin_token = config.admin.token or (
+            environ.get(config.admin.token_env) if config.admin.token_env else None
+        )
         self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._contracts = {c.tenant: c for c in guard_config.contracts}
+        self._doom_timer: asyncio.TimerHandle | None = None
+        self._doom_timer_at = math.inf
 
     @property
     def metrics(self) -> GuardMetrics:
         assert self._metrics is not None
         return self._metrics
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The upstream HTTP session (open between startup and cleanup)."""
+        if self._session is None:
+            raise RuntimeError("the guard server has not started")
+        return self._session
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -136,16 +195,46 @@ class GuardServer:
         if self._metrics is not None:
             self._metrics.on_event(event)
 
-    def _pump(self) -> None:
-        """Hand freed slots to waiting requests (the guard decides who)."""
-        for decision in self.guard.poll(self.clock.now()):
+    def _resolve(self, decisions: list[Dispatch | Drop] | list[Drop]) -> None:
+        for decision in decisions:
             waiter = self._waiters.pop(str(decision.request.request_id), None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(decision)
 
+    def _pump(self) -> None:
+        """Hand freed slots to waiting requests (the guard decides who), and keep the doom
+        timer on the earliest queued request's doom instant."""
+        self._resolve(self.guard.poll(self.clock.now()))
+        self._arm_doom_timer()
+
+    def _arm_doom_timer(self) -> None:
+        at = self.guard.next_doom_at()
+        if at is None or at >= self._doom_timer_at:
+            return
+        if self._doom_timer is not None:
+            self._doom_timer.cancel()
+        delay = max(0.0, at - self.clock.now()) + 1e-4  # just past D − L: then now + L > D
+        self._doom_timer = asyncio.get_running_loop().call_later(delay, self._on_doom_timer)
+        self._doom_timer_at = at
+
+    def _on_doom_timer(self) -> None:
+        self._doom_timer, self._doom_timer_at = None, math.inf
+        self._resolve(self.guard.expire(self.clock.now()))
+        self._arm_doom_timer()
+
+    async def _checkpoint(self, point: str) -> None:
+        if self._fault_hook is not None:
+            await self._fault_hook(point)
+
     async def start(self, _: web.Application) -> None:
+        upstream = self.config.upstream
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s)
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=upstream.connect_timeout_s,
+                sock_connect=upstream.connect_timeout_s,
+            ),
+            connector=aiohttp.TCPConnector(limit=self.guard.config.total_slots + 32),
         )
         await self._probe_backends()
         self._background.append(asyncio.create_task(self._probe_every()))
@@ -153,22 +242,27 @@ class GuardServer:
             self._background.append(asyncio.create_task(self._flush_every(self._log)))
 
     async def _probe_backends(self) -> None:
-        assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=min(1.0, self.config.health_interval_s))
 
         async def probe(url: str) -> bool:
-            assert self._session is not None
             try:
-                async with self._session.get(url, timeout=timeout) as response:
+                async with self.session.get(
+                    url, timeout=timeout, allow_redirects=False
+                ) as response:
                     return response.status < 300
             except (aiohttp.ClientError, TimeoutError):
                 return False
 
-        self.backend_healthy = list(
-            await asyncio.gather(
-                *(probe(b.url.rstrip("/") + b.health_path) for b in self.config.backends)
-            )
+        healthy = await asyncio.gather(
+            *(probe(b.url.rstrip("/") + b.health_path) for b in self.config.backends)
         )
+        for backend, up in enumerate(healthy):
+            self._set_health(backend, up)
+        self._pump()
+
+    def _set_health(self, backend: int, up: bool) -> None:
+        self.backend_healthy[backend] = up
+        self.guard.set_backend_available(backend, up)
 
     async def _probe_every(self) -> None:
         while True:
@@ -186,9 +280,14 @@ class GuardServer:
         if self._log is not None:
             self._log.flush()
 
+    async def drain(self, _: web.Application) -> None:
+        self.draining = True
+
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
             task.cancel()
+        if self._doom_timer is not None:
+            self._doom_timer.cancel()
         if self._session is not None:
             await self._session.close()
         if self.shared_floor is not None:
@@ -196,35 +295,62 @@ class GuardServer:
         if self._log is not None:
             self._log.close()
 
-    # -- one request ----------------------------------------------------------------------
+    # -- before admission -----------------------------------------------------------------
 
-    async def _parse(self, request: web.Request) -> tuple[str, bytes, dict[str, Any], int]:
+    def _tenant(self, request: web.Request) -> str:
         try:
             peercert = (
                 request.transport.get_extra_info("peercert")
                 if self._mtls and request.transport is not None
                 else None
             )
-            tenant = self.identity.tenant_of(request.headers, peercert)
+            tenant = self.identity.tenant_of(request.headers, peercert, request.remote)
         except AuthError as exc:
             raise _RefusedError(_error(exc.status, exc.kind, str(exc))) from exc
         if tenant not in self._contracts:
-            raise _RefusedError(_error(403, "unknown_tenant", f"tenant {tenant!r} has no contract"))
-        limit = self.config.limits.max_body_bytes
-        if (request.content_length or 0) > limit:
-            raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
-        raw = await request.content.read(limit + 1)
-        if len(raw) > limit:
-            raise _RefusedError(_error(413, "body_too_large", f"the body exceeds {limit} bytes"))
-        try:
-            body, max_tokens = parse_body(
-                raw,
-                max_tokens_cap=self.config.limits.max_tokens,
-                default_max_tokens=self.config.limits.default_max_tokens,
+            raise _RefusedError(
+                _error(403, "unknown_tenant", f"tenant {tenant[:80]!r} has no contract")
             )
+        return tenant
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The whole body, until EOF, with the size limit applied as it streams in."""
+        limit = self.config.limits.max_body_bytes
+        too_large = _RefusedError(
+            _error(413, "body_too_large", f"the body exceeds {limit} bytes", _NO_RETRY)
+        )
+        if (request.content_length or 0) > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.config.header_timeout_s):
+                async for chunk in request.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise _RefusedError(
+                _error(408, "body_timeout", "the body did not arrive in time", _NO_RETRY)
+            ) from None
+        return b"".join(chunks)
+
+    async def _normalize(self, raw: bytes, chat: bool, tenant: str) -> Work:
+        priority = None
+        if self.config.forward_priority:
+            priority = 0 if self._contracts[tenant].cls is ContractClass.ASSURED else 1
+        run = _bind_normalize(raw, chat, self.limits, priority, self.tokenizer)
+        try:
+            if self.tokenizer is not None and len(raw) > 65_536:
+                return await asyncio.to_thread(run)  # a long prompt: off the event loop
+            return run()
         except BadRequestError as exc:
-            raise _RefusedError(_error(exc.status, exc.kind, str(exc))) from exc
-        return tenant, raw, body, max_tokens
+            raise _RefusedError(
+                _error(exc.status, exc.kind, str(exc), _NO_RETRY, param=exc.param)
+            ) from exc
+
+    # -- admission ------------------------------------------------------------------------
 
     async def _charge_shared_floor(self, offered: Request, call: StoreCall) -> Grant:
         """The shared floor's grant for an arriving assured request. A client that leaves
@@ -240,55 +366,142 @@ class GuardServer:
         except asyncio.CancelledError:
 
             def arrive_and_abort(done: asyncio.Future[Grant]) -> None:
+                if done.cancelled() or done.exception() is not None:
+                    return
                 now = self.clock.now()
                 admission = self.guard.on_arrival(offered, now, grant=done.result())
                 if admission.admitted:
                     self.guard.on_abort(offered.request_id, now, "client_disconnected")
+                    self._pump()
 
             charge.add_done_callback(arrive_and_abort)
             raise
 
-    def _refusal(self, reason: str | None, now: float) -> web.Response:
-        schedule = self.guard.config.schedule
-        retry = max(1, math.ceil(schedule.start_of(schedule.index_at(now) + 1) - now))
-        return _error(
-            429,
-            reason or "rejected",
-            f"refused: {reason}",
-            {"Retry-After": str(retry), "x-floorguard-decision": "rejected"},
-        )
-
-    async def drain(self, _: web.Application) -> None:
-        self.draining = True
-
-    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
-        if self.draining:
-            return _error(
-                503, "draining", "this guard is shutting down; retry", {"Connection": "close"}
-            )
-        try:
-            tenant, raw, body, max_tokens = await self._parse(request)
-        except _RefusedError as refused:
-            return refused.response
-        arrived_at = now = self.clock.now()
-        rid = f"{self._replica}-{next(self._ids)}"
-        offered = Request(rid, tenant, arrived_at, max_tokens)
+    async def _admit(self, offered: Request) -> Admission:
+        now = self.clock.now()
         grant = None
         if self.shared_floor is not None:
             call = self.guard.store_call(offered, now)
             if call is not None:
+                await self._checkpoint("store")
                 grant = await self._charge_shared_floor(offered, call)
                 now = self.clock.now()
         if self.http_learner is not None and self.guard.consults_learner(offered, now, grant):
-            assert self._session is not None
-            cls = self._contracts[tenant].cls
-            await self.http_learner.fetch(self._session, offered, cls, self.guard.load())
+            await self._checkpoint("learner")
+            cls = self._contracts[offered.tenant].cls
+            try:
+                await self.http_learner.fetch(self.session, offered, cls, self.guard.load())
+            except BaseException:
+                self.http_learner.forget(offered.request_id)
+                raise
             now = self.clock.now()
-        admission = self.guard.on_arrival(offered, now, grant=grant)
-        if self.http_learner is not None:
-            self.http_learner.forget(rid)
-        if not admission.admitted:
-            return self._refusal(admission.reason, now)
+        try:
+            return self.guard.on_arrival(offered, now, grant=grant)
+        finally:
+            if self.http_learner is not None:
+                self.http_learner.forget(offered.request_id)
+
+    def _refusal(self, admission: Admission, now: float) -> web.Response:
+        reason = admission.reason or "rejected"
+        headers = {"x-floorguard-decision": "rejected"}
+        if reason in _RETRY_AFTER_WINDOW:
+            schedule = self.guard.config.schedule
+            retry = max(1, math.ceil(schedule.start_of(schedule.index_at(now) + 1) - now))
+            headers |= {"Retry-After": str(retry), **_NO_RETRY}
+            message = f"refused: {reason}; the next window starts in {retry} s"
+        elif reason == RejectReason.QUEUE_FULL:
+            headers["Retry-After"] = "1"
+            message = "refused: the guard's queue for this class or tenant is full"
+        else:  # the learner's decision (or fault): a retry is a new offer, not a fix
+            headers |= {"Retry-After": "1", **_NO_RETRY}
+            message = f"refused: {reason}"
+        return _error(429, reason, message, headers)
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def _prepare(self, request: web.Request, path: str) -> tuple[str, Work]:
+        """Everything before admission: the tenant, the whole body, the normalized work."""
+        if self.draining:
+            raise _RefusedError(
+                _error(
+                    503,
+                    "draining",
+                    "this guard is shutting down; retry",
+                    {"Connection": "close", "Retry-After": "1"},
+                )
+            )
+        tenant = self._tenant(request)
+        raw = await self._read_body(request)
+        await self._checkpoint("parse")
+        work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
+        if not any(self.backend_healthy):
+            retry = str(max(1, math.ceil(self.config.health_interval_s)))
+            raise _RefusedError(
+                _error(
+                    503,
+                    "no_healthy_backend",
+                    "no backend is answering its health probe",
+                    {"Retry-After": retry},
+                )
+            )
+        return tenant, work
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        try:
+            tenant, work = await self._prepare(request, path)
+        except _RefusedError as refused:
+            return refused.response
+        rid = f"{self._replica}-{next(self._ids)}"
+        offered = Request(
+            rid,
+            tenant,
+            self.clock.now(),
+            work.num_output_tokens,
+            work.num_prompt_tokens,
+            work.min_prompt_tokens,
+        )
+        exchange = _Exchange()
+        try:
+            admission = await self._admit(offered)
+            if not admission.admitted:
+                return self._refusal(admission, self.clock.now())
+            return await self._serve(request, path, work, admission, exchange)
+        except asyncio.CancelledError:
+            self._end(rid, "abort", "client_disconnected")
+            raise
+        except Exception:
+            log.exception("request %s failed inside the guard", rid)
+            self._end(rid, "fail", "internal_error")
+            if exchange.response is not None:  # the stream started: end it, never a 2nd reply
+                await _end_stream(exchange.response, "internal_error", "the guard failed")
+                return exchange.response
+            return _error(500, "internal_error", "the guard failed on this request")
+        finally:
+            self._end(rid, "abort", "abandoned")  # a no-op when the request has ended
+
+    def _end(self, rid: str, kind: str, reason: str = "") -> None:
+        """End the request in the guard if it still holds it (exactly once: the guard's
+        state says whether it ended), and hand its slot on."""
+        guard = self.guard
+        self._waiters.pop(rid, None)
+        if not guard.holds(rid):
+            return
+        now = self.clock.now()
+        if kind == "fail" and guard.in_flight_request(rid) is not None:
+            guard.on_fail(rid, now, reason)
+        else:
+            guard.on_abort(rid, now, reason)
+        self._pump()
+
+    async def _serve(
+        self,
+        request: web.Request,
+        path: str,
+        work: Work,
+        admission: Admission,
+        exchange: _Exchange,
+    ) -> web.StreamResponse:
+        rid = str(admission.request_id)
         headers = {
             "x-floorguard-decision": "entitled" if admission.entitled else "surplus",
             "x-floorguard-class": str(admission.cls),
@@ -296,98 +509,124 @@ class GuardServer:
                 admission.window_index if admission.window_index is not None else ""
             ),
         }
-        waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
-        self._waiters[rid] = waiter
-        self._pump()
-        try:
-            decision = await waiter
-        except asyncio.CancelledError:
-            self._waiters.pop(rid, None)
-            self.guard.on_abort(rid, self.clock.now(), "client_disconnected")
+        for attempt in (1, 2):
+            waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
+            self._waiters[rid] = waiter
             self._pump()
-            raise
-        if isinstance(decision, Drop):
-            return _error(
-                503,
-                "doomed",
-                "dropped: it could not finish by its deadline",
-                {"x-floorguard-decision": "dropped"},
-            )
-        if self.config.forward_priority:  # else the client's bytes go upstream unchanged
-            priority = 0 if self._contracts[tenant].cls is ContractClass.ASSURED else 1
-            raw = orjson.dumps({**body, "priority": priority})
-        stream = body.get("stream") is True
-        return await self._forward(
-            request, rid, path, decision, payload=raw, stream=stream, headers=headers
+            await self._checkpoint("queue")
+            decision = await waiter
+            if isinstance(decision, Drop):
+                return self._doomed(decision)
+            try:
+                return await self._forward(
+                    request, path, work, decision, headers=headers, exchange=exchange
+                )
+            except _UnreachableError:
+                self._set_health(decision.backend, False)  # until its next probe answers
+                if attempt == 2 or not any(self.backend_healthy):
+                    self._end(rid, "fail", "upstream_unreachable")
+                    return _error(
+                        502, "upstream_unreachable", "no backend could be reached", headers
+                    )
+                self.guard.requeue(rid, self.clock.now())
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _doomed(self, drop: Drop) -> web.Response:
+        request = drop.request
+        lower = self.guard.config.lower_envelope
+        contract = self._contracts[request.tenant]
+        deadline_at = request.arrival_at + contract.deadline_budget_s
+        fit = (
+            lower.max_output_tokens(deadline_at - drop.at, request.prompt_tokens_lower)
+            if lower is not None
+            else 0
         )
+        return _error(
+            503,
+            "doomed",
+            f"dropped: it could not finish by its deadline; at most max_tokens = {fit} "
+            f"would have fit when it was dropped",
+            {"x-floorguard-decision": "dropped", "Retry-After": "1", **_NO_RETRY},
+            param="max_tokens",
+            max_tokens_that_fit=fit,
+        )
+
+    # -- the backend ----------------------------------------------------------------------
 
     async def _forward(
         self,
         request: web.Request,
-        rid: str,
         path: str,
+        work: Work,
         decision: Dispatch,
         *,
-        payload: bytes,
-        stream: bool,
         headers: dict[str, str],
+        exchange: _Exchange,
     ) -> web.StreamResponse:
+        rid = str(decision.request.request_id)
         backend = self.config.backends[decision.backend]
-        assert self._session is not None
-        ended = False
-
-        def end(kind: str, reason: str = "") -> None:
-            nonlocal ended
-            if ended:
-                return
-            ended = True
-            now = self.clock.now()
-            if kind == "complete":
-                done = self.guard.on_complete(rid, now)
-                tenant = decision.request.tenant
-                self.metrics.on_complete(
-                    tenant, self._contracts[tenant].cls, done.service_s, done.late
-                )
-            elif kind == "fail":
-                self.guard.on_fail(rid, now, reason)
-            else:
-                self.guard.on_abort(rid, now, reason)
-            self._pump()
-
+        upstream_config = self.config.upstream
+        await self._checkpoint("connect")
         try:
-            async with self._session.post(
-                backend.url.rstrip("/") + path, data=payload, headers=_JSON
-            ) as upstream:
-                if upstream.status >= 400:
-                    detail = (await upstream.read())[:500].decode(errors="replace")
-                    end("fail", f"upstream_{upstream.status}")
-                    return _error(
-                        502,
-                        "upstream_error",
-                        f"backend answered {upstream.status}",
-                        headers,
-                        upstream_status=upstream.status,
-                        detail=detail,
-                    )
-                if not stream:
-                    data = await upstream.read()
-                    end("complete")
-                    return web.Response(
-                        body=data, status=200, headers=headers, content_type="application/json"
-                    )
-                return await self._relay(request, rid, upstream, headers, end)
+            async with asyncio.timeout(upstream_config.first_byte_timeout_s):
+                upstream = await self.session.post(
+                    backend.url.rstrip("/") + path,
+                    data=work.body,
+                    headers=_JSON,
+                    allow_redirects=False,
+                )
+        except aiohttp.ClientConnectorError as exc:
+            raise _UnreachableError from exc
         except TimeoutError:
-            end("fail", "upstream_timeout")
+            self._end(rid, "fail", "upstream_timeout")
             return _error(504, "upstream_timeout", "the backend did not answer in time", headers)
-        except aiohttp.ClientError as exc:
-            end("fail", f"upstream_unreachable: {type(exc).__name__}")
-            return _error(502, "upstream_unreachable", f"backend unreachable: {exc}", headers)
-        except (asyncio.CancelledError, ConnectionResetError):
-            end("abort", "client_disconnected")
-            raise
-        finally:
-            if not ended:
-                end("fail", "internal_error")
+        except aiohttp.ClientError:
+            self._end(rid, "fail", "upstream_error")
+            return _error(502, "upstream_error", "the backend connection failed", headers)
+        async with upstream:
+            await self._checkpoint("headers")
+            if upstream.status >= 300:
+                self._end(rid, "fail", f"upstream_{upstream.status}")
+                return _error(
+                    502,
+                    "upstream_error",
+                    f"the backend answered {upstream.status}",
+                    headers,
+                    upstream_status=upstream.status,
+                )
+            if work.stream:
+                return await self._relay(request, rid, upstream, headers, exchange)
+            return await self._reply(rid, upstream, headers)
+
+    async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
+        async with asyncio.timeout(timeout_s):
+            return await upstream.content.readany()
+
+    async def _reply(
+        self, rid: str, upstream: aiohttp.ClientResponse, headers: dict[str, str]
+    ) -> web.Response:
+        """A non-streamed reply, read whole up to `limits.max_response_bytes`."""
+        cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await self._read_chunk(upstream, idle):
+                await self._checkpoint("stream")
+                size += len(chunk)
+                if size > cap:
+                    self._end(rid, "fail", "upstream_reply_too_large")
+                    return _error(
+                        502, "upstream_reply_too_large", f"the reply exceeds {cap} bytes", headers
+                    )
+                chunks.append(chunk)
+        except TimeoutError:
+            self._end(rid, "fail", "upstream_timeout")
+            return _error(504, "upstream_timeout", "the backend stalled mid-reply", headers)
+        except aiohttp.ClientError:
+            self._end(rid, "fail", "upstream_broke")
+            return _error(502, "upstream_error", "the backend connection broke", headers)
+        self._complete(rid)
+        return web.Response(body=b"".join(chunks), status=200, headers={**headers, **_JSON})
 
     async def _relay(
         self,
@@ -395,32 +634,58 @@ class GuardServer:
         rid: str,
         upstream: aiohttp.ClientResponse,
         headers: dict[str, str],
-        end: Any,
+        exchange: _Exchange,
     ) -> web.StreamResponse:
+        """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
+        it, the stream ends with an SSE error event (never a second response)."""
+        timeouts = self.config.upstream
+        try:
+            first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
+        except TimeoutError:
+            self._end(rid, "fail", "upstream_timeout")
+            return _error(504, "upstream_timeout", "the backend sent no first token", headers)
+        except aiohttp.ClientError:
+            self._end(rid, "fail", "upstream_broke")
+            return _error(502, "upstream_error", "the backend connection broke", headers)
         response = web.StreamResponse(
             status=200,
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
         )
+        exchange.response = response
         await response.prepare(request)
-        first = True
+        self.guard.on_first_token(rid, self.clock.now())
+        chunk = first
         try:
-            async for chunk in upstream.content.iter_any():
-                if first:
-                    self.guard.on_first_token(rid, self.clock.now())
-                    first = False
+            while chunk:
+                await self._checkpoint("stream")
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError("the client went away mid-stream")
                 await response.write(chunk)
-        except aiohttp.ClientError as exc:
-            end("fail", "upstream_broke_mid_stream")
-            error = error_body("upstream_broke_mid_stream", f"the backend stream broke: {exc}")
-            with contextlib.suppress(ConnectionResetError):  # tell the client, if still there
-                await response.write(b"data: " + orjson.dumps(error) + b"\n\n")
-                await response.write_eof()
+                chunk = await self._read_chunk(upstream, timeouts.idle_timeout_s)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            reason = (
+                "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_broke_mid_stream"
+            )
+            self._end(rid, "fail", reason)
+            await _end_stream(response, reason, "the backend stream failed mid-way")
             return response
-        end("complete")
-        await response.write_eof()
+        except ConnectionResetError:
+            self._end(rid, "abort", "client_disconnected")
+            return response
+        self._complete(rid)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
         return response
+
+    def _complete(self, rid: str) -> None:
+        guard = self.guard
+        request = guard.in_flight_request(rid)
+        if request is None:
+            return
+        tenant = request.tenant
+        done = guard.on_complete(rid, self.clock.now())
+        self.metrics.on_complete(tenant, self._contracts[tenant].cls, done.service_s, done.late)
+        self._pump()
 
     # -- status ---------------------------------------------------------------------------
 
@@ -445,6 +710,7 @@ class GuardServer:
                 "queued_entitled": guard.num_queued_entitled,
                 "in_flight": [guard.in_flight_on(b) for b in range(len(guard.config.slots))],
                 "slots": list(guard.config.slots),
+                "backends_healthy": list(self.backend_healthy),
             },
             "monitors": {
                 "max_service_s": guard.envelope.max_service_s,
@@ -472,6 +738,27 @@ class GuardServer:
         }
 
 
+class _Exchange:
+    """What the request has sent its client so far (a started stream cannot be undone)."""
+
+    __slots__ = ("response",)
+
+    def __init__(self) -> None:
+        self.response: web.StreamResponse | None = None
+
+
+async def _end_stream(response: web.StreamResponse, code: str, message: str) -> None:
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await response.write(sse_error(code, message))
+        await response.write_eof()
+
+
+def _bind_normalize(
+    raw: bytes, chat: bool, limits: EdgeLimits, priority: int | None, tokenizer: Any
+) -> Callable[[], Work]:
+    return lambda: normalize(raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer)
+
+
 def _shared_floor(spec: StoreSpec, clock: Clock) -> SharedFloor:
     store = RedisCreditStore(spec.url, prefix=spec.prefix, timeout_s=spec.timeout_ms / 1e3)
     return SharedFloor(
@@ -486,56 +773,143 @@ def _shared_floor(spec: StoreSpec, clock: Clock) -> SharedFloor:
 SERVER: web.AppKey[GuardServer] = web.AppKey("floorguard.server", GuardServer)
 """The app's `GuardServer` (its guard, metrics and status)."""
 
+_STATUS_TEXT = {
+    404: ("not_found", "no such path"),
+    405: ("method_not_allowed", "method not allowed on this path"),
+    413: ("body_too_large", "the body is too large"),
+}
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own refusals (404, 405, …) in the OpenAI error shape, not text/plain; so is
+    anything a handler failed to catch."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        code, message = _STATUS_TEXT.get(exc.status, ("http_error", exc.reason))
+        return _error(exc.status, code, message)
+    except Exception:  # a bug before any request was admitted: still JSON, logged
+        log.exception("%s %s failed inside the guard", request.method, request.path)
+        return _error(500, "internal_error", "the guard failed on this request")
+
+
+class _JsonErrorHandler(RequestHandler):
+    """The HTTP parser's refusals (a malformed request line or header) in JSON."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if already sent
+        code = "bad_http" if status < 500 else "internal_error"
+        text = "the request is not valid HTTP" if status < 500 else "the guard failed"
+        response = _error(status, code, text)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GuardRunner(web.AppRunner):
+    """An `AppRunner` whose connections answer HTTP parser errors in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _JsonErrorServer  # same object, one method more specific
+        return server
+
+
+def _admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bool) -> None:
+    """`/metrics` and `/admin/status`: behind `admin.token` when one is configured; on the
+    main listener without one, only for loopback clients."""
+
+    def allowed(request: web.Request) -> web.Response | None:
+        token = server.admin_token
+        if token is not None:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return _error(401, "admin_token_required", "this path needs the admin token")
+            return None
+        if loopback_only and not _is_loopback(request.remote):
+            return _error(403, "admin_loopback_only", "admin paths answer loopback clients only")
+        return None
+
+    async def metrics(request: web.Request) -> web.Response:
+        refused = allowed(request)
+        if refused is not None:
+            return refused
+        return web.Response(
+            body=generate_latest(server.metrics.registry), content_type="text/plain"
+        )
+
+    async def admin_status(request: web.Request) -> web.Response:
+        refused = allowed(request)
+        if refused is not None:
+            return refused
+        return web.json_response(server.status())
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/status", admin_status)
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return ipaddress.ip_address((remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
 
 def create_app(
     config: GuardServerConfig,
     *,
     environ: Mapping[str, str] | None = None,
     clock: Clock | None = None,
+    fault_hook: FaultHook | None = None,
 ) -> web.Application:
     """Everything is built here: no module-level state (STYLE §12). Run it with
-    `handler_cancellation=True` (`web.run_app` / `web.AppRunner`): a client that disconnects
-    then cancels its handler at once, so the guard aborts the request, frees its slot and
-    closes the upstream request."""
-    server = GuardServer(config, environ=environ, clock=clock)
-    app = web.Application(client_max_size=config.limits.max_body_bytes + 1024)
+    `GuardRunner(app, handler_cancellation=True)`: a client that disconnects then cancels
+    its handler at once, so the guard aborts the request, frees its slot and closes the
+    upstream request. With `admin.port` the admin paths are served by `create_admin_app`
+    on a listener of their own, not here."""
+    server = GuardServer(config, environ=environ, clock=clock, fault_hook=fault_hook)
+    app = web.Application(middlewares=[_json_errors])
     app[SERVER] = server
 
     async def models(_: web.Request) -> web.Response:
-        assert server._session is not None
-        url = config.backends[0].url.rstrip("/") + "/v1/models"
+        healthy = [b for b, up in zip(config.backends, server.backend_healthy, strict=True) if up]
+        url = (healthy or config.backends)[0].url.rstrip("/") + "/v1/models"
         try:
-            async with server._session.get(url) as upstream:
-                return web.Response(
-                    body=await upstream.read(),
-                    status=upstream.status,
-                    content_type="application/json",
-                )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return _error(502, "upstream_unreachable", f"backend unreachable: {exc}")
+            async with asyncio.timeout(config.upstream.first_byte_timeout_s):
+                async with server.session.get(url, allow_redirects=False) as upstream:
+                    if upstream.status != 200:
+                        return _error(502, "upstream_error", f"backend answered {upstream.status}")
+                    body = await upstream.content.read(config.limits.max_response_bytes)
+                    return web.Response(body=body, status=200, content_type="application/json")
+        except (aiohttp.ClientError, TimeoutError):
+            return _error(502, "upstream_unreachable", "the backend could not be reached")
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
         backends = [
-            {"url": b.url, "healthy": healthy}
-            for b, healthy in zip(config.backends, server.backend_healthy, strict=True)
+            {"backend": n, "healthy": healthy} for n, healthy in enumerate(server.backend_healthy)
         ]
         up = server._session is not None and not server._session.closed
         ready = up and any(server.backend_healthy) and not server.draining
         body: dict[str, Any] = {"ready": ready, "backends": backends}
         if server.shared_floor is not None:
-            body["store"] = server.store_status()
+            body["store"] = server.store_status()["state"]
         return web.json_response(body, status=200 if ready else 503)
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(server.metrics.registry), content_type="text/plain"
-        )
-
-    async def admin_status(_: web.Request) -> web.Response:
-        return web.json_response(server.status())
 
     async def completions(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, "/v1/completions")
@@ -548,9 +922,16 @@ def create_app(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/status", admin_status)
+    if config.admin.port is None:
+        _admin_routes(server, app, loopback_only=True)
     app.on_startup.append(server.start)
     app.on_shutdown.append(server.drain)
     app.on_cleanup.append(server.stop)
+    return app
+
+
+def create_admin_app(server: GuardServer) -> web.Application:
+    """The admin listener's app (`admin.port`): `/metrics` and `/admin/status` of `server`."""
+    app = web.Application(middlewares=[_json_errors])
+    _admin_routes(server, app, loopback_only=False)
     return app

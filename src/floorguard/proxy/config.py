@@ -6,6 +6,7 @@ A bad file is refused before anything listens, with the key, the value and what 
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,8 @@ from floorguard.core.contract import (
     DispatchOrder,
     ExcessPolicy,
     GuardConfig,
+    MeterKind,
+    QueueLimits,
     WindowSchedule,
 )
 from floorguard.errors import ConfigError
@@ -85,6 +88,28 @@ class IdentitySpec(_Strict):
     """`mode: mtls`: needs `tls.client_ca_file` (the CA that signs tenants' certificates)."""
     header: str | None = None
     """`mode: header`: the header a trusted upstream sets (configured explicitly, SPEC §2)."""
+    trusted_upstreams: list[str] = Field(default_factory=list)
+    """`mode: header`: the source address ranges (CIDR, e.g. `10.0.0.5/32`) of the upstream
+    that sets `header`; a request from any other address is refused 403 whatever it sends."""
+
+    @field_validator("trusted_upstreams")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not an address range (CIDR): {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _header_needs_upstreams(self) -> IdentitySpec:
+        if self.mode == "header" and (not self.header or not self.trusted_upstreams):
+            raise ValueError(
+                "mode header needs `header` and `trusted_upstreams` (the address ranges of "
+                "the gateway that sets it): without them any client could name any tenant"
+            )
+        return self
 
 
 class TlsSpec(_Strict):
@@ -127,9 +152,70 @@ class StoreSpec(_Strict):
 
 
 class LimitsSpec(_Strict):
+    """What one request may ask for; the guard rewrites the body to it (docs/http.md)."""
+
     max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
     max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
+    """The largest output cap `ℓ` a request may ask for."""
     default_max_tokens: int = Field(default=16, ge=1)
+    """`ℓ` of a request that names none; written into the forwarded body."""
+    max_prompt_tokens: int = Field(default=32768, ge=1, le=10_000_000)
+    """The largest prompt (as counted: with `tokenizer`, else bounded by its UTF-8 bytes)."""
+    tokenizer: Path | None = None
+    """The backend model's local `tokenizer.json`: prompts are counted exactly (needs the
+    `tokenizers` package: `pip install 'floorguard[tokenizer]'`); none: bounded by length."""
+    chat_overhead_tokens: int = Field(default=8, ge=0, le=1024)
+    """Tokens a chat template adds per message, counted on top of the message text."""
+    unknown_fields: Literal["refuse", "drop", "forward"] = "refuse"
+    """A body field the guard does not know: refused (400 `unknown_field`), dropped, or
+    forwarded."""
+    allow_fields: list[str] = Field(default_factory=list)
+    """Fields forwarded as they are, whatever `unknown_fields` says (never a scheduling
+    field: `priority` and the like are always the guard's)."""
+    max_response_bytes: int = Field(default=16_000_000, ge=1024, le=1_000_000_000)
+    """A non-streamed backend reply larger than this is not relayed (502)."""
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> LimitsSpec:
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"default_max_tokens = {self.default_max_tokens} exceeds max_tokens = "
+                f"{self.max_tokens}"
+            )
+        return self
+
+
+class QueueSpec(_Strict):
+    """How many surplus requests may wait in the guard (floor-entitled ones are bounded by
+    the floor and never refused for it); over a limit: 429 `queue_full`."""
+
+    max_opportunistic: int | None = Field(default=1024, ge=0)
+    max_assured_excess: int | None = Field(default=1024, ge=0)
+    """Demoted burst-excess (`excess_policy: demote`)."""
+    max_per_tenant: int | None = Field(default=None, ge=0)
+
+
+class UpstreamSpec(_Strict):
+    """Timeouts towards the backends (instead of one total timeout, which would cut a long
+    legitimate stream)."""
+
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    first_byte_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """Until the backend's first byte: its headers and, streaming, the first chunk (a
+    non-streamed completion answers only when done: this bounds its service)."""
+    idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Longest silence between two chunks of a reply."""
+
+
+class AdminSpec(_Strict):
+    """`/admin/*` and `/metrics` (tenant names, credits): never open to tenants."""
+
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = None
+    """The bearer token, or the environment variable that holds it."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve them on a listener of their own (`host`:`port`) instead of the main one."""
+    host: str = "127.0.0.1"
 
 
 class GuardServerConfig(_Strict):
@@ -154,13 +240,21 @@ class GuardServerConfig(_Strict):
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
     limits: LimitsSpec = LimitsSpec()
-    upstream_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    queue: QueueSpec = QueueSpec()
+    upstream: UpstreamSpec = UpstreamSpec()
+    admin: AdminSpec = AdminSpec()
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A connection that sends no complete request for this long is closed (aiohttp's
+    keep-alive timer, which also covers unfinished headers)."""
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM: stop accepting, answer 503 `draining`, and give in-flight requests this
     long to finish before exiting."""
     health_interval_s: float = Field(default=2.0, gt=0, le=300)
     """How often each backend's `health_path` is probed; `/readyz` is 200 while at least
     one backend answered its last probe."""
+    meter: MeterKind = MeterKind.COUNT
+    """`count` (a request weighs 1 credit of `floor`) or `token` (its prompt tokens, as the
+    edge counts them, plus its output cap: `floor` is then a token budget per window)."""
     dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
     """`assured-first` (SF: floor-entitled requests start first), or `fifo` (admission order:
     the gated-FIFO baseline of the evaluation, E3)."""
@@ -231,6 +325,12 @@ class GuardServerConfig(_Strict):
             lower_envelope=profile.lower if profile else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,
+            meter=self.meter,
+            queue_limits=QueueLimits(
+                assured=self.queue.max_assured_excess,
+                opportunistic=self.queue.max_opportunistic,
+                per_tenant=self.queue.max_per_tenant,
+            ),
         )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from floorguard.analysis.summary import pool_runs
-from floorguard.proxy.app import create_app
+from floorguard.proxy.app import GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.emulator import Emulator, create_emulator_app
 from floorguard.proxy.loadgen import measure_client, replay
@@ -42,7 +42,7 @@ ASSURED, OPPORTUNISTIC = "acme", "free-tier"
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, handler_cancellation=True)
+    runner = GuardRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

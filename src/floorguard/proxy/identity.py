@@ -7,7 +7,9 @@ with its key's algorithm only, so `alg: none` and algorithm confusion (an RS256 
 used as an HS256 secret) are refused by construction;
 `exp`, `nbf`, `iss`, `aud` are checked. mTLS: the TLS layer has verified the client's
 certificate against the configured CA; its subject CN (or first DNS/URI SAN) is the tenant.
-Header mode trusts a header only when configured.
+Header mode trusts a header only from a configured upstream: the request's source address
+must lie in `trusted_upstreams`, and a header given twice is refused (a client's copy must
+never win over the gateway's). The same holds for `Authorization` in JWT mode.
 
 A verified token is remembered (token string → tenant, expiry; at most `cache_size`), so a
 client that reuses its token pays the signature check once; every use still checks `exp`.
@@ -16,6 +18,8 @@ Only a byte-identical token hits the cache, so a forged or altered one is always
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import time
 from collections.abc import Collection, Mapping
@@ -55,24 +59,43 @@ class Identity:
         self.key = key
         self._verified: dict[str, tuple[str, float]] = {}
         self._cache_size = cache_size
+        self._trusted = [ipaddress.ip_network(c, strict=False) for c in spec.trusted_upstreams]
 
-    def tenant_of(self, headers: Mapping[str, str], peercert: PeerCert | None = None) -> str:
+    def tenant_of(
+        self,
+        headers: Mapping[str, str],
+        peercert: PeerCert | None = None,
+        peer: str | None = None,
+    ) -> str:
         """The tenant of a request, from its headers or its verified client certificate
-        (`ssl.SSLSocket.getpeercert()`); AuthError if there is none."""
+        (`ssl.SSLSocket.getpeercert()`); `peer`: its source address. AuthError if none."""
         if self.spec.mode == "mtls":
             return self._from_certificate(peercert)
         if self.spec.mode == "header":
             assert self.spec.header is not None
-            tenant = headers.get(self.spec.header, "").strip()
+            if not self._from_trusted_upstream(peer):
+                raise AuthError(
+                    403,
+                    "untrusted_upstream",
+                    "tenant headers are accepted only from the configured upstream",
+                )
+            tenant = _single(headers, self.spec.header).strip()
             if not tenant:
                 raise AuthError(401, "missing_identity", f"header {self.spec.header} is required")
             return tenant
         return self._from_jwt(headers)
 
+    def _from_trusted_upstream(self, peer: str | None) -> bool:
+        try:
+            address = ipaddress.ip_address((peer or "").split("%")[0])
+        except ValueError:
+            return False
+        return any(address in network for network in self._trusted)
+
     def _from_jwt(self, headers: Mapping[str, str]) -> str:
         spec = self.spec.jwt
         assert spec is not None and self.key is not None
-        auth = headers.get("Authorization", "")
+        auth = _single(headers, "Authorization")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -105,14 +128,20 @@ class Identity:
             )
         except jwt.ExpiredSignatureError as exc:
             raise AuthError(401, "expired_token", "the JWT has expired") from exc
-        except (jwt.PyJWTError, TypeError, ValueError) as exc:  # a crafted token: never a 500
+        except (jwt.PyJWTError, TypeError, ValueError, OverflowError) as exc:  # crafted: never 500
             raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
         claimed = claims.get(spec.tenant_claim)
         if not isinstance(claimed, str) or not claimed:
             raise AuthError(401, "invalid_token", f"the JWT has no {spec.tenant_claim!r} claim")
+        try:
+            expires_at = float(claims["exp"])
+        except (OverflowError, TypeError, ValueError):
+            expires_at = math.inf
+        if not math.isfinite(expires_at):
+            raise AuthError(401, "invalid_token", "the JWT's exp is not a finite time")
         if len(self._verified) >= self._cache_size:
             del self._verified[next(iter(self._verified))]  # the oldest entry
-        self._verified[token] = (claimed, float(claims["exp"]))
+        self._verified[token] = (claimed, expires_at)
         return claimed
 
     def _from_certificate(self, peercert: PeerCert | None) -> str:
@@ -127,6 +156,15 @@ class Identity:
         if not names or not names[0]:
             raise AuthError(401, "invalid_identity", f"the client certificate has no {source}")
         return str(names[0])
+
+
+def _single(headers: Mapping[str, str], name: str) -> str:
+    """The header's one value ("" if absent); given more than once, refused."""
+    getall = getattr(headers, "getall", None)
+    values = getall(name, []) if getall is not None else [headers.get(name, "")]
+    if len(values) > 1:
+        raise AuthError(400, "duplicate_identity", f"header {name} is given more than once")
+    return values[0] if values else ""
 
 
 def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:

@@ -6,14 +6,46 @@ import json
 import time
 from typing import Any
 
-import orjson
-
-__all__ = ["BadRequestError", "completion_body", "error_body", "parse_body", "stream_chunk"]
+__all__ = ["completion_body", "error_body", "error_type", "sse_error", "stream_chunk"]
 
 
-def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
-    """OpenAI-style error object with a machine-readable `type`."""
-    return {"error": {"type": kind, "message": message, **extra}}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error `type` for an HTTP status (`server_error` for 5xx)."""
+    return _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(
+    code: str, message: str, *, status: int = 400, param: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The OpenAI error shape: `message`, `type` (the category, from the status), `code`
+    (floorguard's machine-readable reason) and `param` (the body field, where one is at
+    fault)."""
+    return {
+        "error": {
+            "message": message,
+            "type": error_type(status),
+            "code": code,
+            "param": param,
+            **extra,
+        }
+    }
+
+
+def sse_error(code: str, message: str) -> bytes:
+    """The SSE event that ends a stream which failed after its response started."""
+    return b"data: " + json.dumps(error_body(code, message, status=502)).encode() + b"\n\n"
 
 
 def completion_body(
@@ -60,40 +92,3 @@ def stream_chunk(
         "choices": [choice],
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-class BadRequestError(Exception):
-    """A request body the guard refuses before it reaches the core (400/413)."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-
-
-def parse_body(
-    raw: bytes, *, max_tokens_cap: int, default_max_tokens: int
-) -> tuple[dict[str, Any], int]:
-    """The body as a JSON object and its output-token cap (`max_tokens`, else
-    `max_completion_tokens`, else the default; null means the default). Anything else is a
-    BadRequestError naming what is wrong; nothing else is ever raised."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(400, "invalid_json", f"the body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequestError(400, "invalid_request", "the body must be a JSON object")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = default_max_tokens
-    if type(max_tokens) is not int or not 1 <= max_tokens <= max_tokens_cap:
-        raise BadRequestError(
-            400,
-            "invalid_max_tokens",
-            f"max_tokens = {max_tokens!r:.40}: must be an integer in [1, {max_tokens_cap}]",
-        )
-    if not isinstance(body.get("stream", False), bool):
-        raise BadRequestError(400, "invalid_request", "stream must be true or false")
-    return body, max_tokens

@@ -101,7 +101,7 @@ class ServiceProfile:
     @property
     def lower(self) -> AffineEnvelope:
         """`L(ℓ)`: the model's minimum service (batch of one, no jitter, no other prefill)."""
-        return AffineEnvelope(self.prefill_s, self.step_1_s)
+        return AffineEnvelope(self.prefill_s, self.step_1_s, self.prefill_per_prompt_token_s)
 
     def step_s(self, num_running: int) -> float:
         """Decode step of `num_running` sequences. Up to `reference_slots` the fitted curve;
@@ -123,7 +123,11 @@ class ServiceProfile:
             step_1_s=self.step_1_s * factor,
             step_full_s=self.step_full_s * factor,
             prefill_per_prompt_token_s=self.prefill_per_prompt_token_s * factor,
-            ceiling=AffineEnvelope(self.ceiling.base_s * factor, self.ceiling.per_token_s * factor),
+            ceiling=AffineEnvelope(
+                self.ceiling.base_s * factor,
+                self.ceiling.per_token_s * factor,
+                self.ceiling.per_prompt_token_s * factor,
+            ),
         )
 
 
@@ -184,7 +188,11 @@ def save_profile(
     """Write a profile as YAML; `measured` (probe results, residuals, provenance) is kept
     beside it for the reader and ignored when loading."""
     data: dict[str, Any] = {name: getattr(profile, name) for name in _FIELDS}
-    data["ceiling"] = {"base_s": profile.ceiling.base_s, "per_token_s": profile.ceiling.per_token_s}
+    data["ceiling"] = {
+        "base_s": profile.ceiling.base_s,
+        "per_token_s": profile.ceiling.per_token_s,
+        "per_prompt_token_s": profile.ceiling.per_prompt_token_s,
+    }
     if measured:
         data["measured"] = dict(measured)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -213,7 +221,11 @@ def load_profile(path: Path) -> ServiceProfile:
         raise ConfigError("profile", str(path), f"misses {missing}")
     try:
         bound = data["ceiling"]
-        ceiling = AffineEnvelope(float(bound["base_s"]), float(bound["per_token_s"]))
+        ceiling = AffineEnvelope(
+            float(bound["base_s"]),
+            float(bound["per_token_s"]),
+            float(bound.get("per_prompt_token_s", 0.0)),
+        )
         return ServiceProfile(**{name: data[name] for name in _FIELDS}, ceiling=ceiling)
     except (TypeError, KeyError, ValueError) as exc:
         raise ConfigError("profile", str(path), f"is not a service profile ({exc})") from exc

@@ -1,0 +1,362 @@
+"""The guard owns the work it admits (SPEC §12): one step, before admission, turns a
+client's body into the bytes the guard forwards and the sizes it meters.
+
+* **Output length.** `ℓ` is the cap the guard *forwards*: `max_tokens` and
+  `max_completion_tokens` (equal when both are given) checked against `limits.max_tokens`, the
+  configured default when neither is, and written into the forwarded body as `max_tokens`
+  (and as `max_completion_tokens` on a chat request that used it), so the backend cannot
+  generate more than was metered. `min_tokens` must not exceed `ℓ`; `ignore_eos` only makes
+  the backend run to the cap, which is what is metered anyway.
+* **Sequences.** One request is one sequence in one slot: `n`, `best_of` > 1 and beam search
+  are refused (`unsupported_n`); send several requests instead, each metered.
+* **Scheduling.** A client never sets dispatch priority: `priority`, `service_tier`,
+  `request_id` and `kv_transfer_params` are removed, and the guard's own `priority` is
+  written when the operator asks for it (`forward_priority`).
+* **The prompt** is counted here: with the backend model's tokenizer when one is configured
+  (`limits.tokenizer`, a local `tokenizer.json`), else bounded from above by its UTF-8 length
+  (a byte-level or byte-fallback tokenizer never makes more tokens than bytes; + 2 for special
+  tokens per text). Chat adds `limits.chat_overhead_tokens` per message for the template.
+  The count (an upper bound) is what the token meter and `s_max` weigh; the lower bound
+  (the exact count, or the template-free content count with a tokenizer, else 0) is what the
+  doom gate's `L` may use, so a drop stays a proof.
+* **Fields it does not know** follow `limits.unknown_fields`: `refuse` (default: 400
+  `unknown_field` naming it), `drop`, or `forward`; `limits.allow_fields` forwards named ones.
+
+The forwarded bytes are built once, here; nothing re-serializes after dispatch. Everything
+wrong is a `BadRequestError` naming the field; nothing else is ever raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from floorguard.errors import ConfigError
+
+__all__ = [
+    "BadRequestError",
+    "EdgeLimits",
+    "TokenCounter",
+    "Work",
+    "load_tokenizer",
+    "normalize",
+]
+
+SCHEDULING_FIELDS = frozenset({"priority", "service_tier", "request_id", "kv_transfer_params"})
+"""Fields a backend schedules or places by: never the client's to set."""
+
+SAMPLING_FIELDS = frozenset(
+    {
+        "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
+        "stop", "stop_token_ids", "seed", "logit_bias", "logprobs", "user", "metadata",
+        "response_format", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+        "bad_words", "prompt_logprobs", "add_special_tokens", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "guided_whitespace_pattern", "structured_outputs", "return_tokens_as_token_ids",
+        "cache_salt", "ignore_eos", "echo",
+        # rewritten or checked below, known to both APIs
+        "max_tokens", "max_completion_tokens", "min_tokens", "n", "best_of", "use_beam_search",
+    }
+)  # fmt: skip
+"""Known to both APIs (OpenAI's and vLLM's extensions) and harmless once `ℓ` is owned."""
+
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "suffix"}
+CHAT_FIELDS = SAMPLING_FIELDS | {
+    "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+    "function_call", "reasoning_effort", "include_reasoning", "add_generation_prompt",
+    "continue_final_message", "documents", "chat_template_kwargs", "store",
+}  # fmt: skip
+"""`chat_template` is not here: a client's own template can expand the prompt without bound."""
+
+
+class BadRequestError(Exception):
+    """A request body the guard refuses before it reaches the core (400/413)."""
+
+    def __init__(self, status: int, kind: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.param = param
+
+
+class TokenCounter(Protocol):
+    """Counts a text's tokens with the backend model's tokenizer."""
+
+    def count(self, text: str, *, special: bool) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    max_tokens: int = 4096
+    default_max_tokens: int = 16
+    max_prompt_tokens: int = 32768
+    chat_overhead_tokens: int = 8
+    """Tokens a chat template adds per message (role markers), counted on top of the text."""
+    unknown_fields: Literal["refuse", "drop", "forward"] = "refuse"
+    allow_fields: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What the guard admits: the forwarded bytes and the sizes it meters."""
+
+    body: bytes
+    """The forwarded request, built once."""
+    num_output_tokens: int
+    """`ℓ`: the output cap written into `body`."""
+    num_prompt_tokens: int
+    """The prompt's tokens as metered (exact, or an upper bound)."""
+    min_prompt_tokens: int | None
+    """A lower bound where `num_prompt_tokens` is not exact (None: exact)."""
+    stream: bool
+
+
+def normalize(
+    raw: bytes,
+    *,
+    chat: bool,
+    limits: EdgeLimits,
+    priority: int | None = None,
+    tokenizer: TokenCounter | None = None,
+) -> Work:
+    """The forwarded body and metered sizes of one request (module docstring)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(400, "invalid_json", f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError(400, "invalid_request", "the body must be a JSON object")
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequestError(400, "invalid_request", "stream must be true or false", "stream")
+    forwarded = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, limits)
+    _one_sequence(body)
+    num_output_tokens = _output_cap(body, limits)
+    if chat:
+        upper, lower = _chat_prompt(body, limits, tokenizer)
+    else:
+        upper, lower = _completion_prompt(body, tokenizer)
+    if upper > limits.max_prompt_tokens:
+        bound = "counted" if tokenizer is not None else "bounded by its length at"
+        raise BadRequestError(
+            400,
+            "prompt_too_long",
+            f"the prompt is {bound} {upper} tokens > limits.max_prompt_tokens = "
+            f"{limits.max_prompt_tokens}",
+            "messages" if chat else "prompt",
+        )
+    forwarded["max_tokens"] = num_output_tokens
+    if chat and "max_completion_tokens" in body:
+        forwarded["max_completion_tokens"] = num_output_tokens
+    else:
+        forwarded.pop("max_completion_tokens", None)
+    if priority is not None:
+        forwarded["priority"] = priority
+    try:
+        data = orjson.dumps(forwarded)
+    except (orjson.JSONEncodeError, TypeError) as exc:  # e.g. nested deeper than 255
+        raise BadRequestError(400, "invalid_json", f"the body cannot be forwarded: {exc}") from exc
+    return Work(
+        data,
+        num_output_tokens,
+        upper,
+        None if lower == upper else lower,
+        body.get("stream") is True,
+    )
+
+
+def _known_fields(
+    body: dict[str, Any], known: frozenset[str], limits: EdgeLimits
+) -> dict[str, Any]:
+    """The body without scheduling fields, and unknown fields as the policy says."""
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in SCHEDULING_FIELDS:
+            continue
+        if key in known or key in limits.allow_fields or limits.unknown_fields == "forward":
+            out[key] = value
+        elif limits.unknown_fields == "refuse":
+            raise BadRequestError(
+                400,
+                "unknown_field",
+                f"field {key[:60]!r} is not forwarded by this guard (limits.unknown_fields: "
+                f"refuse; an operator can list it in limits.allow_fields)",
+                key[:60],
+            )
+    return out
+
+
+def _one_sequence(body: Mapping[str, Any]) -> None:
+    for key in ("n", "best_of"):
+        value = body.get(key)
+        if value is not None and (type(value) is not int or value != 1):
+            raise BadRequestError(
+                400,
+                "unsupported_n",
+                f"{key} = {value!r:.40}: one request is one sequence here (1 or absent); "
+                f"send several requests instead",
+                key,
+            )
+    if body.get("use_beam_search") not in (None, False):
+        raise BadRequestError(
+            400, "unsupported_n", "beam search runs several sequences: refused", "use_beam_search"
+        )
+
+
+def _cap_field(body: Mapping[str, Any], key: str, cap: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value <= cap:
+        raise BadRequestError(
+            400,
+            "invalid_max_tokens",
+            f"{key} = {value!r:.40}: must be an integer in [1, {cap}]",
+            key,
+        )
+    return value
+
+
+def _output_cap(body: Mapping[str, Any], limits: EdgeLimits) -> int:
+    """`ℓ`: the output cap the guard forwards (SPEC §12)."""
+    max_tokens = _cap_field(body, "max_tokens", limits.max_tokens)
+    max_completion = _cap_field(body, "max_completion_tokens", limits.max_tokens)
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise BadRequestError(
+            400,
+            "conflicting_max_tokens",
+            f"max_tokens = {max_tokens} and max_completion_tokens = {max_completion}: give one",
+            "max_completion_tokens",
+        )
+    cap = max_tokens or max_completion or limits.default_max_tokens
+    min_tokens = body.get("min_tokens")
+    if min_tokens is not None and (type(min_tokens) is not int or not 0 <= min_tokens <= cap):
+        raise BadRequestError(
+            400,
+            "invalid_min_tokens",
+            f"min_tokens = {min_tokens!r:.40}: must be an integer in [0, max_tokens = {cap}]",
+            "min_tokens",
+        )
+    return cap
+
+
+def _count_text(
+    text: str, tokenizer: TokenCounter | None, special: bool = False
+) -> tuple[int, int]:
+    """(upper, lower) token bounds of one text."""
+    if tokenizer is not None:
+        count = tokenizer.count(text, special=special)
+        return count, count
+    return len(text.encode()) + 2, 0
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def _completion_prompt(body: Mapping[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not _is_token_ids(prompt):
+        if len(prompt) != 1:
+            raise BadRequestError(
+                400,
+                "multiple_prompts",
+                f"{len(prompt)} prompts in one request: send one request per prompt",
+                "prompt",
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, list) and _is_token_ids(prompt):
+        return len(prompt), len(prompt)
+    if not isinstance(prompt, str):
+        raise BadRequestError(
+            400, "invalid_prompt", "prompt must be a string or a list of token ids", "prompt"
+        )
+    upper, lower = _count_text(prompt, tokenizer, special=True)
+    suffix = body.get("suffix")
+    if isinstance(suffix, str):
+        more_upper, more_lower = _count_text(suffix, tokenizer)
+        upper, lower = upper + more_upper, lower + more_lower
+    return upper, lower
+
+
+def _chat_texts(message: Mapping[str, Any]) -> Iterable[str]:
+    """The texts one message puts into the prompt: its content, and any other field
+    (tool calls, names) as its JSON."""
+    content = message.get("content")
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequestError(
+                    400,
+                    "unsupported_content",
+                    f"a content part of type {str(kind)[:40]!r}: only text is metered here",
+                    "messages",
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise BadRequestError(400, "invalid_prompt", "a text part needs text", "messages")
+            yield text
+    elif content is not None:
+        raise BadRequestError(400, "invalid_prompt", "content must be text", "messages")
+    rest = {k: v for k, v in message.items() if k not in ("role", "content")}
+    if rest:
+        yield orjson.dumps(rest).decode()
+
+
+def _chat_prompt(
+    body: Mapping[str, Any], limits: EdgeLimits, tokenizer: TokenCounter | None
+) -> tuple[int, int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError(
+            400, "invalid_prompt", "messages must be a non-empty list", "messages"
+        )
+    upper, lower = limits.chat_overhead_tokens, 0  # the template's own tokens: not in `lower`
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequestError(
+                400, "invalid_prompt", "each message must be an object", "messages"
+            )
+        upper += limits.chat_overhead_tokens
+        for text in _chat_texts(message):
+            more_upper, more_lower = _count_text(text, tokenizer)
+            upper, lower = upper + more_upper, lower + more_lower
+    for key in ("tools", "functions", "documents"):
+        if body.get(key) is not None:
+            more_upper, more_lower = _count_text(orjson.dumps(body[key]).decode(), tokenizer)
+            upper, lower = upper + more_upper, lower + more_lower
+    return upper, lower
+
+
+class _HfTokenizer:
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def count(self, text: str, *, special: bool) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=special).ids)
+
+
+def load_tokenizer(path: str) -> TokenCounter:
+    """A local `tokenizer.json` (Hugging Face `tokenizers`); nothing is downloaded. A
+    missing package or an unreadable file is a ConfigError naming `limits.tokenizer`."""
+    try:
+        from tokenizers import Tokenizer  # noqa: PLC0415 (an optional dependency)
+    except ImportError as exc:
+        raise ConfigError(
+            "limits.tokenizer",
+            path,
+            "needs the tokenizers package: pip install 'floorguard[tokenizer]'",
+        ) from exc
+    try:
+        return _HfTokenizer(Tokenizer.from_file(path))
+    except Exception as exc:  # tokenizers raises its own Exception type for any bad file
+        raise ConfigError(
+            "limits.tokenizer", path, f"cannot be read as a tokenizer.json ({exc})"
+        ) from exc

@@ -1,0 +1,62 @@
+"""A misbehaving OpenAI-shaped backend for the attack tests: it records every body the
+guard forwards and answers as its `mode` says (a fake upstream; the guard in front of it is
+a real `floorguard serve` process)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from floorguard.proxy.openai_format import completion_body, stream_chunk
+
+
+class ScriptedBackend:
+    def __init__(self) -> None:
+        self.mode = "ok"
+        """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
+        for 2 s) | error (500 with an internal detail) | redirect | big (a 5 MB reply)."""
+        self.bodies: list[dict[str, Any]] = []
+        self.hits: dict[str, int] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/elsewhere", self._elsewhere)
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _elsewhere(self, _: web.Request) -> web.Response:
+        self.hits["elsewhere"] = self.hits.get("elsewhere", 0) + 1
+        return web.json_response(
+            completion_body("x", "m", False, "redirected", completion_tokens=1)
+        )
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        if self.mode == "error":
+            return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
+        if self.mode == "redirect":
+            raise web.HTTPTemporaryRedirect("/elsewhere")
+        if self.mode == "big":
+            return web.Response(body=b'{"x": "' + b"a" * 5_000_000 + b'"}')
+        if not body.get("stream"):
+            return web.json_response(completion_body("x", "m", False, "ok", completion_tokens=1))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(stream_chunk("x", "m", False, " tok"))
+        if self.mode == "stall":
+            await asyncio.sleep(3600)
+        for _ in range(10 if self.mode == "slow-stream" else 1):
+            await asyncio.sleep(0.2 if self.mode == "slow-stream" else 0)
+            await response.write(stream_chunk("x", "m", False, " tok"))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response

@@ -1,0 +1,125 @@
+"""The edge's normalization step (SPEC §12): what it forwards, meters and refuses."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from floorguard.errors import ConfigError
+from floorguard.proxy.normalize import BadRequestError, EdgeLimits, load_tokenizer, normalize
+
+LIMITS = EdgeLimits(max_tokens=512, default_max_tokens=16, max_prompt_tokens=4096)
+
+
+def _work(body: dict, *, chat: bool = False, limits: EdgeLimits = LIMITS, **kw):
+    return normalize(orjson.dumps(body), chat=chat, limits=limits, **kw)
+
+
+def _refusal(body: dict, **kw) -> BadRequestError:
+    with pytest.raises(BadRequestError) as refused:
+        _work(body, **kw)
+    return refused.value
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """A byte-level BPE tokenizer trained here (no download), saved as tokenizer.json."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(["the floor holds under the learner"] * 50, trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_missing_cap_is_the_default_written_into_the_forwarded_body():
+    work = _work({"model": "m", "prompt": "hi"})
+    assert work.num_output_tokens == 16
+    assert orjson.loads(work.body)["max_tokens"] == 16
+
+
+def test_max_completion_tokens_alone_is_the_cap_and_is_forwarded_as_both_on_chat():
+    work = _work(
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 40}, chat=True
+    )
+    body = orjson.loads(work.body)
+    assert work.num_output_tokens == body["max_tokens"] == body["max_completion_tokens"] == 40
+
+
+def test_on_completions_max_completion_tokens_becomes_max_tokens():
+    body = orjson.loads(_work({"prompt": "hi", "max_completion_tokens": 40}).body)
+    assert body["max_tokens"] == 40 and "max_completion_tokens" not in body
+
+
+def test_client_scheduling_fields_are_removed_or_replaced_by_the_guards():
+    body = {"prompt": "hi", "priority": -100, "service_tier": "priority", "request_id": "x"}
+    assert set(orjson.loads(_work(body).body)) == {"prompt", "max_tokens"}
+    assert orjson.loads(_work(body, priority=1).body)["priority"] == 1
+
+
+def test_unknown_fields_follow_the_policy_and_the_allow_list():
+    body = {"prompt": "hi", "vllm_xargs": {"a": 1}}
+    assert _refusal(body).param == "vllm_xargs"
+    drop = EdgeLimits(unknown_fields="drop")
+    assert "vllm_xargs" not in orjson.loads(_work(body, limits=drop).body)
+    allow = EdgeLimits(allow_fields=frozenset({"vllm_xargs"}))
+    assert orjson.loads(_work(body, limits=allow).body)["vllm_xargs"] == {"a": 1}
+    forward = EdgeLimits(unknown_fields="forward")
+    assert "priority" not in orjson.loads(_work({**body, "priority": 0}, limits=forward).body)
+
+
+def test_without_a_tokenizer_the_prompt_is_bounded_by_its_bytes_and_L_counts_none():
+    work = _work({"prompt": "héllo"})  # 6 UTF-8 bytes
+    assert (work.num_prompt_tokens, work.min_prompt_tokens) == (8, 0)
+
+
+def test_token_ids_are_counted_exactly():
+    work = _work({"prompt": [1, 2, 3, 4]})
+    assert (work.num_prompt_tokens, work.min_prompt_tokens) == (4, None)
+
+
+def test_with_the_models_tokenizer_a_completion_prompt_is_counted_exactly(tokenizer_file):
+    tokenizer = load_tokenizer(str(tokenizer_file))
+    text = "the floor holds " * 20
+    exact = len(Tokenizer.from_file(str(tokenizer_file)).encode(text).ids)
+    work = _work({"prompt": text}, tokenizer=tokenizer)
+    assert (work.num_prompt_tokens, work.min_prompt_tokens) == (exact, None)
+    assert exact < len(text.encode())  # tighter than the byte bound
+
+
+def test_chat_adds_the_template_overhead_to_the_metered_count_but_not_to_L(tokenizer_file):
+    tokenizer = load_tokenizer(str(tokenizer_file))
+    messages = [{"role": "system", "content": "the floor"}, {"role": "user", "content": "holds"}]
+    work = _work({"messages": messages}, chat=True, tokenizer=tokenizer)
+    content = tokenizer.count("the floor", special=False) + tokenizer.count("holds", special=False)
+    assert work.min_prompt_tokens == content
+    assert work.num_prompt_tokens == content + 8 * 3  # per message, and once for the template
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "code"),
+    [
+        ({"prompt": ["a", "b"]}, False, "multiple_prompts"),
+        ({"prompt": {"text": "a"}}, False, "invalid_prompt"),
+        ({"messages": []}, True, "invalid_prompt"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, True,
+         "unsupported_content"),
+        ({"prompt": "x" * 5000}, False, "prompt_too_long"),
+        ({"prompt": "x", "max_tokens": True}, False, "invalid_max_tokens"),
+        ({"prompt": "x", "max_tokens": 513}, False, "invalid_max_tokens"),
+        ({"prompt": "x", "max_tokens": 8, "min_tokens": 9}, False, "invalid_min_tokens"),
+        ({"prompt": "x", "n": 2}, False, "unsupported_n"),
+        ({"prompt": "x", "stream": "yes"}, False, "invalid_request"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_metered_is_refused_naming_the_field(body, chat, code):
+    assert _refusal(body, chat=chat).kind == code
+
+
+def test_a_missing_tokenizer_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"limits\.tokenizer"):
+        load_tokenizer(str(tmp_path / "nope.json"))
