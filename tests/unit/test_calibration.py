@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from floorguard.calibrate import _fit_prompt
 from floorguard.sim.calibration import measure_profile
 from floorguard.sim.profiles import ADA_FP8, DETERMINISTIC, V100_MOE
 
@@ -62,3 +63,13 @@ def test_deterministic_profile_service_is_its_lower_envelope():
     det = measure_profile(DETERMINISTIC, num_flood_reps=2)
     assert det.batch1_median_ms == pytest.approx(DETERMINISTIC.lower.at(16) * 1e3)
     assert det.light_mean_ms == pytest.approx(det.batch1_median_ms)
+
+
+def test_the_prompt_slope_keeps_L_below_every_prompt_sample():
+    """The prefill cost per prompt token is the smallest slope any sample shows, and the
+    intercept gives back what the short probe prompt paid, so `L(1, p) ≤ s` for each."""
+    samples = [(64, 0.060), (256, 0.090), (1024, 0.300), (256, 0.085)]
+    prefill_s, per_token = _fit_prompt(samples, 0.040, 0.010, base_tokens=4)
+    assert per_token == min((s - 0.050) / p for p, s in samples)
+    assert all(prefill_s + 0.010 + per_token * p <= s + 1e-12 for p, s in samples)
+    assert _fit_prompt([], 0.04, 0.01, base_tokens=4) == (0.04, 0.0)
