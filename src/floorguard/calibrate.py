@@ -13,11 +13,13 @@ service time is a function of ℓ and of what else runs. Probes, in order:
    n prefills and 32 steps of n: `step(n) = (t_n − n·prefill_s) / 32`. `step_full_s` is
    `step(C)`; the coupling shape `r` is the grid value that fits step(2…C−1) best.
 3. **prompt**: one request at a time, ℓ = 1, with prompts of about 64, 256 and 1024 tokens
-   (`reps` each; the backend's own `usage.prompt_tokens` says how many). The prefill cost per
-   prompt token is the smallest slope any sample shows over `L(1)` — so `L(ℓ, p)` stays a
-   sound lower envelope — and it goes into the profile (`prefill_per_prompt_token_s`, which
-   the simulator's prefill, `L` and `s_max` then count). A backend that reports no prompt
-   tokens (the emulator models none) gets 0.
+   (`reps` each; the backend's own `usage.prompt_tokens` says how many), each with a prefix
+   of its own and then once more unchanged (vLLM's prefix cache may then skip its prefill).
+   The first sends give the prefill cost per prompt token (least squares over `L(1)`:
+   `prefill_per_prompt_token_s`, which the simulator's prefill and `s_max` count); the
+   smallest slope any send shows, repeats included, is what `L(ℓ, p)` may count
+   (`lower_per_prompt_token_s`), so a cache hit never beats the lower envelope. A backend
+   that reports no prompt tokens (the emulator models none) gets 0 for both.
 4. **saturated**: C workers each send 8 requests of ℓ = 16 back to back, so the backend
    always runs C and nothing waits in its queue. μ_sat is the completion rate over the
    middle 80 % of completions; the largest service seen sets the ceiling `s_max(ℓ)`: the
@@ -68,6 +70,8 @@ class CalibrationResult:
     residuals: dict[str, Any]
     prompt_s: list[tuple[int, float]] = field(default_factory=list)
     """(prompt tokens as the backend counted them, service) of the prompt probe at ℓ = 1."""
+    prompt_repeat_s: list[tuple[int, float]] = field(default_factory=list)
+    """The same prompts sent again at once (a prefix cache may serve them)."""
 
     def measured(self, backend: str, model: str) -> dict[str, Any]:
         """What to keep beside the profile in its file."""
@@ -80,6 +84,7 @@ class CalibrationResult:
             "together_s": {k: round(v, 6) for k, v in self.together_s.items()},
             "flood_max_s": self.flood_max_s,
             "prompt_s": [[p, round(x, 6)] for p, x in self.prompt_s],
+            "prompt_repeat_s": [[p, round(x, 6)] for p, x in self.prompt_repeat_s],
             "residuals": self.residuals,
         }
 
@@ -123,14 +128,24 @@ async def _timed(
 
 
 def _fit_prompt(
-    prompt_s: list[tuple[int, float]], prefill_s: float, step_1_s: float, base_tokens: int
-) -> tuple[float, float]:
-    """(prefill_s, prefill_per_prompt_token_s): the smallest slope over `L(1)` that any
-    prompt sample shows (0 without samples), and the intercept lowered by what the short
-    calibration prompt of the other probes already paid at that slope."""
-    slopes = [(s - prefill_s - step_1_s) / p for p, s in prompt_s if p > 0]
-    per_token = max(0.0, min(slopes)) if slopes else 0.0
-    return max(0.0, prefill_s - per_token * base_tokens), per_token
+    first: list[tuple[int, float]],
+    repeats: list[tuple[int, float]],
+    prefill_s: float,
+    step_1_s: float,
+    base_tokens: int,
+) -> tuple[float, float, float]:
+    """(prefill_s, prefill_per_prompt_token_s, lower_per_prompt_token_s). The model's slope:
+    least squares through `L(1)` over the first sends; the lower envelope's: the smallest
+    slope of any send (0 without samples), with the intercept lowered by what the short
+    probe prompt of the other probes already paid at that slope, and further until no send
+    (a prefix-cache hit can be faster than the alone probe's fastest) falls below `L`."""
+    points = [(p, s - prefill_s - step_1_s) for p, s in first if p > 0]
+    model = sum(p * y for p, y in points) / sum(p * p for p, _ in points) if points else 0.0
+    slopes = [(s - prefill_s - step_1_s) / p for p, s in [*first, *repeats] if p > 0]
+    lower = max(0.0, min(slopes)) if slopes else 0.0
+    # every send, cache hits included, stays at or above L(1, p): lower the intercept to it
+    floor_s = min([s - step_1_s - lower * p for p, s in [*first, *repeats]], default=math.inf)
+    return max(0.0, min(prefill_s - lower * base_tokens, floor_s)), max(0.0, model), lower
 
 
 async def _together(
@@ -149,7 +164,10 @@ def _fit_alone(alone: dict[int, list[float]]) -> tuple[float, float, float, floa
     worst = max(
         slope * ell + intercept - sample for ell, samples in alone.items() for sample in samples
     )
-    intercept = max(0.0, intercept - max(0.0, worst))
+    intercept -= max(0.0, worst)
+    if intercept < 0:  # a line through the origin instead, no steeper than any sample
+        intercept = 0.0
+        slope = min(slope, *(sample / ell for ell, samples in alone.items() for sample in samples))
     excess = [
         (sample - intercept) / (slope * ell) - 1
         for ell, samples in alone.items()
@@ -195,10 +213,13 @@ async def _probe(
             for ell in ALONE_TOKENS:
                 alone[ell].append(await _service(session, url, model, ell))
         prompt_s: list[tuple[int, float]] = []
-        for _ in range(reps):
+        nonce = time.time_ns()  # not in any prefix cache, not even from an earlier run
+        for rep in range(reps):
             for words in PROMPT_WORDS:
-                service, counted = await _timed(session, url, model, 1, " a" * words)
-                prompt_s.append((counted, service))
+                prompt = f"probe {nonce} {rep} {words}" + " a" * words  # a prefix of its own
+                for _ in range(2):  # first send, then at once the same again
+                    service, counted = await _timed(session, url, model, 1, prompt)
+                    prompt_s.append((counted, service))
         together: dict[int, float] = {}
         for n in range(2, slots + 1):
             lasts = [await _together(session, url, model, n, TOGETHER_TOKENS) for _ in range(2)]
@@ -249,9 +270,11 @@ def calibrate(
         raise CalibrationError(f"slots = {slots}: the coupling fit needs at least 2")
     url = backend.rstrip("/") + "/v1/completions"
     alone, together, flood, mu_sat, probed = asyncio.run(_probe(url, model, slots, reps, timeout_s))
-    (base_tokens, _), prompt_s = probed[0], probed[1:]
+    (base_tokens, _), prompt_s, repeat_s = probed[0], probed[1::2], probed[2::2]
     prefill_s, step_1_s, jitter_mean, jitter_cap = _fit_alone(alone)
-    prefill_s, per_prompt_token_s = _fit_prompt(prompt_s, prefill_s, step_1_s, base_tokens)
+    prefill_s, per_prompt_token_s, lower_per_prompt_s = _fit_prompt(
+        prompt_s, repeat_s, prefill_s, step_1_s, base_tokens
+    )
     step_full_s, shape, steps = _fit_together(together, prefill_s, step_1_s, slots)
     full_line = AffineEnvelope(slots * prefill_s, step_full_s)
     scale = max(1.0, max(flood) / full_line.at(FLOOD_TOKENS))
@@ -268,6 +291,7 @@ def calibrate(
         jitter_mean=jitter_mean,
         jitter_cap=jitter_cap,
         prefill_per_prompt_token_s=per_prompt_token_s,
+        lower_per_prompt_token_s=lower_per_prompt_s,
     )
     residuals = {
         "alone_median_rel": {
@@ -277,8 +301,15 @@ def calibrate(
         "samples_below_L": sum(
             s < profile.lower.at(ell) - 1e-9 for ell, v in alone.items() for s in v
         )
-        + sum(s < profile.lower.at(1, p) - 1e-9 for p, s in prompt_s),
+        + sum(s < profile.lower.at(1, p) - 1e-9 for p, s in [*prompt_s, *repeat_s]),
     }
     return CalibrationResult(
-        profile, mu_sat, alone, together, max(flood), residuals, prompt_s=prompt_s
+        profile,
+        mu_sat,
+        alone,
+        together,
+        max(flood),
+        residuals,
+        prompt_s=prompt_s,
+        prompt_repeat_s=repeat_s,
     )

@@ -783,6 +783,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             "jitter_cap": p.jitter_cap,
             "L_ms_at_16": p.lower.at(16) * 1e3,
             "s_max_ms_at_16": p.ceiling.at(16) * 1e3,
+            "prefill_ms_per_1k_prompt_tokens": p.prefill_per_prompt_token_s * 1e6,
+            "L_prefill_ms_per_1k_prompt_tokens": p.lower_per_prompt_token_s * 1e6,
         },
         "mu_sat_per_s": result.mu_sat_per_s,
         "residuals": result.residuals,

@@ -247,3 +247,30 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
     text = results_md.read_text()
     assert text.startswith("# Results") and "fidelity of the simulator" in text
     assert text.count("| guard |") >= 3 and "| server-priority | " in text
+
+
+def test_vllm_gets_only_the_work_the_guard_metered(live, vllm, profile):
+    """Through the guard to real vLLM: a chat request with no cap runs the default 16 tokens
+    (with `ignore_eos`, exactly), a client's `priority: -100` never reaches vLLM's priority
+    scheduler, more `min_tokens` than the cap is refused before vLLM; and calibration found
+    a prefill cost per prompt token on vLLM's real prefill, with L no steeper than a
+    prefix-cache hit."""
+    url, _ = live.guard(guard_config(vllm, slots=SLOTS))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("free"), max_retries=0)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"ignore_eos": True, "priority": -100},
+    )
+    assert chat.usage.completion_tokens == 16
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=MODEL, prompt="hi", max_tokens=1, extra_body={"min_tokens": 3000}
+        )
+    assert refused.value.code == "invalid_min_tokens"
+    _, result = profile
+    assert min(p for p, _ in result.prompt_s) >= 64  # vLLM counted the probe prompts
+    fitted = result.profile
+    assert fitted.prefill_per_prompt_token_s > 0  # a fresh prompt's prefill costs time
+    assert fitted.lower_per_prompt_token_s <= fitted.prefill_per_prompt_token_s  # cache hits
+    assert result.residuals["samples_below_L"] == 0

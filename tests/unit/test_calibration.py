@@ -66,10 +66,13 @@ def test_deterministic_profile_service_is_its_lower_envelope():
 
 
 def test_the_prompt_slope_keeps_L_below_every_prompt_sample():
-    """The prefill cost per prompt token is the smallest slope any sample shows, and the
-    intercept gives back what the short probe prompt paid, so `L(1, p) ≤ s` for each."""
-    samples = [(64, 0.060), (256, 0.090), (1024, 0.300), (256, 0.085)]
-    prefill_s, per_token = _fit_prompt(samples, 0.040, 0.010, base_tokens=4)
-    assert per_token == min((s - 0.050) / p for p, s in samples)
-    assert all(prefill_s + 0.010 + per_token * p <= s + 1e-12 for p, s in samples)
-    assert _fit_prompt([], 0.04, 0.01, base_tokens=4) == (0.04, 0.0)
+    """The model's prefill slope is the least-squares one over the first sends; L's is the
+    smallest any send shows — a prefix-cache repeat included — and the intercept gives back
+    what the short probe prompt paid, so `L(1, p) ≤ s` for every sample."""
+    first = [(64, 0.060), (256, 0.090), (1024, 0.300)]
+    repeats = [(64, 0.052), (256, 0.055), (1024, 0.070)]  # served from the prefix cache
+    prefill_s, model, lower = _fit_prompt(first, repeats, 0.040, 0.010, base_tokens=4)
+    assert lower == pytest.approx(min((s - 0.050) / p for p, s in [*first, *repeats]))
+    assert model > lower  # the uncached prefill costs more than a cache hit
+    assert all(prefill_s + 0.010 + lower * p <= s + 1e-12 for p, s in [*first, *repeats])
+    assert _fit_prompt([], [], 0.04, 0.01, base_tokens=4) == (0.04, 0.0, 0.0)

@@ -72,6 +72,9 @@ class ServiceProfile:
     prefill_per_prompt_token_s: float = 0.0
     """Extra prefill per prompt token. 0 in the shipped profiles: SPEC §5 gives no
     prompt-length target to calibrate it against."""
+    lower_per_prompt_token_s: float = 0.0
+    """What `L(ℓ, p)` may count per prompt token: at most the cheapest prefill seen,
+    prefix-cache hits included (`floorguard calibrate`), so a drop stays a proof."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,6 +83,7 @@ class ServiceProfile:
             "jitter_mean",
             "jitter_cap",
             "prefill_per_prompt_token_s",
+            "lower_per_prompt_token_s",
         ):
             value = getattr(self, name)
             require(math.isfinite(value) and value >= 0, name, value, "must be ≥ 0")
@@ -101,7 +105,7 @@ class ServiceProfile:
     @property
     def lower(self) -> AffineEnvelope:
         """`L(ℓ)`: the model's minimum service (batch of one, no jitter, no other prefill)."""
-        return AffineEnvelope(self.prefill_s, self.step_1_s, self.prefill_per_prompt_token_s)
+        return AffineEnvelope(self.prefill_s, self.step_1_s, self.lower_per_prompt_token_s)
 
     def step_s(self, num_running: int) -> float:
         """Decode step of `num_running` sequences. Up to `reference_slots` the fitted curve;
@@ -123,6 +127,7 @@ class ServiceProfile:
             step_1_s=self.step_1_s * factor,
             step_full_s=self.step_full_s * factor,
             prefill_per_prompt_token_s=self.prefill_per_prompt_token_s * factor,
+            lower_per_prompt_token_s=self.lower_per_prompt_token_s * factor,
             ceiling=AffineEnvelope(
                 self.ceiling.base_s * factor,
                 self.ceiling.per_token_s * factor,
@@ -180,6 +185,8 @@ _FIELDS = (
     "jitter_cap",
     "prefill_per_prompt_token_s",
 )
+_OPTIONAL = {"lower_per_prompt_token_s": 0.0}
+"""Fields added later: an older profile file without them loads with these values."""
 
 
 def save_profile(
@@ -187,7 +194,7 @@ def save_profile(
 ) -> None:
     """Write a profile as YAML; `measured` (probe results, residuals, provenance) is kept
     beside it for the reader and ignored when loading."""
-    data: dict[str, Any] = {name: getattr(profile, name) for name in _FIELDS}
+    data: dict[str, Any] = {name: getattr(profile, name) for name in (*_FIELDS, *_OPTIONAL)}
     data["ceiling"] = {
         "base_s": profile.ceiling.base_s,
         "per_token_s": profile.ceiling.per_token_s,
@@ -226,6 +233,7 @@ def load_profile(path: Path) -> ServiceProfile:
             float(bound["per_token_s"]),
             float(bound.get("per_prompt_token_s", 0.0)),
         )
-        return ServiceProfile(**{name: data[name] for name in _FIELDS}, ceiling=ceiling)
+        optional = {name: data.get(name, default) for name, default in _OPTIONAL.items()}
+        return ServiceProfile(**{name: data[name] for name in _FIELDS}, **optional, ceiling=ceiling)
     except (TypeError, KeyError, ValueError) as exc:
         raise ConfigError("profile", str(path), f"is not a service profile ({exc})") from exc
