@@ -316,20 +316,18 @@ class GuardServer:
     async def _read_body(self, request: web.Request) -> bytes:
         """The whole body, until EOF, with the size limit applied as it streams in."""
         limit = self.config.limits.max_body_bytes
-        too_large = _RefusedError(
-            _error(413, "body_too_large", f"the body exceeds {limit} bytes", _NO_RETRY)
-        )
         if (request.content_length or 0) > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.header_timeout_s  # for the whole body
         try:
-            async with asyncio.timeout(self.config.header_timeout_s):
-                async for chunk in request.content.iter_any():
-                    size += len(chunk)
-                    if size > limit:
-                        raise too_large
-                    chunks.append(chunk)
+            while chunk := await _next_chunk(request.content, deadline - loop.time()):
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
         except TimeoutError:
             raise _RefusedError(
                 _error(408, "body_timeout", "the body did not arrive in time", _NO_RETRY)
@@ -599,8 +597,7 @@ class GuardServer:
             return await self._reply(rid, upstream, headers)
 
     async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
-        async with asyncio.timeout(timeout_s):
-            return await upstream.content.readany()
+        return await _next_chunk(upstream.content, timeout_s)
 
     async def _reply(
         self, rid: str, upstream: aiohttp.ClientResponse, headers: dict[str, str]
@@ -736,6 +733,25 @@ class GuardServer:
             "replicas": floor.replicas,
             "calls": dict(floor.calls),
         }
+
+
+def _too_large(limit: int) -> _RefusedError:
+    return _RefusedError(
+        _error(413, "body_too_large", f"the body exceeds {limit} bytes", _NO_RETRY)
+    )
+
+
+async def _next_chunk(stream: aiohttp.StreamReader, timeout_s: float) -> bytes:
+    """The next piece of `stream` (b"" at its end): what is buffered at once, else the next
+    to arrive within `timeout_s` (TimeoutError). No timer is armed for buffered data: most
+    bodies and replies are in the buffer by the time they are read (the hot path)."""
+    chunk = stream.read_nowait()
+    if chunk or stream.at_eof():
+        return chunk
+    if timeout_s <= 0:
+        raise TimeoutError
+    async with asyncio.timeout(timeout_s):
+        return await stream.readany()
 
 
 class _Exchange:
