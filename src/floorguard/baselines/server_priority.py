@@ -8,12 +8,10 @@ priority-jumped request still waits for a running slot. No floor, no admission c
 from __future__ import annotations
 
 from floorguard.baselines.server import Decision, ServerOrder, ServerStack
-from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.contract import Contract
 from floorguard.core.request import Request
 
 __all__ = ["ServerPriorityStack"]
-
-PRIORITY = {ContractClass.ASSURED: 0.0, ContractClass.OPPORTUNISTIC: 1.0}
 
 
 class ServerPriorityStack(ServerStack):
@@ -21,4 +19,4 @@ class ServerPriorityStack(ServerStack):
     server_order = ServerOrder.PRIORITY
 
     def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
-        return Decision(None, PRIORITY[contract.cls])
+        return Decision(None, float(contract.cls.backend_priority))

@@ -32,6 +32,13 @@ class ContractClass(StrEnum):
     OPPORTUNISTIC = "opportunistic"
     """Served from the surplus only, as the learner proposes ("A10" in reports)."""
 
+    @property
+    def backend_priority(self) -> int:
+        """vLLM's request `priority` for this class (lower is scheduled first): assured 0,
+        opportunistic 1. The one class → priority map (the guard's `forward_priority`, the
+        server-priority baseline, the real-backend runs)."""
+        return 0 if self is ContractClass.ASSURED else 1
+
 
 class ExcessPolicy(StrEnum):
     """What happens to an assured request that arrives after its window's floor is spent."""

@@ -49,7 +49,7 @@ from rich.console import Console
 
 from floorguard.analysis.checker import check_trace
 from floorguard.baselines.unguarded import UnguardedStack
-from floorguard.core.contract import GuardConfig
+from floorguard.core.contract import ContractClass, GuardConfig
 from floorguard.core.events import read_jsonl
 from floorguard.core.guard import Dispatch
 from floorguard.core.request import Request, RequestId
@@ -87,7 +87,11 @@ POLICIES = frozenset({"guard", "gated-fifo", "server-priority", "unguarded"})
 DEADLINE_BLIND = frozenset({"server-priority"})
 """Stacks whose run does not depend on the deadline (measured against each)."""
 TENANT_HEADER = "X-Floorguard-Tenant"
-PRIORITY = {ASSURED_TENANT: {"priority": 0}, OPPORTUNISTIC_TENANT: {"priority": 1}}
+PRIORITY = {
+    ASSURED_TENANT: {"priority": ContractClass.ASSURED.backend_priority},
+    OPPORTUNISTIC_TENANT: {"priority": ContractClass.OPPORTUNISTIC.backend_priority},
+}
+"""The body vLLM's own scheduler gets in the server-priority runs (the core's class map)."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
-from floorguard.core.contract import ContractClass
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Admission, Dispatch, Drop, Guard, RejectReason, StoreCall
 from floorguard.core.request import Request
@@ -125,7 +124,9 @@ class GuardServer:
         self.draining = False
         """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
         self.backend_healthy = [False] * len(config.backends)
-        """Whether each backend answered its last health probe (for `/readyz` and dispatch)."""
+        """Whether each backend may get requests (for `/readyz` and dispatch): it answered a
+        probe, and has not failed `health_failures_to_down` probes in a row since."""
+        self._probe_failures = [0] * len(config.backends)
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.http_learner = (
@@ -242,7 +243,7 @@ class GuardServer:
             self._background.append(asyncio.create_task(self._flush_every(self._log)))
 
     async def _probe_backends(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=min(1.0, self.config.health_interval_s))
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
 
         async def probe(url: str) -> bool:
             try:
@@ -257,7 +258,10 @@ class GuardServer:
             *(probe(b.url.rstrip("/") + b.health_path) for b in self.config.backends)
         )
         for backend, up in enumerate(healthy):
-            self._set_health(backend, up)
+            self._probe_failures[backend] = 0 if up else self._probe_failures[backend] + 1
+            failures_to_down = self.config.health_failures_to_down
+            if up or self._probe_failures[backend] >= failures_to_down:
+                self._set_health(backend, up)
         self._pump()
 
     def _set_health(self, backend: int, up: bool) -> None:
@@ -337,7 +341,7 @@ class GuardServer:
     async def _normalize(self, raw: bytes, chat: bool, tenant: str) -> Work:
         priority = None
         if self.config.forward_priority:
-            priority = 0 if self._contracts[tenant].cls is ContractClass.ASSURED else 1
+            priority = self._contracts[tenant].cls.backend_priority
         run = _bind_normalize(raw, chat, self.limits, priority, self.tokenizer)
         try:
             if self.tokenizer is not None and len(raw) > 65_536:
@@ -520,7 +524,8 @@ class GuardServer:
                     request, path, work, decision, headers=headers, exchange=exchange
                 )
             except _UnreachableError:
-                self._set_health(decision.backend, False)  # until its next probe answers
+                self._set_health(decision.backend, False)  # until a probe answers again
+                self._probe_failures[decision.backend] = self.config.health_failures_to_down
                 if attempt == 2 or not any(self.backend_healthy):
                     self._end(rid, "fail", "upstream_unreachable")
                     return _error(

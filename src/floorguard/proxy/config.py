@@ -252,6 +252,12 @@ class GuardServerConfig(_Strict):
     health_interval_s: float = Field(default=2.0, gt=0, le=300)
     """How often each backend's `health_path` is probed; `/readyz` is 200 while at least
     one backend answered its last probe."""
+    health_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    """A probe not answered within this long counts as failed."""
+    health_failures_to_down: int = Field(default=3, ge=1, le=100)
+    """Consecutive failed probes before a healthy backend stops getting requests (one slow
+    answer under load is not an outage; a refused connection at dispatch marks it down at
+    once, and a backend never seen healthy starts down)."""
     meter: MeterKind = MeterKind.COUNT
     """`count` (a request weighs 1 credit of `floor`) or `token` (its prompt tokens, as the
     edge counts them, plus its output cap: `floor` is then a token budget per window)."""
