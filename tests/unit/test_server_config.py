@@ -8,7 +8,8 @@ import yaml
 
 from floorguard.errors import ConfigError
 from floorguard.learners.latency import LatencyModel
-from floorguard.proxy.config import load_config
+from floorguard.proxy.app import GuardServer
+from floorguard.proxy.config import GuardServerConfig, load_config
 
 BASE = {
     "contracts": [
@@ -49,3 +50,12 @@ def test_bad_learner_settings_are_refused_at_load(tmp_path, extra, key):
     with pytest.raises(ConfigError) as refused:
         _load(tmp_path, **extra)
     assert key in str(refused.value)
+
+
+def test_an_admin_token_env_that_is_not_set_is_a_config_error_naming_it():
+    """`admin.token_env` naming an unset variable must not silently leave the admin paths
+    on their loopback default."""
+    config = GuardServerConfig.model_validate({**BASE, "admin": {"token_env": "FG_ADMIN"}})
+    with pytest.raises(ConfigError, match=r"admin\.token_env"):
+        GuardServer(config, environ={})
+    assert GuardServer(config, environ={"FG_ADMIN": "x" * 16}).admin_token == "x" * 16

@@ -41,6 +41,7 @@ from floorguard.clock import Clock, WallClock
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Admission, Dispatch, Drop, Guard, RejectReason, StoreCall
 from floorguard.core.request import Request
+from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.decision_log import DecisionLog
@@ -166,9 +167,15 @@ class GuardServer:
         self.tokenizer: TokenCounter | None = (
             load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         )
-        self.admin_token = config.admin.token or (
-            environ.get(config.admin.token_env) if config.admin.token_env else None
-        )
+        self.admin_token = config.admin.token
+        if config.admin.token_env is not None:
+            self.admin_token = environ.get(config.admin.token_env) or None
+            if self.admin_token is None or len(self.admin_token) < 16:
+                raise ConfigError(
+                    "admin.token_env",
+                    config.admin.token_env,
+                    "names an environment variable that must hold a token of ≥ 16 characters",
+                )
         self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
@@ -580,12 +587,8 @@ class GuardServer:
                 )
         except aiohttp.ClientConnectorError as exc:
             raise _UnreachableError from exc
-        except TimeoutError:
-            self._end(rid, "fail", "upstream_timeout")
-            return _error(504, "upstream_timeout", "the backend did not answer in time", headers)
-        except aiohttp.ClientError:
-            self._end(rid, "fail", "upstream_error")
-            return _error(502, "upstream_error", "the backend connection failed", headers)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
         async with upstream:
             await self._checkpoint("headers")
             if upstream.status >= 300:
@@ -600,6 +603,17 @@ class GuardServer:
             if work.stream:
                 return await self._relay(request, rid, upstream, headers, exchange)
             return await self._reply(rid, upstream, headers)
+
+    def _upstream_failed(
+        self, rid: str, exc: BaseException, headers: dict[str, str]
+    ) -> web.Response:
+        """Before the response started: end the request as failed and answer 504 (the backend
+        timed out) or 502 (its connection failed) — never with its text or address."""
+        if isinstance(exc, TimeoutError):
+            self._end(rid, "fail", "upstream_timeout")
+            return _error(504, "upstream_timeout", "the backend did not answer in time", headers)
+        self._end(rid, "fail", "upstream_error")
+        return _error(502, "upstream_error", "the backend connection failed", headers)
 
     async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
         return await _next_chunk(upstream.content, timeout_s)
@@ -621,12 +635,8 @@ class GuardServer:
                         502, "upstream_reply_too_large", f"the reply exceeds {cap} bytes", headers
                     )
                 chunks.append(chunk)
-        except TimeoutError:
-            self._end(rid, "fail", "upstream_timeout")
-            return _error(504, "upstream_timeout", "the backend stalled mid-reply", headers)
-        except aiohttp.ClientError:
-            self._end(rid, "fail", "upstream_broke")
-            return _error(502, "upstream_error", "the backend connection broke", headers)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
         self._complete(rid)
         return web.Response(body=b"".join(chunks), status=200, headers={**headers, **_JSON})
 
@@ -643,12 +653,8 @@ class GuardServer:
         timeouts = self.config.upstream
         try:
             first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
-        except TimeoutError:
-            self._end(rid, "fail", "upstream_timeout")
-            return _error(504, "upstream_timeout", "the backend sent no first token", headers)
-        except aiohttp.ClientError:
-            self._end(rid, "fail", "upstream_broke")
-            return _error(502, "upstream_error", "the backend connection broke", headers)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
         response = web.StreamResponse(
             status=200,
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
