@@ -112,3 +112,15 @@ def test_max_output_tokens_is_the_largest_cap_L_fits():
     assert LOWER.max_output_tokens(0.5) == 20
     assert LOWER.max_output_tokens(0.305) == 0
     assert AffineEnvelope(0.1, 0.0).max_output_tokens(1.0) > 10**9
+
+
+def test_a_requeued_request_is_still_dropped_the_moment_it_is_doomed():
+    """The doom timer keeps watching a request placed again after its backend failed."""
+    guard = make_guard(make_config(slots=(1,), deadline_s=1.0, lower=LOWER))
+    guard.on_arrival(make_request(request_id=0, tokens=10), 0.0)
+    guard.poll(0.0)
+    assert guard.next_doom_at() is None  # running: nothing queued to watch
+    guard.set_backend_available(0, False)
+    guard.requeue(0, 0.1)
+    assert guard.next_doom_at() == 1.0 - LOWER.at(10)
+    assert [d.request.request_id for d in guard.expire(0.61)] == [0]

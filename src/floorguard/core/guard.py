@@ -406,9 +406,15 @@ class Guard:
 
     # -- the queue ------------------------------------------------------------------------
 
-    def _enqueue(self, ticket: Ticket) -> None:
+    def _enqueue(self, ticket: Ticket, *, front: bool = False) -> None:
+        """Queue a ticket (`front`: back in its old place, after a failed start) and keep the
+        counts and the doom timer's heap in step. A ticket may stand in the heap twice after
+        a requeue; `expire` skips whatever is not queued."""
         request = ticket.request
-        self._queue.push(ticket)
+        if front:
+            self._queue.push_front(ticket)
+        else:
+            self._queue.push(ticket)
         self._queued[request.request_id] = ticket
         if ticket.entitled:
             self.backlog.on_enqueue()
@@ -485,13 +491,7 @@ class Guard:
             )
         ticket.backend = -1
         ticket.dispatched_at = float("nan")
-        self._queue.push_front(ticket)
-        self._queued[request_id] = ticket
-        if ticket.entitled:
-            self.backlog.on_enqueue()
-        else:
-            self._surplus_by_class[ticket.contract.cls] += 1
-            self._surplus_by_tenant[ticket.request.tenant] += 1
+        self._enqueue(ticket, front=True)
 
     def set_backend_available(self, backend: int, available: bool) -> None:
         """Whether `backend` may get new requests (the driver's health probe says). A down

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import itertools
 import logging
 import math
@@ -45,7 +44,7 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.decision_log import DecisionLog
-from floorguard.proxy.identity import AuthError, create_identity
+from floorguard.proxy.identity import AuthError, create_identity, peer_address
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.normalize import (
@@ -156,14 +155,7 @@ class GuardServer:
             self.shared_floor,
         )
         limits = config.limits
-        self.limits = EdgeLimits(
-            max_tokens=limits.max_tokens,
-            default_max_tokens=limits.default_max_tokens,
-            max_prompt_tokens=limits.max_prompt_tokens,
-            chat_overhead_tokens=limits.chat_overhead_tokens,
-            unknown_fields=limits.unknown_fields,
-            allow_fields=frozenset(limits.allow_fields),
-        )
+        self.limits = limits.edge_limits()
         self.tokenizer: TokenCounter | None = (
             load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         )
@@ -889,10 +881,8 @@ def _admin_routes(server: GuardServer, app: web.Application, *, loopback_only: b
 
 
 def _is_loopback(remote: str | None) -> bool:
-    try:
-        return ipaddress.ip_address((remote or "").split("%")[0]).is_loopback
-    except ValueError:
-        return False
+    address = peer_address(remote)
+    return address is not None and address.is_loopback
 
 
 def create_app(

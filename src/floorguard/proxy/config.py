@@ -34,6 +34,7 @@ from floorguard.core.contract import (
 )
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
+from floorguard.proxy.normalize import EdgeLimits
 from floorguard.proxy.shared_floor import Unavailable
 from floorguard.sim.probe import fit_probe_model
 from floorguard.sim.profiles import PROFILES, get_profile
@@ -174,6 +175,17 @@ class LimitsSpec(_Strict):
     field: `priority` and the like are always the guard's)."""
     max_response_bytes: int = Field(default=16_000_000, ge=1024, le=1_000_000_000)
     """A non-streamed backend reply larger than this is not relayed (502)."""
+
+    def edge_limits(self) -> EdgeLimits:
+        """What `normalize` checks a body against."""
+        return EdgeLimits(
+            max_tokens=self.max_tokens,
+            default_max_tokens=self.default_max_tokens,
+            max_prompt_tokens=self.max_prompt_tokens,
+            chat_overhead_tokens=self.chat_overhead_tokens,
+            unknown_fields=self.unknown_fields,
+            allow_fields=frozenset(self.allow_fields),
+        )
 
     @model_validator(mode="after")
     def _default_within_cap(self) -> LimitsSpec:

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import IdentitySpec
 
-__all__ = ["AuthError", "Identity", "PeerCert", "create_identity"]
+__all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
 
 BoundKey = tuple[str | Any, str]
 """A verification key and the one algorithm it may verify."""
@@ -86,11 +86,8 @@ class Identity:
         return self._from_jwt(headers)
 
     def _from_trusted_upstream(self, peer: str | None) -> bool:
-        try:
-            address = ipaddress.ip_address((peer or "").split("%")[0])
-        except ValueError:
-            return False
-        return any(address in network for network in self._trusted)
+        address = peer_address(peer)
+        return address is not None and any(address in network for network in self._trusted)
 
     def _from_jwt(self, headers: Mapping[str, str]) -> str:
         spec = self.spec.jwt
@@ -156,6 +153,15 @@ class Identity:
         if not names or not names[0]:
             raise AuthError(401, "invalid_identity", f"the client certificate has no {source}")
         return str(names[0])
+
+
+def peer_address(remote: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A request's source address (`aiohttp`'s `request.remote`, a zone id dropped), or None
+    when it is not an IP address (a Unix socket)."""
+    try:
+        return ipaddress.ip_address((remote or "").split("%")[0])
+    except ValueError:
+        return None
 
 
 def _single(headers: Mapping[str, str], name: str) -> str:
