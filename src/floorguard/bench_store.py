@@ -4,7 +4,8 @@ Redis-shared floor, beside raw redis-py EVALSHA throughput, in one run.
 Both sides run `concurrency` asyncio tasks on one event loop against the same
 `redis-server` (a throw-away one on a free port unless `--redis URL` is given). Raw: each
 task loops on the floor's Lua script (`EVALSHA`). Guard: each task loops on one admission —
-`Guard.store_call`, the awaited EVALSHA through `SharedFloor`, `on_arrival` with the grant,
+`Guard.begin_arrival` (its store call), the awaited EVALSHA through `SharedFloor`,
+`continue_arrival` with the grant,
 then dispatch and completion so the queue stays empty. Sides alternate `repeats` times; the
 best of each is reported.
 """
@@ -21,6 +22,7 @@ import numpy as np
 from floorguard.core.contract import Contract, ContractClass, GuardConfig, WindowSchedule
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
+from floorguard.core.surface import StoreCall
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.proxy.shared_floor import SharedFloor, Unavailable
 from floorguard.store.local_redis import LocalRedis
@@ -47,10 +49,10 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
         for _ in range(n // tasks):
             now = time.time()
             offered = Request(next(ids), "acme", now, 16)
-            call = guard.store_call(offered, now)
-            assert call is not None
-            grant = await floor.acquire_call(call, schedule, now)
-            guard.on_arrival(offered, now, grant=grant)
+            pending = guard.begin_arrival(offered, now)
+            assert type(pending.need) is StoreCall
+            grant = await floor.acquire_call(pending.need, schedule, now)
+            guard.continue_arrival(pending, now, grant)
             for decision in guard.poll(now):
                 guard.on_complete(decision.request.request_id, now)
 

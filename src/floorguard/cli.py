@@ -38,7 +38,7 @@ from floorguard.bench_soak import bench_soak
 from floorguard.bench_store import bench_store
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl, write_jsonl
-from floorguard.core.monitors import assumption_report
+from floorguard.core.ledger import assumptions_of
 from floorguard.errors import FloorguardError
 from floorguard.experiments.catalogue import catalogue
 from floorguard.experiments.figures import real_vs_sim
@@ -391,15 +391,7 @@ def _learner_options(args: argparse.Namespace, scenario: Scenario) -> LearnerOpt
 
 
 def _assumptions(scenario: Scenario, runs: list[SimRun]) -> dict[str, Any]:
-    guards = [r.guard for r in runs]
-    report = assumption_report(
-        scenario.guard_config(),
-        num_output_tokens=max((g.max_assured_tokens for g in guards), default=0) or 16,
-        max_service_s=max(g.envelope.max_service_s for g in guards),
-        num_above_ceiling=sum(g.envelope.num_above_upper for g in guards),
-        max_backlog=max(g.backlog.max_backlog for g in guards),
-    )
-    return asdict(report)
+    return asdict(assumptions_of(scenario.guard_config(), [r.guard for r in runs]))
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> int:

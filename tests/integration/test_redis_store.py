@@ -14,7 +14,7 @@ import redis
 
 from floorguard.bench_store import bench_store
 from floorguard.core.contract import WindowSchedule
-from floorguard.core.guard import StoreCall
+from floorguard.core.surface import StoreCall
 from floorguard.proxy.shared_floor import SharedFloor, Unavailable
 from floorguard.store.redis_store import RedisCreditStore
 from tests.redis_server import RedisServer

@@ -10,10 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from floorguard.analysis.checker import check_trace
-from floorguard.core.contract import CapacityAction, DispatchOrder, MeterKind
+from floorguard.core.contract import CapacityAction, ContractClass, DispatchOrder, MeterKind
 from floorguard.core.events import TERMINAL_KINDS, EventKind
 from floorguard.core.guard import Dispatch, Drop, Guard
 from floorguard.core.request import Request
+from floorguard.core.surface import StoreCall
 from floorguard.store import MemoryCreditStore
 from tests.strategies import LearnerFaultError, answers, configs, operations
 
@@ -33,10 +34,24 @@ class Adversary:
         return answer
 
 
+def _answered_by_driver(guard, store, request, now):
+    """Arrival with the driver answering: the store call against `store`, the learner ask
+    through the guard's learner; the guard asks the learner only for surplus requests."""
+    pending = guard.begin_arrival(request, now)
+    while (need := pending.need) is not None:
+        if isinstance(need, StoreCall):
+            answer = store.acquire(need.key, need.weight, need.capacity, guard.config.schedule, now)
+        else:
+            assert need.cls is not ContractClass.ASSURED or pending.demoted, "asked for a floor"
+            answer = guard.answer(need, now)
+        pending = guard.continue_arrival(pending, now, answer)
+    return pending.admission
+
+
 def drive(config, script, ops, prefetch=False):
     """Run the ops through a guard, checking per-step invariants; drain at the end. With
-    `prefetch` the driver makes each store call itself (`store_call`) and hands the grant
-    to `on_arrival`, as the HTTP guard does with Redis."""
+    `prefetch` the driver answers each need itself (`begin_arrival` / `continue_arrival`),
+    as the HTTP guard does with Redis and the learner service: the same decisions."""
     events = []
     store = MemoryCreditStore()
     guard = Guard(config, learner=Adversary(script), sink=events.append, store=store)
@@ -64,13 +79,10 @@ def drive(config, script, ops, prefetch=False):
             _, _, tenant, tokens, prompt = op
             request = Request(next_id, tenant, now, tokens, prompt)
             next_id += 1
-            grant = None
-            if prefetch and (call := guard.store_call(request, now)) is not None:
-                grant = store.acquire(call.key, call.weight, call.capacity, config.schedule, now)
-            predicted = guard.consults_learner(request, now, grant)
-            calls = guard.stats.learner_calls
-            admission = guard.on_arrival(request, now, grant=grant)
-            assert predicted == (guard.stats.learner_calls == calls + 1), "consults_learner"
+            if prefetch:
+                admission = _answered_by_driver(guard, store, request, now)
+            else:
+                admission = guard.on_arrival(request, now)
             guard_deadlines[request.request_id] = admission.deadline_at
         else:
             pick = op[2]
@@ -129,3 +141,13 @@ def test_guard_invariants_hold_for_any_arrivals_and_any_learner(config, script, 
     report = check_trace(events)
     assert report.ok(), report.violations[:3]
     assert guard.backlog.backlog == 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), script=st.lists(answers, min_size=1, max_size=6), ops=operations)
+def test_a_driver_answering_the_needs_makes_the_same_decisions(config, script, ops):
+    """One decision path: the driver that answers the store call and the learner ask itself
+    (the HTTP guard) writes the same decision log as `on_arrival` (the simulator)."""
+    _, by_guard, _ = drive(config, script, ops, prefetch=False)
+    _, by_driver, _ = drive(config, script, ops, prefetch=True)
+    assert by_driver == by_guard

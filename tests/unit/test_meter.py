@@ -4,11 +4,12 @@ import itertools
 
 import pytest
 
-from floorguard.core.contract import Contract, ContractClass, MeterKind, WindowSchedule
-from floorguard.core.meter import MeterVerdict, ReservationMeter
+from floorguard.core.contract import MeterKind, WindowSchedule
+from floorguard.core.meter import ReservationMeter
+from floorguard.core.surface import RejectReason, StoreCall
 from floorguard.store import MemoryCreditStore
 from floorguard.store.redis_store import RedisCreditStore
-from tests.helpers import make_request
+from tests.helpers import make_config, make_guard, make_request
 from tests.redis_server import RedisServer
 
 PREFIXES = itertools.count()
@@ -58,29 +59,22 @@ def test_store_weight_that_does_not_fit_leaves_credits_for_smaller_ones(store):
 
 def test_count_meter_entitles_first_B_per_window():
     """The first B assured arrivals of each window are entitled, the rest burst-excess."""
-    contract = Contract("a95", ContractClass.ASSURED, 1.0, floor=2)
-    meter = ReservationMeter(WindowSchedule(1.0), MemoryCreditStore(), MeterKind.COUNT)
-    verdicts = [meter.charge(contract, make_request(at=t), t).verdict for t in (0, 0.2, 0.4, 1.1)]
-    assert verdicts == [
-        MeterVerdict.ENTITLED,
-        MeterVerdict.ENTITLED,
-        MeterVerdict.BURST_EXCESS,
-        MeterVerdict.ENTITLED,
-    ]
+    guard = make_guard(make_config(floor=2))
+    admissions = [guard.on_arrival(make_request(at=t), t) for t in (0, 0.2, 0.4, 1.1)]
+    assert [a.entitled for a in admissions] == [True, True, False, True]
+    assert admissions[2].reason == RejectReason.FLOOR_EXHAUSTED
+    assert admissions[2].retry_at == 1.0, "a floor refusal says when the next window starts"
 
 
 def test_token_meter_weighs_prompt_plus_output_and_sheds_cost_excess():
-    """w = prompt + max_tokens; a request heavier than B can never fit: cost-excess."""
-    contract = Contract("a95", ContractClass.ASSURED, 1.0, floor=100)
-    meter = ReservationMeter(WindowSchedule(1.0), MemoryCreditStore(), MeterKind.TOKEN)
-    assert meter.weight(make_request(tokens=16, prompt=30)) == 46
-    assert meter.charge(contract, make_request(tokens=90, prompt=20), 0).verdict is (
-        MeterVerdict.COST_EXCESS
-    )
-    assert meter.charge(contract, make_request(tokens=60, prompt=0), 0).verdict is (
-        MeterVerdict.ENTITLED
-    )
-    assert meter.charge(contract, make_request(tokens=60, prompt=0), 0).verdict is (
-        MeterVerdict.BURST_EXCESS
-    )
-    assert meter.remaining(contract, 0.5) == 40
+    """w = prompt + max_tokens; a request heavier than B can never fit: cost-excess, and it
+    never reaches the store."""
+    assert ReservationMeter(MeterKind.TOKEN).weight(make_request(tokens=16, prompt=30)) == 46
+    guard = make_guard(make_config(floor=100, meter=MeterKind.TOKEN))
+    heavy = guard.begin_arrival(make_request(tokens=90, prompt=20), 0)
+    assert heavy.need is None and heavy.admission.reason == RejectReason.COST_EXCESS
+    first = guard.begin_arrival(make_request(tokens=60, prompt=0), 0)
+    assert first.need == StoreCall("a95", 60, 100)
+    assert guard.on_arrival(make_request(tokens=60, prompt=0), 0).entitled
+    assert not guard.continue_arrival(first, 0, guard.answer(first.need, 0)).admission.entitled
+    assert guard.credits_left("a95", 0.5) == 100 - 60

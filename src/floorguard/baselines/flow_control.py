@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from floorguard.baselines.server import Decision, Job, ServerOrder, ServerStack
+from floorguard.baselines.server import Decision, ServerOrder, ServerStack
 from floorguard.core.contract import Contract, ContractClass, GuardConfig
-from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Drop
+from floorguard.core.dispatcher import Ticket
+from floorguard.core.learner import Proposal
 from floorguard.core.request import Request
+from floorguard.core.surface import Drop, Sink
 from floorguard.errors import require
 
 __all__ = ["FlowControlOptions", "FlowControlStack", "MappingFault", "Objective"]
@@ -86,16 +87,16 @@ class _Band:
     """One priority band: a FIFO per fairness id, served round-robin."""
 
     def __init__(self) -> None:
-        self.queues: dict[str, deque[Job]] = {}
+        self.queues: dict[str, deque[Ticket]] = {}
         self.turn: deque[str] = deque()
 
-    def push(self, fairness_id: str, job: Job) -> None:
+    def push(self, fairness_id: str, job: Ticket) -> None:
         if fairness_id not in self.queues:
             self.queues[fairness_id] = deque()
             self.turn.append(fairness_id)
         self.queues[fairness_id].append(job)
 
-    def pop(self) -> Job | None:
+    def pop(self) -> Ticket | None:
         while self.turn:
             fairness_id = self.turn.popleft()
             queue = self.queues[fairness_id]
@@ -112,7 +113,7 @@ class _Band:
             return job
         return None
 
-    def expired(self, now: float, ttl_of: Callable[[Job], float]) -> list[Job]:
+    def expired(self, now: float, ttl_of: Callable[[Ticket], float]) -> list[Ticket]:
         out = []
         for queue in self.queues.values():
             while queue and (
@@ -133,7 +134,7 @@ class FlowControlStack(ServerStack):
         config: GuardConfig,
         *,
         options: FlowControlOptions | None = None,
-        sink: Callable[[TraceEvent], None] | None = None,
+        sink: Sink | None = None,
         started_at: float = 0.0,
     ) -> None:
         super().__init__(config, sink=sink, started_at=started_at)
@@ -147,26 +148,28 @@ class FlowControlStack(ServerStack):
             for b, c in enumerate(self.config.slots)
         )
 
-    def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
+    def _decide(
+        self, request: Request, contract: Contract, now: float, proposal: Proposal | None
+    ) -> Decision:
         objective = self.options.objective_for(contract.cls)
         if objective.priority < 0 and self.saturated():
             return Decision("shed_saturated")
         return Decision(None, -objective.priority)
 
-    def _accept(self, job: Job, now: float) -> None:
-        band = -int(job.priority)
-        self._bands.setdefault(band, _Band()).push(job.request.tenant, job)
+    def _accept(self, ticket: Ticket, now: float) -> None:
+        band = -int(ticket.hint)
+        self._bands.setdefault(band, _Band()).push(ticket.request.tenant, ticket)
 
-    def _ttl_s(self, job: Job) -> float:
+    def _ttl_s(self, job: Ticket) -> float:
         ttl = self.options.queue_ttl_s
         return ttl if ttl is not None else job.contract.deadline_budget_s
 
-    def _release(self, now: float) -> list[Drop]:
-        drops = [
-            self._drop(job, now, "ttl_expired")
-            for band in self._bands.values()
-            for job in band.expired(now, self._ttl_s)
-        ]
+    def _release_held(self, now: float) -> list[Drop]:
+        drops = []
+        for band in self._bands.values():
+            for ticket in band.expired(now, self._ttl_s):
+                self._queue_exit(ticket)
+                drops.append(self._drop(ticket, now, "ttl_expired"))
         while not self.saturated():
             job = self._next()
             if job is None:
@@ -174,7 +177,7 @@ class FlowControlStack(ServerStack):
             self._forward(job)
         return drops
 
-    def _next(self) -> Job | None:
+    def _next(self) -> Ticket | None:
         for priority in sorted(self._bands, reverse=True):
             job = self._bands[priority].pop()
             if job is not None:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from floorguard.baselines.server import Decision, ServerOrder, ServerStack
 from floorguard.core.contract import Contract, ContractClass, GuardConfig
-from floorguard.core.events import TraceEvent
+from floorguard.core.learner import Proposal
 from floorguard.core.request import Request
+from floorguard.core.surface import Sink
 from floorguard.errors import require
 
 __all__ = ["RateLimitStack", "TokenBucket"]
@@ -50,7 +51,7 @@ class RateLimitStack(ServerStack):
         *,
         buckets: Callable[[], dict[ContractClass, TokenBucket]] | None = None,
         flat: TokenBucket | None = None,
-        sink: Callable[[TraceEvent], None] | None = None,
+        sink: Sink | None = None,
         started_at: float = 0.0,
     ) -> None:
         super().__init__(config, sink=sink, started_at=started_at)
@@ -64,7 +65,9 @@ class RateLimitStack(ServerStack):
         self._flat = flat
         self.name = "rate-limit-flat" if flat is not None else "rate-limit-class"
 
-    def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
+    def _decide(
+        self, request: Request, contract: Contract, now: float, proposal: Proposal | None
+    ) -> Decision:
         bucket = self._flat if self._by_class is None else self._by_class[contract.cls]
         assert bucket is not None
         return Decision(None if bucket.take(now) else "rate_limited")

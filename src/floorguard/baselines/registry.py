@@ -5,47 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from floorguard.baselines.flow_control import FlowControlOptions, FlowControlStack
 from floorguard.baselines.rate_limit import RateLimitStack, TokenBucket
 from floorguard.baselines.server_priority import ServerPriorityStack
 from floorguard.baselines.unguarded import UnguardedStack
 from floorguard.core.contract import ContractClass, DispatchOrder, GuardConfig
-from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Admission, Completion, Dispatch, Drop, Guard, GuardStats
+from floorguard.core.guard import Guard
 from floorguard.core.learner import Learner
-from floorguard.core.monitors import BacklogMonitor, EnvelopeMonitor
-from floorguard.core.request import Request, RequestId
+from floorguard.core.surface import Sink, Stack
 from floorguard.errors import ConfigError, require
 
 __all__ = ["POLICIES", "RateLimits", "Stack", "StackOptions", "create_stack"]
-
-Sink = Callable[[TraceEvent], None]
-
-
-class Stack(Protocol):
-    """The driver surface of the guard and of every comparison stack."""
-
-    stats: GuardStats
-    envelope: EnvelopeMonitor
-    backlog: BacklogMonitor
-
-    def on_arrival(
-        self, request: Request, now: float, scheduled_at: float | None = None
-    ) -> Admission: ...
-    def poll(self, now: float) -> list[Dispatch | Drop]: ...
-    def on_first_token(self, request_id: RequestId, now: float) -> None: ...
-    def on_complete(self, request_id: RequestId, now: float) -> Completion: ...
-    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None: ...
-    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool: ...
-    @property
-    def num_in_flight(self) -> int: ...
-    @property
-    def num_queued(self) -> int: ...
-    @property
-    def max_assured_tokens(self) -> int: ...
-    def in_flight_on(self, backend: int) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from floorguard.baselines.server import Decision, ServerOrder, ServerStack
 from floorguard.core.contract import Contract
+from floorguard.core.learner import Proposal
 from floorguard.core.request import Request
 
 __all__ = ["ServerPriorityStack"]
@@ -18,5 +19,7 @@ class ServerPriorityStack(ServerStack):
     name = "server-priority"
     server_order = ServerOrder.PRIORITY
 
-    def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
+    def _decide(
+        self, request: Request, contract: Contract, now: float, proposal: Proposal | None
+    ) -> Decision:
         return Decision(None, float(contract.cls.backend_priority))

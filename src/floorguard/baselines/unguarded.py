@@ -6,12 +6,9 @@ by the untrusted learner alone; nothing reorders or protects the assured class.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from floorguard.baselines.server import Decision, ServerOrder, ServerStack
-from floorguard.core.contract import Contract, GuardConfig
-from floorguard.core.events import TraceEvent, propose_event
-from floorguard.core.learner import Learner, consult
+from floorguard.core.contract import Contract
+from floorguard.core.learner import Proposal
 from floorguard.core.request import Request
 
 __all__ = ["UnguardedStack"]
@@ -20,24 +17,11 @@ __all__ = ["UnguardedStack"]
 class UnguardedStack(ServerStack):
     name = "unguarded"
     server_order = ServerOrder.FIFO
+    consults_learner = True
 
-    def __init__(
-        self,
-        config: GuardConfig,
-        *,
-        learner: Learner,
-        sink: Callable[[TraceEvent], None] | None = None,
-        started_at: float = 0.0,
-    ) -> None:
-        super().__init__(config, sink=sink, started_at=started_at)
-        self._learner = learner
-
-    def _decide(self, request: Request, contract: Contract, now: float) -> Decision:
-        self.stats.learner_calls += 1
-        consultation = consult(self._learner, request, contract.cls, self.load(), now)
-        if self._sink is not None:
-            self._sink(propose_event(now, request, contract.cls, consultation))
-        if consultation.proposal is None:
-            self.stats.learner_faults += 1
+    def _decide(
+        self, request: Request, contract: Contract, now: float, proposal: Proposal | None
+    ) -> Decision:
+        if proposal is None:
             return Decision("learner_fault")
-        return Decision(None if consultation.proposal.admit else "learner_reject")
+        return Decision(None if proposal.admit else "learner_reject")

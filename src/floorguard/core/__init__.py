@@ -11,10 +11,23 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.core.events import EventKind, TraceEvent
-from floorguard.core.guard import Admission, Completion, Dispatch, Drop, Guard, RejectReason
+from floorguard.core.guard import Guard
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal
+from floorguard.core.ledger import Ledger, assumptions_of
 from floorguard.core.monitors import AssumptionReport, assumption_report
 from floorguard.core.request import Request
+from floorguard.core.surface import (
+    Admission,
+    Completion,
+    Dispatch,
+    Drop,
+    LearnerAsk,
+    Pending,
+    RejectReason,
+    Sink,
+    Stack,
+    StoreCall,
+)
 
 __all__ = [
     "Admission",
@@ -31,12 +44,19 @@ __all__ = [
     "Guard",
     "GuardConfig",
     "Learner",
+    "LearnerAsk",
+    "Ledger",
     "LoadSnapshot",
     "MeterKind",
+    "Pending",
     "Proposal",
     "RejectReason",
     "Request",
+    "Sink",
+    "Stack",
+    "StoreCall",
     "TraceEvent",
     "WindowSchedule",
     "assumption_report",
+    "assumptions_of",
 ]

@@ -26,7 +26,7 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.core.events import EventKind, TraceEvent
-from floorguard.core.monitors import assumption_report
+from floorguard.core.ledger import assumptions_of
 from floorguard.learners.latency import LatencyModel
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.sim.calibration import saturated_capacity
@@ -215,13 +215,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     offered = m.assured.offered + m.opportunistic.offered
     span = m.span_s if m.span_s > 0 else math.nan
     stack = run.guard
-    region = assumption_report(
-        scenario.guard_config(),
-        num_output_tokens=max(stack.max_assured_tokens, 1),
-        max_service_s=stack.envelope.max_service_s or None,
-        num_above_ceiling=stack.envelope.num_above_upper,
-        max_backlog=stack.backlog.max_backlog,
-    )
+    region = assumptions_of(scenario.guard_config(), [stack])
     row: dict[str, Any] = {
         **asdict(c),
         "seed": seed,

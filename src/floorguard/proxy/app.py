@@ -38,8 +38,20 @@ from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Admission, Dispatch, Drop, Guard, RejectReason, StoreCall
+from floorguard.core.guard import Guard
 from floorguard.core.request import Request
+from floorguard.core.surface import (
+    AUTO_RETRY,
+    WINDOW_BOUND,
+    Admission,
+    Answer,
+    Dispatch,
+    Drop,
+    LearnerAsk,
+    Need,
+    RejectReason,
+    StoreCall,
+)
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
@@ -57,7 +69,6 @@ from floorguard.proxy.normalize import (
 )
 from floorguard.proxy.openai_format import error_body, sse_error
 from floorguard.proxy.shared_floor import SharedFloor
-from floorguard.store.base import Grant
 from floorguard.store.redis_store import RedisCreditStore
 
 __all__ = ["SERVER", "FaultHook", "GuardRunner", "GuardServer", "create_admin_app", "create_app"]
@@ -70,10 +81,6 @@ FaultHook = Callable[[str], Awaitable[None]]
 
 _JSON = {"Content-Type": "application/json"}
 _NO_RETRY = {"x-should-retry": "false"}
-_RETRY_AFTER_WINDOW = frozenset(
-    {RejectReason.FLOOR_EXHAUSTED, RejectReason.FLOOR_LOWERED, RejectReason.COST_EXCESS}
-)
-"""Refusals that no retry inside the same window can turn around."""
 
 
 def _error(
@@ -134,8 +141,12 @@ class GuardServer:
             if config.learner_http
             else None
         )
-        learner = self.http_learner or create_learner(
-            config.learner, np.random.default_rng(seed), config.learner_config()
+        learner = (
+            None  # the callout answers every learner ask (`_answer`)
+            if self.http_learner is not None
+            else create_learner(
+                config.learner, np.random.default_rng(seed), config.learner_config()
+            )
         )
         self.shared_floor = _shared_floor(config.store, self.clock) if config.store else None
         self._replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
@@ -353,68 +364,56 @@ class GuardServer:
 
     # -- admission ------------------------------------------------------------------------
 
-    async def _charge_shared_floor(self, offered: Request, call: StoreCall) -> Grant:
-        """The shared floor's grant for an arriving assured request. A client that leaves
-        meanwhile does not lose the credit's trace: once the grant is in, the request is
-        offered to the guard and aborted at once (one terminal outcome)."""
-        assert self.shared_floor is not None
-        schedule = self.guard.config.schedule
-        charge = asyncio.ensure_future(
-            self.shared_floor.acquire_call(call, schedule, self.clock.now())
-        )
-        try:
-            return await asyncio.shield(charge)
-        except asyncio.CancelledError:
-
-            def arrive_and_abort(done: asyncio.Future[Grant]) -> None:
-                if done.cancelled() or done.exception() is not None:
-                    return
-                now = self.clock.now()
-                admission = self.guard.on_arrival(offered, now, grant=done.result())
-                if admission.admitted:
-                    self.guard.on_abort(offered.request_id, now, "client_disconnected")
-                    self._pump()
-
-            charge.add_done_callback(arrive_and_abort)
-            raise
-
     async def _admit(self, offered: Request) -> Admission:
-        now = self.clock.now()
-        grant = None
-        if self.shared_floor is not None:
-            call = self.guard.store_call(offered, now)
-            if call is not None:
-                await self._checkpoint("store")
-                grant = await self._charge_shared_floor(offered, call)
-                now = self.clock.now()
-        if self.http_learner is not None and self.guard.consults_learner(offered, now, grant):
-            await self._checkpoint("learner")
-            cls = self._contracts[offered.tenant].cls
-            try:
-                await self.http_learner.fetch(self.session, offered, cls, self.guard.load())
-            except BaseException:
-                self.http_learner.forget(offered.request_id)
-                raise
-            now = self.clock.now()
+        """The guard's arrival, its needs answered here: the shared floor and the learner
+        service awaited, anything local at once. If the client leaves (or the guard fails)
+        while a need is outstanding, the arrival ends as aborted (one terminal outcome)."""
+        guard = self.guard
+        pending = guard.begin_arrival(offered, self.clock.now())
         try:
-            return self.guard.on_arrival(offered, now, grant=grant)
-        finally:
-            if self.http_learner is not None:
-                self.http_learner.forget(offered.request_id)
+            while (need := pending.need) is not None:
+                answer = await self._answer(need)
+                pending = guard.continue_arrival(pending, self.clock.now(), answer)
+        except asyncio.CancelledError:
+            guard.abandon_arrival(pending, self.clock.now(), "client_disconnected")
+            raise
+        except Exception:
+            guard.abandon_arrival(pending, self.clock.now(), "internal_error")
+            raise
+        assert pending.admission is not None
+        return pending.admission
+
+    async def _answer(self, need: Need) -> Answer:
+        if type(need) is StoreCall:
+            if self.shared_floor is None:
+                return self.guard.answer(need, self.clock.now())
+            await self._checkpoint("store")
+            # Shielded: a client that leaves does not cut a Redis call in half; the credit
+            # it takes is the floor's loss, never a second grant.
+            charge = asyncio.ensure_future(
+                self.shared_floor.acquire_call(need, self.guard.config.schedule, self.clock.now())
+            )
+            charge.add_done_callback(_retrieve)
+            return await asyncio.shield(charge)
+        assert type(need) is LearnerAsk
+        if self.http_learner is None:
+            return self.guard.answer(need, self.clock.now())
+        await self._checkpoint("learner")
+        return await self.http_learner.ask(self.session, need)
 
     def _refusal(self, admission: Admission, now: float) -> web.Response:
         reason = admission.reason or "rejected"
-        headers = {"x-floorguard-decision": "rejected"}
-        if reason in _RETRY_AFTER_WINDOW:
-            schedule = self.guard.config.schedule
-            retry = max(1, math.ceil(schedule.start_of(schedule.index_at(now) + 1) - now))
-            headers |= {"Retry-After": str(retry), **_NO_RETRY}
-            message = f"refused: {reason}; the next window starts in {retry} s"
+        retry_s = 1
+        if admission.retry_at is not None:
+            retry_s = max(1, math.ceil(admission.retry_at - now))
+        headers = {"x-floorguard-decision": "rejected", "Retry-After": str(retry_s)}
+        if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
+            headers |= _NO_RETRY
+        if reason in WINDOW_BOUND:
+            message = f"refused: {reason}; the next window starts in {retry_s} s"
         elif reason == RejectReason.QUEUE_FULL:
-            headers["Retry-After"] = "1"
             message = "refused: the guard's queue for this class or tenant is full"
-        else:  # the learner's decision (or fault): a retry is a new offer, not a fix
-            headers |= {"Retry-After": "1", **_NO_RETRY}
+        else:
             message = f"refused: {reason}"
         return _error(429, reason, message, headers)
 
@@ -736,6 +735,12 @@ class GuardServer:
             "replicas": floor.replicas,
             "calls": dict(floor.calls),
         }
+
+
+def _retrieve(done: asyncio.Future[Any]) -> None:
+    """Observe a background call's outcome (its caller may have gone)."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _too_large(limit: int) -> _RefusedError:

@@ -1,11 +1,11 @@
 """An out-of-process learner: the guard POSTs each surplus request's summary to a URL and
 applies the answer as the learner's proposal (SPEC §2: untrusted, proposes only).
 
-The core's learner interface is synchronous, so the server fetches the proposal *before*
-`on_arrival`, and only for a request the guard will ask about (`Guard.consults_learner`):
-a floor-entitled request never waits on the callout. A timeout, a connection error, a
-non-2xx answer or a malformed body becomes a learner fault: the surplus request is rejected
-(`learner_fault`) and counted, and the guard keeps serving.
+The guard's arrival is sans-IO: it asks (`LearnerAsk`) only for a surplus request, and the
+server awaits `ask` and hands the answer back (`continue_arrival`), so a floor-entitled
+request never waits on the callout. A timeout, a connection error, a non-2xx answer or a
+malformed body becomes a learner fault: the surplus request is rejected (`learner_fault`)
+and counted, and the guard keeps serving.
 
 Wire format (JSON):
 
@@ -24,8 +24,8 @@ import aiohttp
 import orjson
 
 from floorguard.core.contract import ContractClass
-from floorguard.core.learner import LoadSnapshot, Proposal
-from floorguard.core.request import Request, RequestId
+from floorguard.core.learner import Consultation, Proposal
+from floorguard.core.surface import LearnerAsk
 
 __all__ = ["HttpLearner", "LearnerCalloutError", "parse_proposal"]
 
@@ -35,7 +35,7 @@ class LearnerCalloutError(Exception):
 
 
 class HttpLearner:
-    """A `Learner` for the core whose answers were fetched by `fetch` beforehand."""
+    """The learner as a service: `ask` answers the guard's `LearnerAsk` over HTTP."""
 
     name = "http"
 
@@ -45,20 +45,15 @@ class HttpLearner:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.outcomes: Counter[str] = Counter()
         """Callout outcomes: ok, timeout, error."""
-        self._answers: dict[RequestId, Proposal | LearnerCalloutError] = {}
 
-    async def fetch(
-        self,
-        session: aiohttp.ClientSession,
-        request: Request,
-        cls: ContractClass,
-        load: LoadSnapshot,
-    ) -> None:
-        """Ask the service about one request; keep its answer (or failure) for `propose`."""
+    async def ask(self, session: aiohttp.ClientSession, ask: LearnerAsk) -> Consultation:
+        """The service's proposal for one surplus request, or the fault (never raises
+        for the service's failures)."""
+        request, load = ask.request, ask.load
         summary = {
             "request_id": request.request_id,
             "tenant": request.tenant,
-            "class": cls.value,
+            "class": ask.cls.value,
             "max_tokens": request.num_output_tokens,
             "prompt_tokens": request.num_prompt_tokens,
             "load": {
@@ -68,7 +63,6 @@ class HttpLearner:
                 "slots": load.num_slots,
             },
         }
-        answer: Proposal | LearnerCalloutError
         try:
             async with session.post(
                 self.url,
@@ -78,29 +72,20 @@ class HttpLearner:
             ) as response:
                 if response.status >= 300:
                     raise LearnerCalloutError(f"the learner answered HTTP {response.status}")
-                answer = parse_proposal(orjson.loads(await response.read()))
-            self.outcomes["ok"] += 1
+                proposal = parse_proposal(orjson.loads(await response.read()))
         except TimeoutError:
-            answer = LearnerCalloutError(f"no answer within {self.timeout_s * 1e3:.0f} ms")
             self.outcomes["timeout"] += 1
+            return _fault(LearnerCalloutError(f"no answer within {self.timeout_s * 1e3:.0f} ms"))
         except (aiohttp.ClientError, orjson.JSONDecodeError, LearnerCalloutError) as exc:
-            answer = exc if isinstance(exc, LearnerCalloutError) else LearnerCalloutError(exc)
             self.outcomes["error"] += 1
-        self._answers[request.request_id] = answer
+            return _fault(exc)
+        self.outcomes["ok"] += 1
+        return Consultation(proposal, None)
 
-    def forget(self, request_id: RequestId) -> None:
-        """Drop an answer the guard did not ask for (the request turned out entitled)."""
-        self._answers.pop(request_id, None)
 
-    def propose(
-        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
-    ) -> Proposal:
-        answer = self._answers.pop(request.request_id, None)
-        if answer is None:
-            raise LearnerCalloutError("no answer was fetched for this request")
-        if isinstance(answer, LearnerCalloutError):
-            raise answer
-        return answer
+def _fault(exc: Exception) -> Consultation:
+    error = exc if isinstance(exc, LearnerCalloutError) else LearnerCalloutError(exc)
+    return Consultation(None, f"{type(error).__name__}: {error}"[:120])
 
 
 def parse_proposal(body: Any) -> Proposal:

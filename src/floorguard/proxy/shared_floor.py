@@ -29,7 +29,7 @@ from enum import StrEnum
 import redis
 
 from floorguard.core.contract import WindowSchedule
-from floorguard.core.guard import StoreCall
+from floorguard.core.surface import StoreCall
 from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
 from floorguard.store.redis_store import RedisCreditStore

@@ -4,7 +4,7 @@ trusted as a proof (SPEC §1: P95 has no finite bad prefix and cannot be enforce
 
 Formulas (docs/screen.md). Per window `W`:
 
-* admitted assured `n_a`: what the shipped `ReservationMeter` grants to `⌈λ_a·W⌉` arrivals
+* admitted assured `n_a`: what the shipped credit store grants to `⌈λ_a·W⌉` arrivals
   (`min(B, ·)` under the guard's admission; all of them under admit-all);
 * opportunistic `n_o = λ_o·W` (the admitted opportunistic load);
 * `ahead`: requests the shipped dispatcher starts before or with the window's *last* assured
@@ -35,12 +35,10 @@ from floorguard.core.contract import (
     ContractClass,
     DispatchOrder,
     GuardConfig,
-    MeterKind,
     WindowSchedule,
 )
 from floorguard.core.dispatcher import Ticket, create_dispatcher
 from floorguard.core.events import read_jsonl
-from floorguard.core.meter import MeterVerdict, ReservationMeter
 from floorguard.core.monitors import assumption_report
 from floorguard.core.request import Request
 from floorguard.errors import ConfigError, require
@@ -166,13 +164,8 @@ def _admitted_assured(config: ScreenConfig, offered: int) -> int:
     """The shipped meter's grants to `offered` arrivals in one window."""
     if config.admission is AdmissionPolicy.ADMIT_ALL:
         return offered
-    schedule = WindowSchedule(config.window_s)
-    contract = Contract("a", ContractClass.ASSURED, 1.0, config.floor)
-    meter = ReservationMeter(schedule, MemoryCreditStore(), MeterKind.COUNT)
-    return sum(
-        meter.charge(contract, Request(i, "a", 0.0, 1), 0.0).verdict is MeterVerdict.ENTITLED
-        for i in range(offered)
-    )
+    schedule, store = WindowSchedule(config.window_s), MemoryCreditStore()
+    return sum(store.acquire("a", 1, config.floor, schedule, 0.0).granted for _ in range(offered))
 
 
 def _ahead_of_last_assured(config: ScreenConfig, n_assured: int, n_opp: int) -> tuple[int, bool]:

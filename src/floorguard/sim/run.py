@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from floorguard.baselines.registry import Stack, StackOptions, create_stack
+from floorguard.baselines.registry import StackOptions, create_stack
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Dispatch
 from floorguard.core.learner import Learner
 from floorguard.core.request import Request, RequestId
+from floorguard.core.surface import Dispatch, Stack
 from floorguard.learners.registry import LearnerOptions, create_learner
 from floorguard.sim.backend import SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority

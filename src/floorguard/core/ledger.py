@@ -1,0 +1,471 @@
+"""The ledger every stack keeps the same way: who is queued, who is in flight on which
+slot, the per-class counts, the decision log, the monitors and the §6 report.
+
+`Ledger` is the base of the `Guard` and of every comparison stack (`ServerStack`): a stack
+adds only its decision rule (admission) and its queue (the core's `Dispatcher`). Every
+trace event of the request lifecycle is written here, once, so every stack's decision log
+has the same schema and the checker and the metrics read them alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from floorguard.core.contract import Contract, ContractClass, GuardConfig
+from floorguard.core.dispatcher import SlotPool, Ticket
+from floorguard.core.events import (
+    EventKind,
+    TraceEvent,
+    arrive_event,
+    config_to_dict,
+    propose_event,
+)
+from floorguard.core.learner import Consultation, Learner, LoadSnapshot, Proposal, consult
+from floorguard.core.monitors import (
+    AssumptionReport,
+    BacklogMonitor,
+    EnvelopeMonitor,
+    assumption_report,
+)
+from floorguard.core.request import Request, RequestId
+from floorguard.core.surface import (
+    Admission,
+    Answer,
+    Completion,
+    Dispatch,
+    Drop,
+    LearnerAsk,
+    Need,
+    Pending,
+    RejectReason,
+    Sink,
+    StoreCall,
+)
+from floorguard.store.base import CreditStore
+
+__all__ = ["DEFAULT_REPORT_TOKENS", "ClassStats", "GuardStats", "Ledger", "assumptions_of"]
+
+ASSURED = ContractClass.ASSURED
+DEFAULT_REPORT_TOKENS = 1
+"""The ℓ the §6 report is made for before any assured request arrived: the smallest
+request (a run with no assured traffic is inside the region by what it asked for)."""
+
+
+@dataclass(slots=True)
+class ClassStats:
+    offered: int = 0
+    admitted: int = 0
+    entitled: int = 0
+    demoted: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    completed: int = 0
+    late: int = 0
+    failed: int = 0
+    aborted: int = 0
+
+
+@dataclass(slots=True)
+class GuardStats:
+    per_class: dict[ContractClass, ClassStats] = field(
+        default_factory=lambda: {c: ClassStats() for c in ContractClass}
+    )
+    rejected_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(RejectReason, 0)
+    )
+    """By reason: the guard's `RejectReason`s, and any a comparison stack adds."""
+    learner_calls: int = 0
+    learner_faults: int = 0
+    doom_uncertain: int = 0
+    unknown_tenant: int = 0
+
+
+class Ledger:
+    """The shared bookkeeping; subclasses decide (`begin_arrival`, `continue_arrival`,
+    `poll`) and call the `_`-methods here for every state change."""
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        *,
+        learner: Learner | None = None,
+        store: CreditStore | None = None,
+        sink: Sink | None = None,
+        started_at: float = 0.0,
+        backlog_counts_class: bool = False,
+    ) -> None:
+        self.config = config
+        self.stats = GuardStats()
+        self.envelope = EnvelopeMonitor(config.lower_envelope, config.upper_envelope)
+        self.backlog = BacklogMonitor(config.total_floor)
+        """`Q_A`: floor-entitled requests queued; with `backlog_counts_class` (a stack with no
+        entitlement), every assured request admitted and not yet started."""
+        self._backlog_counts_class = backlog_counts_class
+        self._contracts = {c.tenant: c for c in config.contracts}
+        self._learner = learner
+        self._store = store
+        self._slots = SlotPool(config.slots)
+        self._queued: dict[RequestId, Ticket] = {}
+        self._in_flight: dict[RequestId, Ticket] = {}
+        self._seq = 0
+        self._max_assured_tokens = 0
+        self._sink = sink
+        if sink is not None:
+            sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
+
+    # -- arrival, answered by the stack's own store and learner -----------------------------
+
+    def begin_arrival(
+        self, request: Request, now: float, scheduled_at: float | None = None
+    ) -> Pending:
+        raise NotImplementedError
+
+    def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
+        raise NotImplementedError
+
+    def on_arrival(
+        self, request: Request, now: float, scheduled_at: float | None = None
+    ) -> Admission:
+        """Arrival with every need answered here, synchronously (the simulator's path)."""
+        pending = self.begin_arrival(request, now, scheduled_at)
+        while (need := pending.need) is not None:
+            pending = self.continue_arrival(pending, now, self.answer(need, now))
+        assert pending.admission is not None
+        return pending.admission
+
+    def answer(self, need: Need, now: float) -> Answer:
+        """Answer a need with this stack's own store or learner (never raises: a learner's
+        failure is a fault in the `Consultation`)."""
+        if type(need) is StoreCall:
+            assert self._store is not None, "a stack without a store asked for a store call"
+            return self._store.acquire(
+                need.key, need.weight, need.capacity, self.config.schedule, now
+            )
+        assert type(need) is LearnerAsk and self._learner is not None
+        return consult(self._learner, need.request, need.cls, need.load, need.now)
+
+    def abandon_arrival(self, pending: Pending, now: float, reason: str) -> Admission:
+        """End an arrival the driver cannot finish (the client left, or the driver failed,
+        while a need was outstanding): its terminal outcome is `abort`. A store call already
+        sent may still take its credit; the floor only ever loses by it (AF counts what was
+        admitted)."""
+        if pending.admission is not None:
+            return pending.admission
+        request, contract = pending.request, pending.contract
+        cls = contract.cls if contract is not None else None
+        if cls is not None:
+            self.stats.per_class[cls].aborted += 1
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now, EventKind.ABORT, request.request_id, request.tenant, cls, reason=reason
+                )
+            )
+        pending.need = None
+        pending.admission = Admission(
+            request.request_id,
+            False,
+            cls,
+            False,
+            pending.demoted,
+            pending.window_index,
+            None,
+            reason,
+        )
+        return pending.admission
+
+    # -- state changes: each writes its trace event ----------------------------------------
+
+    def _arrive(self, request: Request, now: float, scheduled_at: float | None) -> Pending:
+        """The `arrive` event and the counts; the tenant's contract fixes class and deadline
+        (the pending arrival's `contract` stays None for an unknown tenant)."""
+        contract = self._contracts.get(request.tenant)
+        if self._sink is not None:
+            self._sink(arrive_event(now, request, contract, scheduled_at))
+        pending = Pending(request)
+        if contract is None:
+            self.stats.unknown_tenant += 1
+            return pending
+        pending.contract = contract
+        pending.deadline_at = request.arrival_at + contract.deadline_budget_s
+        self.stats.per_class[contract.cls].offered += 1
+        if contract.cls is ASSURED and request.num_output_tokens > self._max_assured_tokens:
+            self._max_assured_tokens = request.num_output_tokens
+        return pending
+
+    def _ask(self, pending: Pending, now: float) -> Pending:
+        """Wait on the learner for this arrival."""
+        pending.need = LearnerAsk(pending.request, pending.contract.cls, self.load(), now)
+        return pending
+
+    def _consulted(self, pending: Pending, now: float, answer: Answer) -> Proposal | None:
+        """The learner's answer counted and logged: the proposal, or None for a fault."""
+        assert type(answer) is Consultation, f"a learner ask answered with {answer!r}"
+        self.stats.learner_calls += 1
+        if answer.fault is not None:
+            self.stats.learner_faults += 1
+        if self._sink is not None:
+            self._sink(propose_event(now, pending.request, pending.contract.cls, answer))
+        return answer.proposal
+
+    def _reject(
+        self,
+        pending: Pending,
+        reason: str,
+        now: float,
+        window_index: int | None = None,
+        retry_at: float | None = None,
+    ) -> Pending:
+        request, contract = pending.request, pending.contract
+        cls = contract.cls if contract is not None else None
+        if cls is not None:
+            self.stats.per_class[cls].rejected += 1
+        by_reason = self.stats.rejected_by_reason
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.REJECT,
+                    request.request_id,
+                    request.tenant,
+                    cls,
+                    window=window_index,
+                    reason=str(reason),
+                )
+            )
+        pending.need = None
+        pending.admission = Admission(
+            request.request_id, False, cls, False, False, window_index, None, reason, retry_at
+        )
+        return pending
+
+    def _admit(
+        self,
+        pending: Pending,
+        now: float,
+        *,
+        entitled: bool,
+        window_index: int | None = None,
+        rank: int = 1,
+        hint: float = 0.0,
+    ) -> Ticket:
+        """Admit the arrival: its ticket (not yet queued: the stack queues it)."""
+        request, contract = pending.request, pending.contract
+        self._seq += 1
+        ticket = Ticket(
+            request, contract, pending.deadline_at, entitled, window_index, self._seq, rank, hint
+        )
+        stats = self.stats.per_class[contract.cls]
+        stats.admitted += 1
+        if entitled:
+            stats.entitled += 1
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.ADMIT,
+                    request.request_id,
+                    request.tenant,
+                    contract.cls,
+                    window=window_index,
+                    entitled=entitled,
+                    deadline_at=pending.deadline_at,
+                )
+            )
+            self._emit(EventKind.ENQUEUE, ticket, now)
+        pending.need = None
+        pending.admission = Admission(
+            request.request_id,
+            True,
+            contract.cls,
+            entitled,
+            pending.demoted,
+            window_index,
+            pending.deadline_at,
+        )
+        return ticket
+
+    def _queue_entry(self, ticket: Ticket) -> None:
+        """The ticket is waiting (in the stack's queue)."""
+        self._queued[ticket.request.request_id] = ticket
+        if ticket.entitled or (self._backlog_counts_class and ticket.contract.cls is ASSURED):
+            self.backlog.on_enqueue()
+
+    def _queue_exit(self, ticket: Ticket) -> None:
+        """The ticket left the stack's queue (started, dropped or aborted)."""
+        del self._queued[ticket.request.request_id]
+        if ticket.entitled or (self._backlog_counts_class and ticket.contract.cls is ASSURED):
+            self.backlog.on_dequeue()
+
+    def _start(self, ticket: Ticket, backend: int, now: float) -> Dispatch:
+        """Start a ticket that left the queue on `backend`, whose slot the caller took."""
+        request = ticket.request
+        ticket.backend = backend
+        ticket.dispatched_at = now
+        self._in_flight[request.request_id] = ticket
+        if self._sink is not None:
+            self._emit(EventKind.DISPATCH, ticket, now, backend=backend, entitled=ticket.entitled)
+        return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at)
+
+    def _release(self, request_id: RequestId) -> Ticket:
+        """Take an in-flight ticket off its slot."""
+        ticket = self._in_flight.pop(request_id, None)
+        if ticket is None:
+            raise KeyError(f"request {request_id!r} is not in flight")
+        self._slots.release(ticket.backend)
+        return ticket
+
+    def _drop(self, ticket: Ticket, now: float, reason: str) -> Drop:
+        """Drop a ticket that left the queue."""
+        self.stats.per_class[ticket.contract.cls].dropped += 1
+        request = ticket.request
+        if self._sink is not None:
+            self._emit(
+                EventKind.DROP,
+                ticket,
+                now,
+                reason=reason,
+                deadline_at=ticket.deadline_at,
+                num_output_tokens=request.num_output_tokens,
+            )
+        return Drop(request, now, reason)
+
+    def _emit(self, kind: EventKind, ticket: Ticket, now: float, **fields: Any) -> None:
+        assert self._sink is not None
+        request = ticket.request
+        self._sink(
+            TraceEvent(now, kind, request.request_id, request.tenant, ticket.contract.cls, **fields)
+        )
+
+    # -- in flight --------------------------------------------------------------------------
+
+    def on_first_token(self, request_id: RequestId, now: float) -> None:
+        ticket = self._in_flight.get(request_id)
+        if ticket is not None and self._sink is not None:
+            self._emit(EventKind.FIRST_TOKEN, ticket, now)
+
+    def on_complete(self, request_id: RequestId, now: float) -> Completion:
+        ticket = self._release(request_id)
+        service_s = now - ticket.dispatched_at
+        late = now > ticket.deadline_at
+        stats = self.stats.per_class[ticket.contract.cls]
+        stats.completed += 1
+        stats.late += late
+        request = ticket.request
+        self.envelope.observe(
+            request.num_output_tokens,
+            service_s,
+            request.prompt_tokens_lower,
+            request.num_prompt_tokens,
+        )
+        if self._sink is not None:
+            self._emit(EventKind.COMPLETE, ticket, now, backend=ticket.backend)
+        return Completion(request_id, now, service_s, late)
+
+    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None:
+        """The backend failed an in-flight request (error, timeout): free its slot."""
+        ticket = self._release(request_id)
+        self.stats.per_class[ticket.contract.cls].failed += 1
+        if self._sink is not None:
+            self._emit(EventKind.FAIL, ticket, now, reason=reason, backend=ticket.backend)
+
+    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool:
+        """The client went away: dequeue it, or free its slot. False if it already ended."""
+        ticket = self._queued.get(request_id)
+        if ticket is not None:
+            self._cancel(ticket)
+            backend = None
+        elif request_id in self._in_flight:
+            ticket = self._release(request_id)
+            backend = ticket.backend
+        else:
+            return False
+        self.stats.per_class[ticket.contract.cls].aborted += 1
+        if self._sink is not None:
+            self._emit(EventKind.ABORT, ticket, now, reason=reason, backend=backend)
+        return True
+
+    def _cancel(self, ticket: Ticket) -> None:
+        """Take a queued ticket out of the stack's queue, and out of its counts (its
+        `_queue_exit`)."""
+        raise NotImplementedError
+
+    # -- what a stack without a doom gate or health does ------------------------------------
+
+    def expire(self, now: float) -> list[Drop]:
+        return []
+
+    def next_doom_at(self) -> float | None:
+        return None
+
+    def requeue(self, request_id: RequestId, now: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot place a request again")
+
+    def set_backend_available(self, backend: int, available: bool) -> None:
+        """Whether `backend` may get new requests (the driver's health probe says). A down
+        backend's slots are not offered; what runs there still ends normally."""
+        self._slots.set_available(backend, available)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def holds(self, request_id: RequestId) -> bool:
+        """Whether the request is still queued or in flight (not yet ended)."""
+        return request_id in self._queued or request_id in self._in_flight
+
+    def in_flight_request(self, request_id: RequestId) -> Request | None:
+        """The request if it is in flight (dispatched, not yet ended), else None."""
+        ticket = self._in_flight.get(request_id)
+        return ticket.request if ticket is not None else None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def max_assured_tokens(self) -> int:
+        """The largest ℓ of any assured arrival so far (0 before the first)."""
+        return self._max_assured_tokens
+
+    def in_flight_on(self, backend: int) -> int:
+        return self._slots.in_flight(backend)
+
+    def load(self) -> LoadSnapshot:
+        """What a learner is told about current load."""
+        queued, first = len(self._queued), self.backlog.backlog
+        return LoadSnapshot(len(self._in_flight), first, queued - first, self.config.total_slots)
+
+    def credits_left(self, tenant: str, now: float) -> int | None:
+        contract = self._contracts.get(tenant)
+        if contract is None or not contract.assured or self._store is None:
+            return None
+        return self._store.remaining(tenant, contract.floor, self.config.schedule, now)
+
+    def contract_of(self, tenant: str) -> Contract | None:
+        return self._contracts.get(tenant)
+
+    def assumptions(self) -> AssumptionReport:
+        """SPEC §6 for the largest assured ℓ seen so far, with what was observed."""
+        return assumptions_of(self.config, [self])
+
+
+def assumptions_of(config: GuardConfig, runs: Iterable[Ledger]) -> AssumptionReport:
+    """SPEC §6 for `config` and what one or more runs of it observed: the largest assured ℓ
+    (`DEFAULT_REPORT_TOKENS` before any), the largest service, the services above `s_max(ℓ)`,
+    the largest `Q_A`."""
+    runs = list(runs)
+    observed = [r for r in runs if r.envelope.num_observed]
+    return assumption_report(
+        config,
+        num_output_tokens=max((r.max_assured_tokens for r in runs), default=0)
+        or DEFAULT_REPORT_TOKENS,
+        max_service_s=max(r.envelope.max_service_s for r in observed) if observed else None,
+        num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
+        max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
+    )

@@ -1,0 +1,201 @@
+"""The driver surface every stack shares — the guard and each comparison stack (SPEC §7).
+
+A driver (the simulator, the HTTP proxy, a real-backend run) speaks only this surface:
+
+    begin_arrival(request, now)          -> Pending   (pending.need: what it waits on)
+    continue_arrival(pending, now, ans)  -> Pending   (until pending.admission is set)
+    on_arrival(request, now)             -> Admission (the two above, needs answered by
+                                                       the stack's own store and learner)
+    poll(now)                            -> [Dispatch | Drop, ...]
+    expire(now) / next_doom_at()         (queued requests doomed by now, and when next)
+    requeue(id, now)                     (its backend was unreachable: wait again)
+    on_first_token / on_complete / on_fail / on_abort
+
+Arrival is sans-IO: a stack never calls a remote store or a remote learner itself. It says
+what it needs — a `StoreCall` (charge the floor) or a `LearnerAsk` (a proposal for the
+surplus) — and the driver answers it, synchronously (the simulator) or awaited (the proxy),
+so both run the same decision code. Decision records are NamedTuples: immutable values,
+and cheaper to build than frozen dataclasses on the per-request hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from floorguard.core.contract import Contract, ContractClass, GuardConfig
+from floorguard.core.events import TraceEvent
+from floorguard.core.learner import Consultation, LoadSnapshot
+from floorguard.core.request import Request, RequestId
+from floorguard.store.base import Grant
+
+if TYPE_CHECKING:
+    from floorguard.core.ledger import GuardStats
+    from floorguard.core.monitors import AssumptionReport, BacklogMonitor, EnvelopeMonitor
+
+__all__ = [
+    "AUTO_RETRY",
+    "Admission",
+    "Answer",
+    "Completion",
+    "Dispatch",
+    "Drop",
+    "LearnerAsk",
+    "Need",
+    "Pending",
+    "RejectReason",
+    "Sink",
+    "Stack",
+    "StoreCall",
+]
+
+Sink = Callable[[TraceEvent], None]
+"""Where a stack writes its decision log, one `TraceEvent` per decision."""
+
+
+class RejectReason(StrEnum):
+    UNKNOWN_TENANT = "unknown_tenant"
+    FLOOR_EXHAUSTED = "floor_exhausted"
+    FLOOR_LOWERED = "floor_lowered"
+    """Beyond the effective floor lowered by the capacity action, within the contract's B."""
+    COST_EXCESS = "cost_excess"
+    LEARNER_REJECT = "learner_reject"
+    LEARNER_FAULT = "learner_fault"
+    QUEUE_FULL = "queue_full"
+    """A surplus request over a queue limit (`QueueLimits`); never a floor-entitled one."""
+
+
+WINDOW_BOUND = frozenset(
+    {RejectReason.FLOOR_EXHAUSTED, RejectReason.FLOOR_LOWERED, RejectReason.COST_EXCESS}
+)
+"""Refusals that no retry inside the same window can turn around: `retry_at` is the next
+window's start."""
+AUTO_RETRY = frozenset({RejectReason.QUEUE_FULL})
+"""Refusals a client's automatic retry may turn around (the queue drains); every other one
+is a decision a retry does not change (`x-should-retry: false` at the HTTP edge)."""
+
+
+class StoreCall(NamedTuple):
+    """One credit-store call: take `weight` of `capacity` credits from `key`'s window."""
+
+    key: str
+    weight: int
+    capacity: int
+
+
+class LearnerAsk(NamedTuple):
+    """Ask the untrusted learner about one surplus request (answer: a `Consultation`)."""
+
+    request: Request
+    cls: ContractClass
+    """Its true, authenticated class."""
+    load: LoadSnapshot
+    now: float
+
+
+Need = StoreCall | LearnerAsk
+Answer = Grant | Consultation
+
+
+class Admission(NamedTuple):
+    request_id: RequestId
+    admitted: bool
+    cls: ContractClass | None
+    entitled: bool
+    """Admitted from the floor (AF); SF applies."""
+    demoted: bool
+    window_index: int | None
+    deadline_at: float | None
+    reason: str | None = None
+    """A `RejectReason` from the guard; comparison stacks add their own (`rate_limited`, …)."""
+    retry_at: float | None = None
+    """For a refusal: the earliest instant a retry can be admitted where the stack knows it
+    (the next window, for a floor refusal); None where it cannot say."""
+
+
+class Pending:
+    """One arrival between `begin_arrival` and its decision: `need` is what the stack waits
+    on (None once decided), `admission` the decision (None until then)."""
+
+    __slots__ = (
+        "admission",
+        "contract",
+        "deadline_at",
+        "demoted",
+        "floor",
+        "need",
+        "request",
+        "window_index",
+    )
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.need: Need | None = None
+        self.admission: Admission | None = None
+        self.contract: Contract = None  # type: ignore[assignment]  # set once it is known
+        self.deadline_at = 0.0
+        self.floor = 0
+        """The effective floor the store call was made against (assured arrivals)."""
+        self.demoted = False
+        self.window_index: int | None = None
+        """The window a demoted arrival was charged in (it is admitted or refused there)."""
+
+
+class Dispatch(NamedTuple):
+    request: Request
+    backend: int
+    at: float
+    entitled: bool
+    deadline_at: float
+
+
+class Drop(NamedTuple):
+    request: Request
+    at: float
+    reason: str
+
+
+class Completion(NamedTuple):
+    request_id: RequestId
+    at: float
+    service_s: float
+    late: bool
+
+
+class Stack(Protocol):
+    """The driver surface of the guard and of every comparison stack."""
+
+    config: GuardConfig
+    stats: GuardStats
+    envelope: EnvelopeMonitor
+    backlog: BacklogMonitor
+
+    def begin_arrival(
+        self, request: Request, now: float, scheduled_at: float | None = None
+    ) -> Pending: ...
+    def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending: ...
+    def answer(self, need: Need, now: float) -> Answer: ...
+    def on_arrival(
+        self, request: Request, now: float, scheduled_at: float | None = None
+    ) -> Admission: ...
+    def poll(self, now: float) -> list[Dispatch | Drop]: ...
+    def expire(self, now: float) -> list[Drop]: ...
+    def next_doom_at(self) -> float | None: ...
+    def requeue(self, request_id: RequestId, now: float) -> None: ...
+    def set_backend_available(self, backend: int, available: bool) -> None: ...
+    def on_first_token(self, request_id: RequestId, now: float) -> None: ...
+    def on_complete(self, request_id: RequestId, now: float) -> Completion: ...
+    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None: ...
+    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool: ...
+    def holds(self, request_id: RequestId) -> bool: ...
+    def in_flight_request(self, request_id: RequestId) -> Request | None: ...
+    def load(self) -> LoadSnapshot: ...
+    def assumptions(self) -> AssumptionReport: ...
+    @property
+    def num_in_flight(self) -> int: ...
+    @property
+    def num_queued(self) -> int: ...
+    @property
+    def max_assured_tokens(self) -> int: ...
+    def in_flight_on(self, backend: int) -> int: ...
