@@ -38,6 +38,10 @@ class Ticket:
     """0 when the learner relabelled a surplus request upward; orders the surplus only."""
     hint: float = 0.0
     """The learner's priority hint (lower first); orders the surplus only."""
+    lower_s: float | None = None
+    """`L(ℓ, p)` for this request (None: no lower envelope): the doom gate's bound."""
+    upper_s: float | None = None
+    """`s_max(ℓ, p)` for this request (None: no ceiling)."""
     cancelled: bool = False
     backend: int = -1
     dispatched_at: float = float("nan")

@@ -27,6 +27,28 @@ class DoomGate:
         self.lower = lower
         self.upper = upper
 
+    def bounds(
+        self, num_output_tokens: int, prompt_lower: int = 0, prompt_upper: int = 0
+    ) -> tuple[float | None, float | None]:
+        """`(L(ℓ, p_lower), U(ℓ, p_upper))`, None where there is no envelope: computed once
+        per admitted request (its ticket keeps them)."""
+        lower, upper = self.lower, self.upper
+        return (
+            lower.at(num_output_tokens, prompt_lower) if lower is not None else None,
+            upper.at(num_output_tokens, prompt_upper) if upper is not None else None,
+        )
+
+    @staticmethod
+    def verdict(
+        deadline_at: float, lower_s: float | None, upper_s: float | None, now: float
+    ) -> DoomVerdict:
+        """Drop iff `now + L > D`; dispatch when `now + U ≤ D` (or no `U`); else uncertain."""
+        if lower_s is not None and now + lower_s > deadline_at:
+            return DoomVerdict.DROP
+        if upper_s is None or now + upper_s <= deadline_at:
+            return DoomVerdict.DISPATCH
+        return DoomVerdict.UNCERTAIN
+
     def check(
         self,
         deadline_at: float,
@@ -37,26 +59,5 @@ class DoomGate:
         prompt_upper: int = 0,
     ) -> DoomVerdict:
         """`prompt_lower` / `prompt_upper`: bounds on the prompt's tokens, for `L` and `U`."""
-        if self.lower is not None and self.is_doomed(
-            deadline_at, num_output_tokens, now, prompt_lower
-        ):
-            return DoomVerdict.DROP
-        if (
-            self.upper is None
-            or now + self.upper.at(num_output_tokens, prompt_upper) <= deadline_at
-        ):
-            return DoomVerdict.DISPATCH
-        return DoomVerdict.UNCERTAIN
-
-    def is_doomed(
-        self, deadline_at: float, num_output_tokens: int, now: float, prompt_lower: int = 0
-    ) -> bool:
-        """`now + L(ℓ, p) > D`: provably too late (False without a lower envelope)."""
-        lower = self.lower
-        return lower is not None and now + lower.at(num_output_tokens, prompt_lower) > deadline_at
-
-    def doomed_after(self, deadline_at: float, num_output_tokens: int, prompt_lower: int) -> float:
-        """The instant after which the request is doomed, `D − L(ℓ, p)` (inf: never)."""
-        if self.lower is None:
-            return float("inf")
-        return deadline_at - self.lower.at(num_output_tokens, prompt_lower)
+        lower_s, upper_s = self.bounds(num_output_tokens, prompt_lower, prompt_upper)
+        return self.verdict(deadline_at, lower_s, upper_s, now)

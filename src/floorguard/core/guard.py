@@ -11,7 +11,6 @@ lifecycle calls. Every decision is returned as data and logged as a `TraceEvent`
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 
 from floorguard.core.contract import (
     CapacityAction,
@@ -21,12 +20,11 @@ from floorguard.core.contract import (
     GuardConfig,
 )
 from floorguard.core.dispatcher import Ticket, create_dispatcher
-from floorguard.core.doom import DoomGate, DoomVerdict
+from floorguard.core.doom import DoomVerdict
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner
 from floorguard.core.ledger import ClassStats, GuardStats, Ledger
 from floorguard.core.meter import ReservationMeter
-from floorguard.core.monitors import CapacityMonitor
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import (
     WINDOW_BOUND,
@@ -56,6 +54,7 @@ __all__ = [
 ]
 
 ASSURED = ContractClass.ASSURED
+DROP = DoomVerdict.DROP
 
 
 class Guard(Ledger):
@@ -78,12 +77,8 @@ class Guard(Ledger):
         )
         self._meter = ReservationMeter(config.meter)
         self._queue = create_dispatcher(config.dispatch)
-        self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
-        self.capacity = CapacityMonitor(config.schedule, config.total_floor)
         self._doom_heap: list[tuple[float, int, Ticket]] = []
         """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time."""
-        self._surplus_by_class: Counter[ContractClass] = Counter()
-        self._surplus_by_tenant: Counter[str] = Counter()
         self._lowered: dict[str, tuple[int, int]] = {}
         """tenant -> (window, weight refused as floor_lowered in it)"""
 
@@ -217,31 +212,18 @@ class Guard(Ledger):
         """Queue a ticket (`front`: back in its old place, after a failed start) and keep the
         counts and the doom timer's heap in step. A ticket may stand in the heap twice after
         a requeue; `expire` skips whatever is not queued."""
-        request = ticket.request
         if front:
             self._queue.push_front(ticket)
         else:
             self._queue.push(ticket)
         self._queue_entry(ticket)
-        if not ticket.entitled:
-            self._surplus_by_class[ticket.contract.cls] += 1
-            self._surplus_by_tenant[request.tenant] += 1
-        doomed_after = self._doom.doomed_after(
-            ticket.deadline_at, request.num_output_tokens, request.prompt_tokens_lower
-        )
-        if doomed_after != float("inf"):
+        if ticket.lower_s is not None:
+            doomed_after = ticket.deadline_at - ticket.lower_s
             heapq.heappush(self._doom_heap, (doomed_after, ticket.seq, ticket))
-
-    def _dequeued(self, ticket: Ticket) -> None:
-        """Bookkeeping for a ticket that left the queue (started, dropped or aborted)."""
-        self._queue_exit(ticket)
-        if not ticket.entitled:
-            self._surplus_by_class[ticket.contract.cls] -= 1
-            self._surplus_by_tenant[ticket.request.tenant] -= 1
 
     def _cancel(self, ticket: Ticket) -> None:
         self._queue.cancel(ticket)
-        self._dequeued(ticket)
+        self._queue_exit(ticket)
 
     def _is_queued(self, ticket: Ticket) -> bool:
         return self._queued.get(ticket.request.request_id) is ticket
@@ -264,10 +246,7 @@ class Guard(Ledger):
             if not self._is_queued(ticket):
                 heapq.heappop(heap)
                 continue
-            request = ticket.request
-            if not self._doom.is_doomed(
-                ticket.deadline_at, request.num_output_tokens, now, request.prompt_tokens_lower
-            ):
+            if self._doom.verdict(ticket.deadline_at, ticket.lower_s, None, now) is not DROP:
                 break
             heapq.heappop(heap)
             self._cancel(ticket)
@@ -292,32 +271,20 @@ class Guard(Ledger):
     def poll(self, now: float) -> list[Dispatch | Drop]:
         """Fill free slots from the queue, dropping (only) the provably doomed."""
         out: list[Dispatch | Drop] = []
-        slots, queue = self._slots, self._queue
+        slots, queue, verdict_of = self._slots, self._queue, self._doom.verdict
         while slots.num_free > 0:
             ticket = queue.pop()
             if ticket is None:
                 break
-            request = ticket.request
-            self._dequeued(ticket)
-            verdict = self._doom.check(
-                ticket.deadline_at,
-                request.num_output_tokens,
-                now,
-                prompt_lower=request.prompt_tokens_lower,
-                prompt_upper=request.num_prompt_tokens,
-            )
-            if verdict is DoomVerdict.DROP:
+            self._queue_exit(ticket)
+            verdict = verdict_of(ticket.deadline_at, ticket.lower_s, ticket.upper_s, now)
+            if verdict is DROP:
                 out.append(self._drop(ticket, now, "doomed"))
                 continue
             if verdict is DoomVerdict.UNCERTAIN:
                 self.stats.doom_uncertain += 1
             out.append(self._start(ticket, slots.acquire(), now))
         return out
-
-    def on_complete(self, request_id: RequestId, now: float) -> Completion:
-        done = super().on_complete(request_id, now)
-        self.capacity.on_complete(now, self._queue.num_queued)
-        return done
 
     # -- views ----------------------------------------------------------------------------
 

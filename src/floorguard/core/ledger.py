@@ -9,12 +9,14 @@ has the same schema and the checker and the metrics read them alike.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from floorguard.core.contract import Contract, ContractClass, GuardConfig
 from floorguard.core.dispatcher import SlotPool, Ticket
+from floorguard.core.doom import DoomGate
 from floorguard.core.events import (
     EventKind,
     TraceEvent,
@@ -26,6 +28,7 @@ from floorguard.core.learner import Consultation, Learner, LoadSnapshot, Proposa
 from floorguard.core.monitors import (
     AssumptionReport,
     BacklogMonitor,
+    CapacityMonitor,
     EnvelopeMonitor,
     assumption_report,
 )
@@ -100,6 +103,8 @@ class Ledger:
         self.stats = GuardStats()
         self.envelope = EnvelopeMonitor(config.lower_envelope, config.upper_envelope)
         self.backlog = BacklogMonitor(config.total_floor)
+        self.capacity = CapacityMonitor(config.schedule, config.total_floor)
+        """`μ̂` from busy windows (SPEC §4.4); the guard's `lower-floor` action reads it."""
         """`Q_A`: floor-entitled requests queued; with `backlog_counts_class` (a stack with no
         entitlement), every assured request admitted and not yet started."""
         self._backlog_counts_class = backlog_counts_class
@@ -107,8 +112,13 @@ class Ledger:
         self._learner = learner
         self._store = store
         self._slots = SlotPool(config.slots)
+        self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
+        """The service bounds of each admitted request (the guard's doom gate reads them)."""
         self._queued: dict[RequestId, Ticket] = {}
         self._in_flight: dict[RequestId, Ticket] = {}
+        self._surplus_by_class: Counter[ContractClass] = Counter()
+        """Queued tickets not entitled, by class and by tenant (the queue limits)."""
+        self._surplus_by_tenant: Counter[str] = Counter()
         self._seq = 0
         self._max_assured_tokens = 0
         self._sink = sink
@@ -130,10 +140,11 @@ class Ledger:
     ) -> Admission:
         """Arrival with every need answered here, synchronously (the simulator's path)."""
         pending = self.begin_arrival(request, now, scheduled_at)
-        while (need := pending.need) is not None:
+        need = pending.need
+        while need is not None:
             pending = self.continue_arrival(pending, now, self.answer(need, now))
-        assert pending.admission is not None
-        return pending.admission
+            need = pending.need
+        return pending.admission  # type: ignore[return-value]  # decided: need is None
 
     def answer(self, need: Need, now: float) -> Answer:
         """Answer a need with this stack's own store or learner (never raises: a learner's
@@ -255,8 +266,20 @@ class Ledger:
         """Admit the arrival: its ticket (not yet queued: the stack queues it)."""
         request, contract = pending.request, pending.contract
         self._seq += 1
+        lower_s, upper_s = self._doom.bounds(
+            request.num_output_tokens, request.prompt_tokens_lower, request.num_prompt_tokens
+        )
         ticket = Ticket(
-            request, contract, pending.deadline_at, entitled, window_index, self._seq, rank, hint
+            request,
+            contract,
+            pending.deadline_at,
+            entitled,
+            window_index,
+            self._seq,
+            rank,
+            hint,
+            lower_s,
+            upper_s,
         )
         stats = self.stats.per_class[contract.cls]
         stats.admitted += 1
@@ -290,14 +313,28 @@ class Ledger:
 
     def _queue_entry(self, ticket: Ticket) -> None:
         """The ticket is waiting (in the stack's queue)."""
-        self._queued[ticket.request.request_id] = ticket
-        if ticket.entitled or (self._backlog_counts_class and ticket.contract.cls is ASSURED):
+        request = ticket.request
+        self._queued[request.request_id] = ticket
+        if ticket.entitled:
+            self.backlog.on_enqueue()
+            return
+        cls = ticket.contract.cls
+        self._surplus_by_class[cls] += 1
+        self._surplus_by_tenant[request.tenant] += 1
+        if self._backlog_counts_class and cls is ASSURED:
             self.backlog.on_enqueue()
 
     def _queue_exit(self, ticket: Ticket) -> None:
         """The ticket left the stack's queue (started, dropped or aborted)."""
-        del self._queued[ticket.request.request_id]
-        if ticket.entitled or (self._backlog_counts_class and ticket.contract.cls is ASSURED):
+        request = ticket.request
+        del self._queued[request.request_id]
+        if ticket.entitled:
+            self.backlog.on_dequeue()
+            return
+        cls = ticket.contract.cls
+        self._surplus_by_class[cls] -= 1
+        self._surplus_by_tenant[request.tenant] -= 1
+        if self._backlog_counts_class and cls is ASSURED:
             self.backlog.on_dequeue()
 
     def _start(self, ticket: Ticket, backend: int, now: float) -> Dispatch:
@@ -354,13 +391,8 @@ class Ledger:
         stats = self.stats.per_class[ticket.contract.cls]
         stats.completed += 1
         stats.late += late
-        request = ticket.request
-        self.envelope.observe(
-            request.num_output_tokens,
-            service_s,
-            request.prompt_tokens_lower,
-            request.num_prompt_tokens,
-        )
+        self.envelope.observe_bounds(service_s, ticket.lower_s, ticket.upper_s)
+        self.capacity.on_complete(now, len(self._queued))
         if self._sink is not None:
             self._emit(EventKind.COMPLETE, ticket, now, backend=ticket.backend)
         return Completion(request_id, now, service_s, late)

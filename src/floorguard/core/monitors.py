@@ -38,17 +38,26 @@ class EnvelopeMonitor:
         prompt_upper: int = 0,
     ) -> None:
         """`prompt_lower` / `prompt_upper`: bounds on the prompt's tokens, for `L` / `s_max`."""
+        lower, upper = self._lower, self._upper
+        self.observe_bounds(
+            service_s,
+            lower.at(num_output_tokens, prompt_lower) if lower is not None else None,
+            upper.at(num_output_tokens, prompt_upper) if upper is not None else None,
+        )
+
+    def observe_bounds(
+        self, service_s: float, lower_s: float | None, upper_s: float | None
+    ) -> None:
+        """One service against its own `L` and `s_max` (a ticket's, computed at admission)."""
         self.num_observed += 1
         self.max_service_s = max(self.max_service_s, service_s)
-        lower = self._lower
-        if lower is not None and service_s < lower.at(num_output_tokens, prompt_lower):
+        if lower_s is not None and service_s < lower_s:
             self.num_below_lower += 1
-        if self._upper is not None:
-            ceiling = self._upper.at(num_output_tokens, prompt_upper)
-            if service_s > ceiling:
+        if upper_s is not None:
+            if service_s > upper_s:
                 self.num_above_upper += 1
-            if ceiling > 0:
-                self.max_upper_ratio = max(self.max_upper_ratio, service_s / ceiling)
+            if upper_s > 0 and service_s / upper_s > self.max_upper_ratio:
+                self.max_upper_ratio = service_s / upper_s
 
 
 class BacklogMonitor:
