@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from floorguard.net import free_ports
-from floorguard.store.local_redis import LocalRedis
+from floorguard.rig.local_redis import LocalRedis
+from floorguard.rig.net import free_ports
 
 
 def free_port() -> int:

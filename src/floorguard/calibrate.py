@@ -43,7 +43,7 @@ import numpy as np
 
 from floorguard.core.contract import AffineEnvelope
 from floorguard.errors import FloorguardError
-from floorguard.sim.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile
 
 __all__ = ["CalibrationError", "CalibrationResult", "calibrate"]
 

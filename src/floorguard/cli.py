@@ -32,10 +32,11 @@ from floorguard.analysis.records import fold_trace
 from floorguard.analysis.summary import pool_runs
 from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
-from floorguard.bench import bench_calibration, bench_sim
-from floorguard.bench_proxy import bench_proxy
-from floorguard.bench_soak import bench_soak
-from floorguard.bench_store import bench_store
+from floorguard.bench.calibration import bench_calibration
+from floorguard.bench.proxy import bench_proxy
+from floorguard.bench.sim import bench_sim
+from floorguard.bench.soak import bench_soak
+from floorguard.bench.store import bench_store
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl, write_jsonl
 from floorguard.core.ledger import assumptions_of
@@ -53,11 +54,12 @@ from floorguard.experiments.report import write_real_section, write_report
 from floorguard.experiments.runner import run_experiments
 from floorguard.experiments.spec import Experiment
 from floorguard.learners.registry import LEARNERS, LearnerOptions, needs_latency_model
+from floorguard.profiles import PROFILES, save_profile
 from floorguard.proxy.config import load_config
-from floorguard.proxy.demo import run_demo
-from floorguard.proxy.emulator import Emulator, create_emulator_app
-from floorguard.proxy.loadgen import measure_client, replay
 from floorguard.proxy.serve import run_guard
+from floorguard.rig.demo import run_demo
+from floorguard.rig.emulator import Emulator, create_emulator_app
+from floorguard.rig.loadgen import measure_client, replay
 from floorguard.screen.model import (
     AGGREGATIONS,
     ScreenConfig,
@@ -66,7 +68,6 @@ from floorguard.screen.model import (
     screen,
 )
 from floorguard.sim.probe import fit_probe_model
-from floorguard.sim.profiles import PROFILES, save_profile
 from floorguard.sim.run import SimRun, simulate_once
 from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
 from floorguard.sim.workloads import build_requests

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from floorguard.proxy.app import SERVER, FaultHook, GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
-from floorguard.proxy.emulator import Emulator, create_emulator_app
+from floorguard.rig.emulator import Emulator, create_emulator_app
 
 T = TypeVar("T")
 SECRET = "test-secret-0123456789abcdef0123456789"

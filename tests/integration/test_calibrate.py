@@ -10,8 +10,8 @@ import pytest
 
 from floorguard.calibrate import CalibrationError, calibrate
 from floorguard.cli import main
-from floorguard.sim.calibration import saturated_capacity
-from floorguard.sim.profiles import V100_MOE, get_profile, load_profile, save_profile
+from floorguard.profiles import V100_MOE, get_profile, load_profile, save_profile
+from floorguard.sim.targets import saturated_capacity
 from tests.integration.live import guard_config
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from floorguard.bench_proxy import bench_proxy
+from floorguard.bench.proxy import bench_proxy
 from floorguard.cli import main
-from floorguard.proxy.demo import run_demo
+from floorguard.rig.demo import run_demo
 from tests.helpers import write_burstgpt
 from tests.integration.live import Live
 

@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 
-from floorguard.proxy.emulator import Emulator, create_emulator_app
+from floorguard.rig.emulator import Emulator, create_emulator_app
 
 
 async def _stream(url, tokens):

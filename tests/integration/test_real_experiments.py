@@ -8,7 +8,7 @@ import json
 
 from floorguard.calibrate import calibrate
 from floorguard.cli import main
-from floorguard.sim.profiles import save_profile
+from floorguard.profiles import save_profile
 
 
 def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp_path):

@@ -12,11 +12,10 @@ import time
 import pytest
 import redis
 
-from floorguard.bench_store import bench_store
+from floorguard.bench.store import bench_store
 from floorguard.core.contract import WindowSchedule
-from floorguard.core.surface import StoreCall
-from floorguard.proxy.shared_floor import SharedFloor, Unavailable
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
 
 
@@ -109,7 +108,7 @@ def _take(loop, floor, now, n=1, capacity=6):
 
     async def go():
         return [
-            (await floor.acquire_call(StoreCall("acme", 1, capacity), schedule, now)).granted
+            (await floor.acquire_async("acme", 1, capacity, schedule, now)).granted
             for _ in range(n)
         ]
 

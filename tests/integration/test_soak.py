@@ -4,7 +4,7 @@ answer, and the guard's memory and descriptors stay bounded."""
 
 from __future__ import annotations
 
-from floorguard.bench_soak import bench_soak
+from floorguard.bench.soak import bench_soak
 
 
 def test_a_short_soak_holds_the_floor_and_stays_bounded():

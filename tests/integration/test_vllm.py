@@ -29,9 +29,9 @@ from floorguard.analysis.checker import check_trace
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl
 from floorguard.core.request import Request
+from floorguard.profiles import save_profile
 from floorguard.proxy.app import SERVER
-from floorguard.proxy.loadgen import replay
-from floorguard.sim.profiles import save_profile
+from floorguard.rig.loadgen import replay
 from tests.integration.live import guard_config, token
 from tests.integration.processes import serve
 from tests.redis_server import free_port

@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from floorguard.profiles import DETERMINISTIC, V100_MOE
 from floorguard.sim.backend import BatchingBackend, FixedServiceBackend
-from floorguard.sim.profiles import DETERMINISTIC, V100_MOE
 from tests.helpers import make_request
 
 QUIET = replace(V100_MOE, jitter_mean=0.0, jitter_cap=0.0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from floorguard.calibrate import _fit_prompt
-from floorguard.sim.calibration import measure_profile
-from floorguard.sim.profiles import ADA_FP8, DETERMINISTIC, V100_MOE
+from floorguard.profiles import ADA_FP8, DETERMINISTIC, V100_MOE
+from floorguard.sim.targets import measure_profile
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from floorguard.learners import (
     create_learner,
     fit_latency_model,
 )
+from floorguard.profiles import V100_MOE
 from floorguard.sim.probe import collect_probe_samples, fit_probe_model, prediction_error
-from floorguard.sim.profiles import V100_MOE
 from tests.helpers import make_request
 
 ASSURED, OPP = ContractClass.ASSURED, ContractClass.OPPORTUNISTIC

@@ -12,7 +12,7 @@ from floorguard.experiments import Condition
 from floorguard.experiments.conditions import mu_sat_of
 from floorguard.experiments.real import RealBackend, scaled
 from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
-from floorguard.sim.profiles import V100_MOE, save_profile
+from floorguard.profiles import V100_MOE, save_profile
 
 
 def _backend(tmp_path, mu_sat, profile=V100_MOE):

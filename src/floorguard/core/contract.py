@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from floorguard.errors import require
+from floorguard.windows import WindowSchedule
 
 __all__ = [
     "AffineEnvelope",
@@ -72,32 +73,6 @@ class CapacityAction(StrEnum):
     """Also lower the effective floor to what capacity can serve, `⌊μ̂·W⌋` in all (split in
     proportion to each contract's `B`): refuse (`floor_lowered`) rather than admit work that
     would be late. AF then holds against the lowered floor, which the trace says."""
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSchedule:
-    """Tumbling windows `I_k = [origin_at + k·W, origin_at + (k+1)·W)` (SPEC §1, §3)."""
-
-    window_s: float = 1.0
-    """Window length `W` in seconds."""
-    origin_at: float = 0.0
-    """The shared epoch `t0`; the contract and the guard must agree on it."""
-
-    def __post_init__(self) -> None:
-        require(
-            math.isfinite(self.window_s) and self.window_s > 0,
-            "window_s",
-            self.window_s,
-            "must be a finite number of seconds > 0",
-        )
-        require(math.isfinite(self.origin_at), "origin_at", self.origin_at, "must be finite")
-
-    def index_at(self, at: float) -> int:
-        """Window index `k = floor((at − t0) / W)`."""
-        return math.floor((at - self.origin_at) / self.window_s)
-
-    def start_of(self, index: int) -> float:
-        return self.origin_at + index * self.window_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from floorguard.core.surface import (
     Pending,
     RejectReason,
     Sink,
+    Stack,
     StoreCall,
 )
 from floorguard.store.base import CreditStore
@@ -133,6 +134,10 @@ class Ledger:
         raise NotImplementedError
 
     def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
+        raise NotImplementedError
+
+    def poll(self, now: float) -> list[Dispatch | Drop]:
+        """Fill free slots: the stack's dispatch rule."""
         raise NotImplementedError
 
     def on_arrival(
@@ -487,7 +492,7 @@ class Ledger:
         return assumptions_of(self.config, [self])
 
 
-def assumptions_of(config: GuardConfig, runs: Iterable[Ledger]) -> AssumptionReport:
+def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionReport:
     """SPEC §6 for `config` and what one or more runs of it observed: the largest assured ℓ
     (`DEFAULT_REPORT_TOKENS` before any), the largest service, the services above `s_max(ℓ)`,
     the largest `Q_A`."""

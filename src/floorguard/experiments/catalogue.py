@@ -6,6 +6,7 @@ Readings are generated from the measured numbers, never written in advance.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,12 +17,22 @@ from floorguard.experiments import figures, screen_eval
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import source_name, summarize
-from floorguard.sim.calibration import saturated_capacity
-from floorguard.sim.profiles import get_profile
+from floorguard.profiles import get_profile
+from floorguard.sim.targets import saturated_capacity
 
-__all__ = ["CATALOGUE", "DATA_DIR", "catalogue"]
+__all__ = ["catalogue", "data_dir"]
 
-DATA_DIR = Path(__file__).resolve().parents[4] / "shared" / "data" / "azure-llm-2023"
+
+def data_dir() -> Path:
+    """Where the real Azure traces are: `$FLOORGUARD_DATA/azure-llm-2023`, else the
+    `shared/data` folder beside a source checkout (the repository's parent). E12 runs the
+    traces it finds there and the synthetic source always."""
+    root = os.environ.get("FLOORGUARD_DATA")
+    if root:
+        return Path(root) / "azure-llm-2023"
+    return Path(__file__).resolve().parents[4] / "shared" / "data" / "azure-llm-2023"
+
+
 M = Condition()  # the marquee defaults
 
 
@@ -376,7 +387,7 @@ def _sources(quick: bool, burstgpt: str | None) -> list[tuple[str, float]]:
     """(trace path or '' for the synthetic gamma source, speedup)."""
     out = [("", 1.0)]
     for name in ("code", "conv"):
-        path = DATA_DIR / f"AzureLLMInferenceTrace_{name}.csv"
+        path = data_dir() / f"AzureLLMInferenceTrace_{name}.csv"
         if path.is_file() and not (quick and name == "conv"):
             out.append((str(path), 1.5))
     if burstgpt:
@@ -849,6 +860,3 @@ def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
         E19,
     ]
     return {e.id: e for e in experiments}
-
-
-CATALOGUE = catalogue()

@@ -29,11 +29,11 @@ from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.ledger import assumptions_of
 from floorguard.learners.latency import LatencyModel
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
-from floorguard.sim.calibration import saturated_capacity
+from floorguard.profiles import get_profile
 from floorguard.sim.probe import fit_probe_model
-from floorguard.sim.profiles import get_profile
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario, marquee
+from floorguard.sim.targets import saturated_capacity
 from floorguard.sim.traces import TraceData, load_trace
 from floorguard.sim.workloads import (
     BimodalLength,

@@ -6,11 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -25,13 +22,20 @@ __all__ = [
     "priority_vs_fifo",
     "real_vs_sim",
     "region_heatmap",
+    "subplots",
 ]
+
+
+def subplots(*grid: int, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
+    """A figure and its axes, without pyplot (no global state, no backend to choose: a
+    `Figure` saves through Agg)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kwargs)
 
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -46,7 +50,7 @@ def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
     with_detail = [r for r in rows if r.get("detail") is not None]
     unguarded = [r for r in with_detail if r["policy"] == "unguarded"]
     worst = max(unguarded, key=_miss) if unguarded else None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, policy in zip(axes, ("guard", "unguarded"), strict=True):
         run = next(
             (
@@ -90,7 +94,7 @@ def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
 
 def priority_vs_fifo(rows: Sequence[Row], out: Path) -> Path:
     """E3: per-run assured miss and p99 sojourn, assured-first vs FIFO at identical admission."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, axes = subplots(1, 2, figsize=(9, 3.8))
     policies = ("guard", "gated-fifo")
     labels = ("assured-first (guard)", "FIFO (gated-fifo)")
     for i, policy in enumerate(policies):
@@ -122,7 +126,7 @@ def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
         grid[i, j] = s["miss"].estimate if s["miss"].estimate is not None else np.nan
         inside[i, j] = s["inside_region"]
         rho.setdefault(s["floor"], []).append(s["rho_eff"] or 0)
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = subplots(figsize=(7.5, 5))
     image = ax.imshow(
         grid, origin="lower", cmap="Reds", vmin=0, vmax=max(0.05, np.nanmax(grid)), aspect="auto"
     )
@@ -151,7 +155,7 @@ def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
 def cv_vs_miss(rows: Sequence[Row], out: Path) -> Path:
     """E12: realized interarrival CV of each trace slice against its assured miss."""
     sources = sorted({r["trace_path"] for r in rows})
-    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(sources), figsize=(4.2 * len(sources), 3.8), squeeze=False)
     for ax, source in zip(axes[0], sources, strict=True):
         for policy, marker in (("guard", "o"), ("unguarded", "^")):
             runs = [
@@ -175,7 +179,7 @@ def cv_vs_miss(rows: Sequence[Row], out: Path) -> Path:
 
 def attainment_vs_phase(rows: Sequence[Row], out: Path) -> Path:
     """E13: floor-entitled attainment as the contract's window origin shifts by φ."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     groups: dict[str, dict[float, list[int]]] = {}
     for r in rows:
         label = f"{r['policy']}, {r['workload']}" + (
@@ -205,7 +209,7 @@ def real_vs_sim(points: Sequence[tuple[str, float | None, float | None, float, f
                 path: Path) -> Path:  # fmt: skip
     """The fidelity plot: per condition (experiment id, real and simulated assured p99 in
     ms, real and simulated assured unmet), real against simulated, with the diagonal."""
-    fig, (p99, unmet) = plt.subplots(1, 2, figsize=(9, 4))
+    fig, (p99, unmet) = subplots(1, 2, figsize=(9, 4))
     markers = dict(zip(sorted({p[0] for p in points}), "osD^v", strict=False))
     for experiment, marker in markers.items():
         mine = [p for p in points if p[0] == experiment]

@@ -65,9 +65,9 @@ from floorguard.experiments.runner import progress_bar, seed_for
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
-from floorguard.net import free_ports
-from floorguard.proxy.loadgen import ClientResult, measure_client, post_completion, replay
-from floorguard.sim.profiles import ServiceProfile, get_profile, load_measured
+from floorguard.profiles import ServiceProfile, get_profile, load_measured
+from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
+from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
 from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT
 

@@ -7,13 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from floorguard.experiments.conditions import Condition
+from floorguard.experiments.figures import subplots
 from floorguard.experiments.spec import Row
 from floorguard.screen.evaluate import (
     DEADLINES_S,
@@ -241,7 +238,7 @@ def screen_figure(rows: Sequence[Row], out: Path) -> Path:
     by: dict[str, list[Cell]] = {}
     for c in cells:
         by.setdefault(c.config, []).append(c)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, axes = subplots(1, 2, figsize=(11, 4.4))
     xs, ys, rho, right = [], [], [], []
     for group in by.values():
         c = group[0]
@@ -276,13 +273,12 @@ def screen_figure(rows: Sequence[Row], out: Path) -> Path:
     fig.tight_layout()
     path = out / f"{out.name.lower()}_screen_predicted_vs_measured.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def held_out_figure(rows: Sequence[Row], out: Path) -> Path:
     """Precision of accept against the calibration fraction (held out, rotated k-fold)."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = subplots(figsize=(6, 3.8))
     points = [(f, p) for f, p in _held_out_rows(rows) if p]
     means = [np.mean(p) for _, p in points]
     ax.errorbar(
@@ -303,5 +299,4 @@ def held_out_figure(rows: Sequence[Row], out: Path) -> Path:
     fig.tight_layout()
     path = out / f"{out.name.lower()}_screen_precision_vs_calibration.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -68,8 +68,8 @@ from floorguard.proxy.normalize import (
     normalize,
 )
 from floorguard.proxy.openai_format import error_body, sse_error
-from floorguard.proxy.shared_floor import SharedFloor
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor
 
 __all__ = ["SERVER", "FaultHook", "GuardRunner", "GuardServer", "create_admin_app", "create_app"]
 
@@ -391,7 +391,7 @@ class GuardServer:
             # Shielded: a client that leaves does not cut a Redis call in half; the credit
             # it takes is the floor's loss, never a second grant.
             charge = asyncio.ensure_future(
-                self.shared_floor.acquire_call(need, self.guard.config.schedule, self.clock.now())
+                self.shared_floor.acquire_async(*need, self.guard.config.schedule, self.clock.now())
             )
             charge.add_done_callback(_retrieve)
             return await asyncio.shield(charge)

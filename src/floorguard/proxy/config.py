@@ -34,10 +34,10 @@ from floorguard.core.contract import (
 )
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
+from floorguard.profiles import PROFILES, get_profile
 from floorguard.proxy.normalize import EdgeLimits
-from floorguard.proxy.shared_floor import Unavailable
 from floorguard.sim.probe import fit_probe_model
-from floorguard.sim.profiles import PROFILES, get_profile
+from floorguard.store.shared import Unavailable
 
 __all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
 

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
-from floorguard.proxy.shared_floor import SharedFloor
+from floorguard.store.shared import SharedFloor
 
 __all__ = ["GuardMetrics"]
 

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from floorguard.core.request import Request, RequestId
-from floorguard.sim.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile
 
 __all__ = ["BatchingBackend", "FixedServiceBackend", "SimBackend", "create_backend"]
 

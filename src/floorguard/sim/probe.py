@@ -15,7 +15,7 @@ from floorguard.core.contract import Contract, ContractClass
 from floorguard.core.learner import LoadSnapshot, Proposal
 from floorguard.core.request import Request, RequestId
 from floorguard.learners.latency import LatencyModel, fit_latency_model
-from floorguard.sim.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import BimodalLength, PoissonArrivals, SyntheticStream

@@ -16,7 +16,7 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.errors import ConfigError, require
-from floorguard.sim.profiles import ServiceProfile, get_profile
+from floorguard.profiles import ServiceProfile, get_profile
 from floorguard.sim.traces import load_trace
 from floorguard.sim.workloads import (
     ByFraction,

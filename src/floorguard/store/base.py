@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
-from floorguard.core.contract import WindowSchedule
+from floorguard.windows import WindowSchedule
 
 __all__ = ["CreditStore", "Grant"]
 

@@ -3,8 +3,8 @@ against."""
 
 from __future__ import annotations
 
-from floorguard.core.contract import WindowSchedule
 from floorguard.store.base import CreditStore, Grant
+from floorguard.windows import WindowSchedule
 
 __all__ = ["MemoryCreditStore"]
 

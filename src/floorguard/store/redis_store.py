@@ -21,8 +21,8 @@ from typing import Any, Literal
 import redis
 import redis.asyncio
 
-from floorguard.core.contract import WindowSchedule
 from floorguard.store.base import CreditStore, Grant
+from floorguard.windows import WindowSchedule
 
 __all__ = ["RedisCreditStore"]
 

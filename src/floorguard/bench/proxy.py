@@ -23,10 +23,10 @@ import jwt
 import numpy as np
 from aiohttp import web
 
-from floorguard.net import free_ports
 from floorguard.proxy.app import GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.openai_format import completion_body
+from floorguard.rig.net import free_ports
 
 __all__ = ["bench_proxy", "serving_in_child"]
 

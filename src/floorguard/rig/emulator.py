@@ -25,9 +25,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from floorguard.core.request import Request
+from floorguard.profiles import get_profile
 from floorguard.proxy.openai_format import completion_body, error_body, stream_chunk
 from floorguard.sim.backend import SimBackend, create_backend
-from floorguard.sim.profiles import get_profile
 
 __all__ = ["Emulator", "create_emulator_app"]
 

@@ -1,4 +1,4 @@
-"""The guard server's floor when several replicas share it through Redis, and what it does
+"""The floor several guard replicas share through Redis, and what it does
 when Redis cannot be reached (a documented policy, never a crash or a hang).
 
 Every store call goes to Redis (`RedisCreditStore`, one EVALSHA, a short timeout). When a
@@ -28,11 +28,10 @@ from enum import StrEnum
 
 import redis
 
-from floorguard.core.contract import WindowSchedule
-from floorguard.core.surface import StoreCall
 from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.windows import WindowSchedule
 
 __all__ = ["SharedFloor", "Unavailable"]
 
@@ -73,22 +72,23 @@ class SharedFloor(CreditStore):
     def degraded(self) -> bool:
         return self.degraded_since is not None
 
-    async def acquire_call(self, call: StoreCall, schedule: WindowSchedule, now: float) -> Grant:
+    # -- two thin shells over one policy: the async one (the server's request path) and the
+    # -- synchronous `CreditStore` interface (the core's own calls) ------------------------
+
+    async def acquire_async(
+        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+    ) -> Grant:
         """The grant for one admission: from Redis, else by the fallback policy."""
         if self._should_try(now):
             try:
-                grant = await self.store.call_async(
-                    call.key, call.weight, call.capacity, schedule, now
-                )
-                if self.degraded:
-                    await self._hand_back(schedule, now)
+                grant = await self.store.call_async(key, weight, capacity, schedule, now)
+                for owed_key, used in self._owed(schedule, now):
+                    await self.store.call_async(owed_key, used, 0, schedule, now, mode="force")
             except _UNREACHABLE:
                 self._lost(schedule, now)
             else:
-                return self._answered(call.key, grant)
-        return self._fallback(call.key, call.weight, call.capacity, schedule, now)
-
-    # -- the synchronous CreditStore interface (the core's own calls, and credits_left) -----
+                return self._answered(key, grant)
+        return self._fallback(key, weight, capacity, schedule, now)
 
     def acquire(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
@@ -96,10 +96,8 @@ class SharedFloor(CreditStore):
         if self._should_try(now):
             try:
                 grant = self.store.call(key, weight, capacity, schedule, now)
-                if self.degraded:
-                    for local_key, used in self._local_grants(schedule, now).items():
-                        self.store.call(local_key, used, 0, schedule, now, mode="force")
-                    self._recovered()
+                for owed_key, used in self._owed(schedule, now):
+                    self.store.call(owed_key, used, 0, schedule, now, mode="force")
             except _UNREACHABLE:
                 self._lost(schedule, now)
             else:
@@ -121,9 +119,20 @@ class SharedFloor(CreditStore):
     def _should_try(self, now: float) -> bool:
         return not self.degraded or now >= self._retry_at
 
+    def _owed(self, schedule: WindowSchedule, now: float) -> list[tuple[str, int]]:
+        """What to hand back to Redis once it answers again (`force`): what this replica
+        granted locally in the current window, so the shared count includes it. Nothing
+        while not degraded. A failure while handing back leaves it degraded; the next retry
+        hands back again."""
+        if not self.degraded:
+            return []
+        return list(self._local.used_in(schedule.index_at(now)).items())
+
     def _answered(self, key: str, grant: Grant) -> Grant:
         self.calls["redis"] += 1
         self._last[key] = grant
+        if self.degraded:
+            self._recovered()
         return grant
 
     def _lost(self, schedule: WindowSchedule, now: float) -> None:
@@ -137,16 +146,6 @@ class SharedFloor(CreditStore):
     def _recovered(self) -> None:
         self.degraded_since = None
         self._local = MemoryCreditStore()
-
-    async def _hand_back(self, schedule: WindowSchedule, now: float) -> None:
-        """Add what this replica granted locally in the current window to the shared count
-        (a failure here leaves it degraded; the next retry hands back again)."""
-        for key, used in self._local_grants(schedule, now).items():
-            await self.store.call_async(key, used, 0, schedule, now, mode="force")
-        self._recovered()
-
-    def _local_grants(self, schedule: WindowSchedule, now: float) -> dict[str, int]:
-        return self._local.used_in(schedule.index_at(now))
 
     def _local_capacity(self, capacity: int) -> int:
         if self.policy is Unavailable.FAIL_OPEN:

@@ -24,13 +24,13 @@ import numpy as np
 from aiohttp import web
 from rich.progress import Progress
 
-from floorguard.bench_proxy import serving_in_child
-from floorguard.net import free_ports
+from floorguard.bench.proxy import serving_in_child
+from floorguard.profiles import get_profile
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.emulator import Emulator, create_emulator_app
-from floorguard.sim.calibration import saturated_capacity
-from floorguard.sim.profiles import get_profile
+from floorguard.rig.emulator import Emulator, create_emulator_app
+from floorguard.rig.net import free_ports
+from floorguard.sim.targets import saturated_capacity
 
 __all__ = ["bench_soak"]
 

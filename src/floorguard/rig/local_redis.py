@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from floorguard.net import free_ports
+from floorguard.rig.net import free_ports
 
 __all__ = ["LocalRedis"]
 

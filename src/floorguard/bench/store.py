@@ -24,9 +24,9 @@ from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import StoreCall
 from floorguard.learners.adversaries import AlwaysAdmit
-from floorguard.proxy.shared_floor import SharedFloor, Unavailable
-from floorguard.store.local_redis import LocalRedis
+from floorguard.rig.local_redis import LocalRedis
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor, Unavailable
 
 __all__ = ["bench_store"]
 
@@ -51,7 +51,7 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
             offered = Request(next(ids), "acme", now, 16)
             pending = guard.begin_arrival(offered, now)
             assert type(pending.need) is StoreCall
-            grant = await floor.acquire_call(pending.need, schedule, now)
+            grant = await floor.acquire_async(*pending.need, schedule, now)
             guard.continue_arrival(pending, now, grant)
             for decision in guard.poll(now):
                 guard.on_complete(decision.request.request_id, now)

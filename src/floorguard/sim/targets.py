@@ -14,7 +14,7 @@ import numpy as np
 
 from floorguard.analysis.records import fold_trace
 from floorguard.core.contract import Contract, ContractClass
-from floorguard.sim.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import Scenario, marquee
 from floorguard.sim.workloads import FixedLength, PacedArrivals, SyntheticStream

@@ -11,7 +11,6 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -19,13 +18,11 @@ import numpy as np
 from floorguard.core.guard import Dispatch, Guard
 from floorguard.core.request import Request
 from floorguard.learners.adversaries import AlwaysAdmit
-from floorguard.sim.calibration import fit_coupling_shape, fit_scale, measure_profile
-from floorguard.sim.profiles import PROFILES, V100_MOE
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import Scenario, marquee
 from floorguard.sim.workloads import build_requests
 
-__all__ = ["bench_calibration", "bench_sim"]
+__all__ = ["bench_sim"]
 
 
 def _best(fn: Callable[[], float], repeats: int) -> float:
@@ -107,28 +104,3 @@ def bench_sim(*, duration_s: float = 600.0, repeats: int = 3) -> dict[str, Any]:
         "decision_over_reference": decision / bare,
         "repeats": repeats,
     }
-
-
-def bench_calibration(*, fit: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "targets": {
-            "batch1_median_ms": 236,
-            "light_mean_ms": 386,
-            "flood_mean_ms": 460,
-            "flood_max_ms": "≈600 in ~3000 requests",
-            "mu_sat_per_s": "9.6–9.7",
-            "full_batch_ms": {t: 183 + 14.9 * t for t in (64, 128, 256)},
-            "ceiling_ms": 660,
-            "ada_light_mean_ms": 214,
-        },
-        "profiles": {name: asdict(measure_profile(p)) for name, p in PROFILES.items()},
-        "linear_coupling": asdict(measure_profile(replace(V100_MOE, coupling_shape=1.0))),
-    }
-    if fit:
-        shape = fit_coupling_shape(replace(V100_MOE, coupling_shape=1.0))
-        fitted = replace(V100_MOE, coupling_shape=shape)
-        out["fit"] = {
-            "v100_coupling_shape": shape,
-            "ada_scale": fit_scale(fitted, "ada-fp8", 214.0),
-        }
-    return out

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import jwt
-import matplotlib
 import numpy as np
 from aiohttp import web
 
 from floorguard.analysis.summary import pool_runs
+from floorguard.experiments.figures import subplots
 from floorguard.proxy.app import GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.emulator import Emulator, create_emulator_app
-from floorguard.proxy.loadgen import measure_client, replay
+from floorguard.rig.emulator import Emulator, create_emulator_app
+from floorguard.rig.loadgen import measure_client, replay
 from floorguard.sim.workloads import (
     FixedLength,
     GammaArrivals,
@@ -32,9 +32,6 @@ from floorguard.sim.workloads import (
     SyntheticStream,
     build_requests,
 )
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 __all__ = ["run_demo"]
 
@@ -117,7 +114,7 @@ def run_demo(*, duration_s: float = 12.0, seed: int = 0, png: Path | None = None
 
 def _plot(result: dict[str, Any], png: Path) -> None:
     labels = ["assured miss", "assured unmet", "floor attainment", "opportunistic unmet"]
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, ax = subplots(figsize=(7.5, 3.8))
     for i, side in enumerate(("guard", "unguarded")):
         s = result[side]
         values = [
@@ -133,4 +130,3 @@ def _plot(result: dict[str, Any], png: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-    plt.close(fig)
