@@ -5,21 +5,28 @@ import json
 import pytest
 
 from floorguard.cli import main
+from floorguard.sim.scenarios import create_scenario
+from floorguard.sim.simulate import simulate
 from tests.helpers import write_burstgpt
 
 CONTRACT_CLASS_KEYS = {"offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"}
 
 
 def run_json(capsys, *argv):
+    """The command line's `--json` output."""
     assert main(list(argv)) == 0
     return json.loads(capsys.readouterr().out)
 
 
-def test_simulate_json_has_the_stable_contract(capsys):
+def simulated(scenario="marquee", **options):
+    """The library call behind `floorguard simulate --json`, through JSON (it is the wire
+    contract: null for an undefined ratio)."""
+    return json.loads(json.dumps(simulate(create_scenario(scenario), **options)))
+
+
+def test_simulate_json_has_the_stable_contract():
     """--json prints one object with the documented fields, counts summed over reps."""
-    out = run_json(
-        capsys, "simulate", "--scenario", "marquee", "--reps", "2", "--seed", "3", "--json"
-    )
+    out = simulated(reps=2, seed=3)
     for name in ("assured", "opportunistic"):
         assert out[name].keys() >= CONTRACT_CLASS_KEYS
     assert {"rho_eff", "max_assured_backlog", "reps", "wall_s", "sim_requests_per_s"} <= out.keys()
@@ -30,11 +37,9 @@ def test_simulate_json_has_the_stable_contract(capsys):
     assert a["miss"] == pytest.approx(a["late"] / a["admitted"])
 
 
-def test_simulate_is_deterministic_for_a_seed(capsys):
+def test_simulate_is_deterministic_for_a_seed():
     """The same seed gives the same counts; another seed gives other arrivals."""
-    first = run_json(capsys, "simulate", "--seed", "11", "--json")
-    again = run_json(capsys, "simulate", "--seed", "11", "--json")
-    other = run_json(capsys, "simulate", "--seed", "12", "--json")
+    first, again, other = simulated(seed=11), simulated(seed=11), simulated(seed=12)
     assert first["assured"] == again["assured"]
     assert first["assured"]["offered"] != other["assured"]["offered"] or (
         first["opportunistic"]["offered"] != other["opportunistic"]["offered"]
@@ -68,9 +73,9 @@ def test_overrides_reach_the_guard(capsys):
     assert out["max_assured_backlog"] <= 3
 
 
-def test_zero_denominator_ratio_is_null(capsys):
+def test_zero_denominator_ratio_is_null():
     """With no opportunistic admissions, opportunistic miss is JSON null."""
-    out = run_json(capsys, "simulate", "--learner", "always-reject", "--json")
+    out = simulated(learner="always-reject")
     assert out["opportunistic"]["miss"] is None
 
 
@@ -150,8 +155,8 @@ def test_trace_scenario_reads_burstgpt_and_needs_a_file(tmp_path, capsys):
     assert "needs --trace FILE" in capsys.readouterr().err
 
 
-def test_every_policy_runs_from_the_cli_with_the_same_contract(capsys):
-    """--policy selects each stack; the JSON contract is the same for all."""
+def test_every_policy_runs_with_the_same_contract():
+    """Each stack (`--policy`) gives the same JSON contract."""
     for policy in (
         "guard",
         "unguarded",
@@ -161,24 +166,14 @@ def test_every_policy_runs_from_the_cli_with_the_same_contract(capsys):
         "rate-limit-flat",
         "flow-control",
     ):
-        out = run_json(capsys, "simulate", "--policy", policy, "--json")
+        out = simulated(policy=policy)
         assert out["policy"] == policy
         assert out["assured"].keys() >= CONTRACT_CLASS_KEYS
 
 
-def test_predictor_learner_reports_its_fit_and_beta(capsys):
+def test_predictor_learner_reports_its_fit_and_beta():
     """A predictor learner is fitted once on probes; the JSON says β, sample count and R²."""
-    out = run_json(
-        capsys,
-        "simulate",
-        "--policy",
-        "unguarded",
-        "--learner",
-        "predictor-agnostic",
-        "--beta",
-        "2",
-        "--json",
-    )
+    out = simulated(policy="unguarded", learner="predictor-agnostic", beta=2.0)
     assert out["beta"] == 2.0
     assert out["learner_model"]["num_samples"] > 500 and out["learner_model"]["r2"] > 0.9
     # β = 2 over-predicts: the class-agnostic admitter sheds assured requests too

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,6 +13,8 @@ from floorguard.analysis.records import RequestRecord, TraceRecords
 from floorguard.core.contract import ContractClass, MeterKind
 
 __all__ = [
+    "UNMET_OUTCOMES",
+    "UNMET_TEXT",
     "ClassMetrics",
     "RunMetrics",
     "entitled_ids",
@@ -20,8 +22,20 @@ __all__ = [
     "max_assured_backlog",
     "measure",
     "ratio",
+    "unmet_count",
     "worst_phase",
 ]
+
+UNMET_OUTCOMES = ("rejected", "dropped", "late", "failed", "aborted")
+"""What counts as unmet (SPEC §8): every offered request that did not complete on time."""
+UNMET_TEXT = "*unmet* = (rejected + dropped + late + failed + aborted) / offered (SPEC §8)"
+"""The definition in words, for every table's legend."""
+
+
+def unmet_count(counts: Mapping[str, int], prefix: str = "") -> int:
+    """The unmet requests among `counts` (keyed by outcome, with an optional prefix such
+    as the tables' `a_` / `o_`)."""
+    return sum(counts[prefix + outcome] for outcome in UNMET_OUTCOMES)
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -67,7 +81,7 @@ def class_metrics(records: Sequence[RequestRecord]) -> ClassMetrics:
     done = [r for r in records if r.outcome == "completed"]
     late = sum(r.late for r in done)
     admitted = sum(r.admitted for r in records)
-    unmet = count["rejected"] + count["dropped"] + late + count["failed"] + count["aborted"]
+    unmet = unmet_count({**count, "late": late})
     sojourn = [r.sojourn_s for r in done]
     # a client-side log knows no dispatch time: its wait and service are NaN and skipped
     wait = [r.queue_wait_s for r in done if not math.isnan(r.queue_wait_s)]

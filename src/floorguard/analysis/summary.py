@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from floorguard.analysis.metrics import ClassMetrics, RunMetrics, ratio, worst_phase
+from floorguard.analysis.metrics import (
+    ClassMetrics,
+    RunMetrics,
+    ratio,
+    unmet_count,
+    worst_phase,
+)
 
 __all__ = ["pool_class", "pool_runs"]
 
@@ -21,9 +27,7 @@ _COUNTS = ("offered", "admitted", "rejected", "dropped", "late", "failed", "abor
 
 def pool_class(per_rep: Sequence[ClassMetrics]) -> dict[str, Any]:
     total = {k: sum(getattr(m, k) for m in per_rep) for k in _COUNTS}
-    unmet = (
-        total["rejected"] + total["dropped"] + total["late"] + total["failed"] + total["aborted"]
-    )
+    unmet = unmet_count(total)
     p99 = [m.sojourn_p99_s for m in per_rep if m.sojourn_p99_s is not None]
     service = [m.service_max_s for m in per_rep if m.service_max_s is not None]
     return {

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -48,7 +49,9 @@ import yaml
 from rich.console import Console
 
 from floorguard.analysis.checker import check_trace
+from floorguard.analysis.metrics import UNMET_OUTCOMES, UNMET_TEXT
 from floorguard.baselines.unguarded import UnguardedStack
+from floorguard.calibrate import calibrate
 from floorguard.core.contract import ContractClass, GuardConfig
 from floorguard.core.events import read_jsonl
 from floorguard.core.guard import Dispatch
@@ -61,11 +64,13 @@ from floorguard.experiments.conditions import (
     mu_sat_of,
     run_condition,
 )
+from floorguard.experiments.figures import real_vs_sim
+from floorguard.experiments.report import write_real_section
 from floorguard.experiments.runner import progress_bar, seed_for
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
-from floorguard.profiles import ServiceProfile, get_profile, load_measured
+from floorguard.profiles import ServiceProfile, get_profile, load_measured, save_profile
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
 from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
@@ -76,6 +81,7 @@ __all__ = [
     "RealBackend",
     "fidelity_report",
     "fidelity_table",
+    "run_on_backend",
     "run_real_experiments",
     "scaled",
     "served_runs",
@@ -352,7 +358,7 @@ def _mean(rows: Sequence[Row], key: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-UNMET = ("a_rejected", "a_dropped", "a_late", "a_failed", "a_aborted")
+UNMET = tuple(f"a_{outcome}" for outcome in UNMET_OUTCOMES)
 COLUMNS: tuple[tuple[str, Any, str], ...] = (
     ("A miss", lambda rows: _pooled(rows, ("a_late",), "a_admitted"), "{:.3f}"),
     ("A unmet", lambda rows: _pooled(rows, UNMET, "a_offered"), "{:.3f}"),
@@ -565,8 +571,8 @@ def fidelity_report(
         "conditions and seeds. Real measures are the "
         "client's (a request's arrival is when it was fired; a 503 drop or 429 rejection is "
         "unmet); *sim* is the simulator's prediction for the calibrated profile with the same "
-        "arrivals. Pooled over reps: A miss = late / admitted, A unmet = (rejected + dropped + "
-        "late + failed) / offered, floor attainment = floor-entitled requests met / entitled; "
+        "arrivals. Pooled over reps: A miss = late / admitted, A "
+        f"{UNMET_TEXT}, floor attainment = floor-entitled requests met / entitled; "
         "A p99 and goodput (completions on time per second, both classes) are means over reps. "
         "*log check*: the guard's decision log through `floorguard verify`'s checker: "
         "violations of AF, DR, dispatch order, slots and terminal outcomes (must be 0), and "
@@ -580,3 +586,64 @@ def fidelity_report(
     for r in results:
         lines += [f"### {r.experiment.id}: {r.experiment.title}", "", r.table_md, ""]
     return "\n".join(lines).rstrip("\n")
+
+
+def run_on_backend(
+    experiments: list[Experiment],
+    url: str,
+    model: str,
+    *,
+    profile: Path | None,
+    out: Path,
+    reps: int | None,
+    quick: bool,
+    duration_s: float | None,
+    results_md: Path | None,
+    command: str,
+    console: Console,
+) -> Path:
+    """`floorguard experiment run … --backend URL`: calibrate the backend unless `profile`
+    is given, run the experiments there beside the simulator's prediction, draw the figure
+    and write `OUT/fidelity.md` (and the fidelity section of `results_md`). Returns the
+    report's path."""
+    if duration_s is not None and duration_s <= 0:
+        raise FloorguardError(f"--duration-s = {duration_s}: must be > 0")
+    out.mkdir(parents=True, exist_ok=True)
+    if profile is None:
+        slots = experiments[0].grid(True)[0].slots
+        console.print(f"calibrating {url} ({model}, C = {slots})…", markup=False)
+        calibrated = calibrate(url, model, slots=slots, name=model)
+        profile = out / "profile.yaml"
+        save_profile(calibrated.profile, profile, measured=calibrated.measured(url, model))
+    backend = RealBackend.from_profile(url, model, profile)
+    started = time.perf_counter()
+    results = run_real_experiments(
+        experiments,
+        backend,
+        out=out,
+        reps=reps,
+        quick=quick,
+        duration_s=duration_s,
+        console=console,
+    )
+    wall_s = time.perf_counter() - started
+    points = [p for r in results for p in r.points()]
+    real_vs_sim(points, out / "fidelity.png")
+    body = fidelity_report(results, backend, command=command, wall_s=wall_s, figure="fidelity.png")
+    report = out / "fidelity.md"
+    report.write_text(body + "\n")
+    console.print(f"wrote {report} ({served_runs(results)} runs on the backend, {wall_s:.0f} s)")
+    if results_md is not None:
+        figure = results_md.parent / "figures" / "fidelity_real_vs_sim.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "fidelity.png", figure)
+        body = fidelity_report(
+            results,
+            backend,
+            command=command,
+            wall_s=wall_s,
+            figure=str(figure.relative_to(results_md.parent)),
+        )
+        write_real_section(results_md, body)
+        console.print(f"wrote the real-backend section of {results_md} and {figure}")
+    return report

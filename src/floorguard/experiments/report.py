@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from floorguard.analysis.metrics import UNMET_TEXT
 from floorguard.experiments.runner import ExperimentResult
 from floorguard.experiments.tables import summarize
 
@@ -37,9 +38,9 @@ def _section(result: ExperimentResult, base: Path, figure_dir: Path, inline: boo
     return "\n".join(lines)
 
 
-HOW_TO_READ = """\
+HOW_TO_READ = f"""\
 How to read the tables: **A** is the assured class (A95), **O** the opportunistic one (A10).
-*miss* = late / admitted, *unmet* = (rejected + dropped + late) / offered (SPEC §8). Counts
+*miss* = late / admitted, {UNMET_TEXT}. Counts
 pool the runs of one condition, never across conditions. *A miss* carries a request-level
 Wilson 95 % interval, optimistic because requests within a run are correlated; *runs with 0
 late* carries the run-level Clopper–Pearson 95 % interval (the run is the replication unit).

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from floorguard.analysis.metrics import ratio, worst_phase
+from floorguard.analysis.metrics import UNMET_OUTCOMES, ratio, worst_phase
 from floorguard.analysis.stats import Interval, clopper_pearson, wilson
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.spec import Experiment, Row
@@ -55,12 +55,8 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 pooled[1] += entitled
         worst, worst_at = worst_phase((p, m, e) for p, (m, e) in sorted(phases.items()))
         late, admitted = _sum(runs, "a_late"), _sum(runs, "a_admitted")
-        unmet = sum(
-            _sum(runs, f"a_{k}") for k in ("rejected", "dropped", "late", "failed", "aborted")
-        )
-        o_unmet = sum(
-            _sum(runs, f"o_{k}") for k in ("rejected", "dropped", "late", "failed", "aborted")
-        )
+        unmet = sum(_sum(runs, f"a_{k}") for k in UNMET_OUTCOMES)
+        o_unmet = sum(_sum(runs, f"o_{k}") for k in UNMET_OUTCOMES)
         out.append(
             {
                 **dict(zip(CONDITION_FIELDS, key, strict=True)),

@@ -1,0 +1,42 @@
+"""The `floorguard` command line: one module per command group, each a `register` that adds
+its parsers and a thin `run` over library functions that return values.
+
+floorguard simulate --scenario marquee [--policy guard] [--learner NAME] [--reps N] …
+floorguard verify TRACE.jsonl [--strict-sf] [--allow-open] [--json]
+floorguard experiment list | run ID… | run all
+floorguard screen | serve | calibrate | emulate | load | demo | bench …
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from floorguard.cli import bench, experiment, http, screen, simulate, verify
+from floorguard.errors import FloorguardError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="floorguard",
+        description="A trusted floor under an untrusted learner, for multi-tenant LLM serving.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for group in (simulate, verify, experiment, screen, http, bench):
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True) if getattr(args, "json", False) else Console()
+    try:
+        return int(args.run(args, console))
+    except FloorguardError as exc:
+        print(f"floorguard {args.command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,3 @@
+from floorguard.cli import main
+
+raise SystemExit(main())

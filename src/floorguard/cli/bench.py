@@ -1,0 +1,77 @@
+"""`floorguard bench …`: each benchmark beside a reference measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from floorguard.bench.calibration import bench_calibration
+from floorguard.bench.proxy import bench_proxy
+from floorguard.bench.sim import bench_sim
+from floorguard.bench.soak import bench_soak
+from floorguard.bench.store import bench_store
+from floorguard.cli._common import print_result
+from floorguard.errors import FloorguardError
+
+__all__ = ["register", "run"]
+
+
+def register(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
+    bench_sim.add_argument("--duration-s", type=float, default=600.0)
+    bench_sim.add_argument("--repeats", type=int, default=3)
+    bench_sim.add_argument("--json", action="store_true")
+    bench_proxy_cmd = kinds.add_parser("proxy", help="latency and throughput the guard adds")
+    bench_proxy_cmd.add_argument("--requests", type=int, default=400)
+    bench_proxy_cmd.add_argument("--repeats", type=int, default=2)
+    bench_proxy_cmd.add_argument("--json", action="store_true")
+    bench_store_cmd = kinds.add_parser(
+        "store", help="admissions/s with the Redis floor beside raw EVALSHA/s"
+    )
+    bench_store_cmd.add_argument(
+        "--redis", default=None, help="a Redis URL (default: a throw-away local redis-server)"
+    )
+    bench_store_cmd.add_argument("--requests", type=int, default=6_000)
+    bench_store_cmd.add_argument("--concurrency", type=int, default=32)
+    bench_store_cmd.add_argument("--repeats", type=int, default=3)
+    bench_store_cmd.add_argument("--json", action="store_true")
+    bench_soak_cmd = kinds.add_parser(
+        "soak", help="sustained overload: the floor per window, p99, RSS and descriptors"
+    )
+    bench_soak_cmd.add_argument("--minutes", type=float, default=5.0)
+    bench_soak_cmd.add_argument(
+        "--overload", type=float, default=10.0, help="opportunistic load × backend capacity"
+    )
+    bench_soak_cmd.add_argument("--json", action="store_true")
+    bench_cal = kinds.add_parser("calibration", help="each profile against SPEC §5's targets")
+    bench_cal.add_argument("--fit", action="store_true", help="also re-run the bisection fits")
+    bench_cal.add_argument("--json", action="store_true")
+    bench.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    if args.bench == "sim":
+        result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
+    elif args.bench == "proxy":
+        result = bench_proxy(requests=args.requests, repeats=args.repeats)
+    elif args.bench == "soak":
+        if not args.minutes > 0 or not args.overload > 0:
+            raise FloorguardError("--minutes and --overload must be > 0")
+        result = bench_soak(minutes=args.minutes, overload=args.overload)
+    elif args.bench == "store":
+        if args.requests < args.concurrency or args.concurrency < 1:
+            raise FloorguardError("--requests must be ≥ --concurrency ≥ 1")
+        result = bench_store(
+            redis_url=args.redis,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            repeats=args.repeats,
+        )
+    else:
+        result = bench_calibration(fit=args.fit)
+    print_result(result, args.json, console)
+    return 0

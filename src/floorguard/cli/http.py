@@ -1,0 +1,202 @@
+"""The HTTP commands: `serve` (the guard), `calibrate` (a real backend's profile), and the
+live rig's `emulate`, `load` and `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from rich.console import Console
+from rich.table import Table
+
+from floorguard.analysis.summary import pool_runs
+from floorguard.calibrate import calibrate
+from floorguard.cli._common import fmt, print_result
+from floorguard.errors import FloorguardError
+from floorguard.profiles import PROFILES, save_profile
+from floorguard.proxy.config import load_config
+from floorguard.proxy.serve import run_guard
+from floorguard.rig.demo import run_demo
+from floorguard.rig.emulator import Emulator, create_emulator_app
+from floorguard.rig.loadgen import measure_client, replay
+from floorguard.sim.scenarios import SCENARIOS, create_scenario, trace_replay
+from floorguard.sim.workloads import build_requests
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    load = commands.add_parser("load", help="open-loop load against an OpenAI-compatible URL")
+    load.add_argument("--target", required=True, help="base URL (the guard or a backend)")
+    load.add_argument("--scenario", choices=sorted(SCENARIOS), default="marquee")
+    load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 % assured)")
+    load.add_argument("--trace-duration-s", type=float, default=60.0)
+    load.add_argument(
+        "--model", default="floorguard", help="the model name to ask for (vLLM checks it)"
+    )
+    load.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TENANT=JWT",
+        help="bearer token per tenant (repeatable)",
+    )
+    load.add_argument("--json", action="store_true")
+    load.set_defaults(run=run_load)
+    demo = commands.add_parser("demo", help="the guard on loopback beside an unguarded path")
+    demo.add_argument("--duration-s", type=float, default=12.0, help="seconds of arrivals")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--png", type=Path, default=Path("floorguard-demo.png"))
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(run=run_demo_command)
+    serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
+    serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
+    serve.set_defaults(run=run_serve)
+    cal = commands.add_parser(
+        "calibrate", help="probe an OpenAI-compatible backend and fit a service profile"
+    )
+    cal.add_argument("--backend", required=True, help="the backend's base URL")
+    cal.add_argument("--model", required=True, help="the model name it serves")
+    cal.add_argument("--slots", type=int, default=4, help="its --max-num-seqs (C)")
+    cal.add_argument("--reps", type=int, default=3, help="samples per output length, alone")
+    cal.add_argument("--name", default="calibrated", help="the profile's name")
+    cal.add_argument("--out", type=Path, help="write the profile (YAML) here")
+    cal.add_argument("--json", action="store_true")
+    cal.set_defaults(run=run_calibrate)
+    emulate = commands.add_parser("emulate", help="an OpenAI-compatible emulated backend")
+    emulate.add_argument(
+        "--profile",
+        default="v100-moe",
+        metavar="NAME|FILE",
+        help=f"{', '.join(sorted(PROFILES))} or a calibrated profile .yaml",
+    )
+    emulate.add_argument("--slots", type=int, default=4)
+    emulate.add_argument("--host", default="127.0.0.1")
+    emulate.add_argument("--port", type=int, default=8001)
+    emulate.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="priority: serve waiting requests by vLLM's (priority, arrival)",
+    )
+    emulate.set_defaults(run=run_emulate)
+
+
+def run_demo_command(args: argparse.Namespace, console: Console) -> int:
+    if args.duration_s <= 0:
+        raise FloorguardError(f"--duration-s = {args.duration_s}: must be > 0")
+    console.print(
+        "starting two emulated backends, the guard and an unguarded path on "
+        f"loopback; {args.duration_s:g} s of bursty two-tenant traffic…",
+        markup=False,
+    )
+    result = run_demo(duration_s=args.duration_s, seed=args.seed, png=args.png)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    table = Table(title=f"floorguard demo · {result['workload']}")
+    table.add_column("")
+    for side in ("guard", "unguarded"):
+        table.add_column(side, justify="right")
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("assured offered", lambda s: str(s["assured"]["offered"])),
+        ("assured late", lambda s: str(s["assured"]["late"])),
+        ("assured miss", lambda s: fmt(s["assured"]["miss"], True)),
+        ("assured unmet", lambda s: fmt(s["assured"]["unmet"], True)),
+        ("floor-entitled attainment", lambda s: fmt(s["assured"]["attainment"], True)),
+        ("opportunistic unmet", lambda s: fmt(s["opportunistic"]["unmet"], True)),
+        ("on-time goodput /s", lambda s: f"{s['goodput_per_s']:.1f}"),
+    ]
+    for label, cell in rows:
+        table.add_row(label, cell(result["guard"]), cell(result["unguarded"]))
+    console.print(table)
+    console.print(
+        f"figure: {result['png']} · {result['num_requests']} requests per side · "
+        f"{result['wall_s']:.0f} s",
+        markup=False,
+    )
+    return 0
+
+
+def run_load(args: argparse.Namespace, console: Console) -> int:
+    scenario = (
+        trace_replay(args.trace, duration_s=args.trace_duration_s)
+        if args.trace
+        else create_scenario(args.scenario)
+    )
+    tokens = dict(t.split("=", 1) for t in args.token if "=" in t)
+    if len(tokens) != len(args.token):
+        raise FloorguardError("--token takes TENANT=JWT")
+    headers = {tenant: {"Authorization": f"Bearer {jwt_}"} for tenant, jwt_ in tokens.items()}
+    requests = build_requests(scenario.streams, np.random.default_rng(0))
+    console.print(f"firing {len(requests)} requests open-loop at {args.target}…", markup=False)
+    results = asyncio.run(replay(requests, args.target, headers, model=args.model))
+    summary = pool_runs([measure_client(results, scenario.guard_config())])
+    summary["num_requests"] = len(requests)
+    print_result(summary, args.json, console)
+    return 0
+
+
+def run_serve(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config)
+    backends = [b.url for b in config.backends]
+
+    def listening(url: str) -> None:
+        console.print(f"floorguard guarding {backends} on {url}", markup=False)
+
+    try:
+        run_guard(config, listening)
+    except OSError as exc:  # the port is taken, the address is not this host's, …
+        raise FloorguardError(f"cannot listen on {config.host}:{config.port}: {exc}") from exc
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace, console: Console) -> int:
+    if args.reps < 1:
+        raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
+    if not args.json:
+        console.print(f"probing {args.backend} ({args.model}, C = {args.slots})…", markup=False)
+    result = calibrate(args.backend, args.model, slots=args.slots, reps=args.reps, name=args.name)
+    measured = result.measured(args.backend, args.model)
+    if args.out is not None:
+        save_profile(result.profile, args.out, measured=measured)
+    p = result.profile
+    summary = {
+        "profile": {
+            "prefill_ms": p.prefill_s * 1e3,
+            "step_1_ms": p.step_1_s * 1e3,
+            "step_full_ms": p.step_full_s * 1e3,
+            "coupling_shape": p.coupling_shape,
+            "jitter_mean": p.jitter_mean,
+            "jitter_cap": p.jitter_cap,
+            "L_ms_at_16": p.lower.at(16) * 1e3,
+            "s_max_ms_at_16": p.ceiling.at(16) * 1e3,
+            "prefill_ms_per_1k_prompt_tokens": p.prefill_per_prompt_token_s * 1e6,
+            "L_prefill_ms_per_1k_prompt_tokens": p.lower_per_prompt_token_s * 1e6,
+        },
+        "mu_sat_per_s": result.mu_sat_per_s,
+        "residuals": result.residuals,
+        "out": str(args.out) if args.out else None,
+    }
+    print_result(summary, args.json, console)
+    return 0
+
+
+def run_emulate(args: argparse.Namespace, console: Console) -> int:
+    if args.slots < 1:
+        raise FloorguardError(f"--slots = {args.slots}: must be ≥ 1")
+    emulator = Emulator(
+        args.profile, args.slots, priority_scheduling=args.scheduling_policy == "priority"
+    )
+    console.print(
+        f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",
+        markup=False,
+    )
+    web.run_app(create_emulator_app(emulator), host=args.host, port=args.port, print=None)
+    return 0

@@ -1,0 +1,92 @@
+"""`floorguard verify`: a decision log checked for AF, DR, ORDER, SLOTS, TERMINAL (and SF)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
+from floorguard.core.events import read_jsonl
+
+__all__ = ["register", "run"]
+
+
+def register(commands: Any) -> None:
+    verify = commands.add_parser("verify", help="check a decision log for AF, DR, SF, order")
+    verify.add_argument(
+        "trace",
+        type=Path,
+        nargs="+",
+        help="a decision log; several: replicas sharing one floor (AF checked fleet-wide)",
+    )
+    verify.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the log(s) come from replicas sharing a Redis floor (implied by several logs)",
+    )
+    verify.add_argument(
+        "--strict-sf",
+        action="store_true",
+        help="also fail on late floor-entitled completions (SF is conditional)",
+    )
+    verify.add_argument(
+        "--allow-open",
+        action="store_true",
+        help="accept requests with no terminal outcome yet (a live log)",
+    )
+    verify.add_argument("--json", action="store_true")
+
+    verify.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    logs = [list(read_jsonl(str(path))) for path in args.trace]
+    if args.fleet or len(logs) > 1:
+        report = check_fleet(logs, allow_open=args.allow_open)
+    else:
+        report = check_trace(logs[0], allow_open=args.allow_open)
+    failed = report.failed(args.strict_sf)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ok": not failed,
+                    "num_events": report.num_events,
+                    "num_requests": report.num_requests,
+                    "num_entitled": report.num_entitled,
+                    "num_drops": report.num_drops,
+                    "num_sf_late": report.num_sf_late,
+                    "outcomes": dict(report.counts),
+                    "violations": [asdict(v) for v in report.violations[:100]],
+                },
+                indent=2,
+            )
+        )
+    else:
+        console.print(
+            f"{report.num_requests} requests, {report.num_events} events: "
+            f"{report.num_entitled} floor-entitled, {report.num_drops} drops, "
+            f"outcomes {dict(report.counts)}"
+        )
+        if report.num_sf_late:
+            console.print(
+                f"SF: {report.num_sf_late} floor-entitled requests completed late "
+                f"(conditional property, SPEC §6)"
+            )
+        if failed:
+            if len(logs) > 1:
+                console.print(f"in {args.trace[failed[0].log]}:", markup=False)
+            console.print(
+                format_prefix(logs[failed[0].log], failed[0]), markup=False, highlight=False
+            )
+            console.print(f"FAIL: {len(failed)} violation(s)")
+        else:
+            console.print(
+                "OK: AF, DR, ORDER, SLOTS, TERMINAL hold" + (", SF holds" if args.strict_sf else "")
+            )
+    return 1 if failed else 0
