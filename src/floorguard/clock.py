@@ -24,10 +24,14 @@ class MonotonicClock:
 
 class WallClock:
     """Seconds since the Unix epoch, `time.time()`: the guard's windows are tumbling windows
-    of that shared time line (`t0` is an epoch every replica and contract agrees on)."""
+    of that shared time line (`t0` is an epoch every replica and contract agrees on).
+    `origin_at` shifts it: seconds since that instant (a run whose arrivals start there)."""
+
+    def __init__(self, origin_at: float = 0.0) -> None:
+        self.origin_at = origin_at
 
     def now(self) -> float:
-        return time.time()
+        return time.time() - self.origin_at
 
 
 class ManualClock:

@@ -52,10 +52,11 @@ from floorguard.analysis.checker import check_trace
 from floorguard.analysis.metrics import UNMET_OUTCOMES, UNMET_TEXT
 from floorguard.baselines.unguarded import UnguardedStack
 from floorguard.calibrate import calibrate
+from floorguard.clock import WallClock
 from floorguard.core.contract import ContractClass, GuardConfig
 from floorguard.core.events import read_jsonl
-from floorguard.core.guard import Dispatch
-from floorguard.core.request import Request, RequestId
+from floorguard.core.request import Request
+from floorguard.core.surface import Drop
 from floorguard.errors import FloorguardError
 from floorguard.experiments.conditions import (
     Condition,
@@ -71,6 +72,8 @@ from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
 from floorguard.profiles import ServiceProfile, get_profile, load_measured, save_profile
+from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.pump import Pump
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
 from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
@@ -143,35 +146,38 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
 # -- one run on the real backend ------------------------------------------------------------
 
 
-def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> dict[str, Any]:
+def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> GuardServerConfig:
+    """The `floorguard serve` config for one run, validated by the server's own model."""
     deadline = {"deadline_ms": c.deadline_ms}
-    return {
-        "port": port,
-        "window_s": c.window_s,
-        "contracts": [
-            {
-                "tenant": ASSURED_TENANT,
-                "class": "assured",
-                "floor": c.floor,
-                "excess_policy": c.excess,
-                **deadline,
+    return GuardServerConfig.model_validate(
+        {
+            "port": port,
+            "window_s": c.window_s,
+            "contracts": [
+                {
+                    "tenant": ASSURED_TENANT,
+                    "class": "assured",
+                    "floor": c.floor,
+                    "excess_policy": c.excess,
+                    **deadline,
+                },
+                {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
+            ],
+            "backends": [{"url": backend.url, "slots": c.slots}],
+            "identity": {
+                "mode": "header",
+                "header": TENANT_HEADER,
+                "trusted_upstreams": ["127.0.0.0/8"],
             },
-            {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
-        ],
-        "backends": [{"url": backend.url, "slots": c.slots}],
-        "identity": {
-            "mode": "header",
-            "header": TENANT_HEADER,
-            "trusted_upstreams": ["127.0.0.0/8"],
-        },
-        "learner": c.learner,
-        "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms},
-        "profile": str(backend.profile_path) if c.doom_gate else None,
-        "dispatch": "fifo" if c.policy == "gated-fifo" else "assured-first",
-        "upstream": {"first_byte_timeout_s": 600, "idle_timeout_s": 600},
-        "drain_timeout_s": 5,
-        "decision_log": str(log),
-    }
+            "learner": c.learner,
+            "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms},
+            "profile": str(backend.profile_path) if c.doom_gate else None,
+            "dispatch": "fifo" if c.policy == "gated-fifo" else "assured-first",
+            "upstream": {"first_byte_timeout_s": 600, "idle_timeout_s": 600},
+            "drain_timeout_s": 5,
+            "decision_log": str(log),
+        }
+    )
 
 
 def _wait_ready(url: str, child: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -202,7 +208,10 @@ def _through_guard(
     log = folder / "decisions.jsonl"
     log.unlink(missing_ok=True)
     config_path = folder / "guard.yaml"
-    config_path.write_text(yaml.safe_dump(_guard_config(c, backend, port, log)))
+    config = _guard_config(c, backend, port, log)
+    config_path.write_text(
+        yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    )
     url = f"http://127.0.0.1:{port}"
     with (folder / "guard.log").open("wb") as out:
         child = subprocess.Popen(
@@ -235,7 +244,8 @@ def _through_guard(
 async def _unguarded(
     c: Condition, backend: RealBackend, requests: list[Request], seed: int
 ) -> list[ClientResult]:
-    """The learner's admission and a FIFO of `C` slots, on the wall clock."""
+    """The learner's admission and a FIFO of `C` slots: the simulator's `UnguardedStack`,
+    driven on the wall clock by the HTTP guard's pump."""
     model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
     learner = create_learner(
         c.learner,
@@ -244,53 +254,38 @@ async def _unguarded(
     )
     stack = UnguardedStack(build_scenario(c).guard_config(), learner=learner)
     url = backend.url + "/v1/completions"
-    start = _window_start(c.window_s)
-    fired: dict[RequestId, float] = {}
-    results: dict[RequestId, ClientResult] = {}
-    running: set[asyncio.Task[None]] = set()
-
-    def now() -> float:
-        return time.time() - start
-
-    def finish(request: Request, status: int) -> None:
-        scheduled = start + request.arrival_at
-        results[request.request_id] = ClientResult(
-            request, scheduled, fired[request.request_id], time.time(), status
-        )
+    clock = WallClock(origin_at=_window_start(c.window_s))
+    pump = Pump(stack, clock)
 
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
 
-        async def forward(request: Request) -> None:
+        async def offer(request: Request) -> ClientResult:
+            await asyncio.sleep(max(0.0, request.arrival_at - clock.now()))
+            fired = time.time()
+
+            def result(status: int) -> ClientResult:
+                scheduled = clock.origin_at + request.arrival_at
+                return ClientResult(request, scheduled, fired, time.time(), status)
+
+            rid = request.request_id
+            if not stack.on_arrival(request, clock.now()).admitted:
+                return result(429)
+            if isinstance(await pump.turn(rid), Drop):
+                return result(503)
             status = await post_completion(session, url, request, model=backend.model)
             if status == 200:
-                stack.on_complete(request.request_id, now())
+                stack.on_complete(rid, clock.now())
             else:
-                stack.on_fail(request.request_id, now(), f"http_{status}")
-            finish(request, status)
-            pump()
+                stack.on_fail(rid, clock.now(), f"http_{status}")
+            pump.pump()
+            return result(status)
 
-        def pump() -> None:
-            for action in stack.poll(now()):
-                if isinstance(action, Dispatch):
-                    task = asyncio.create_task(forward(action.request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                else:
-                    finish(action.request, 503)
-
-        async def arrive(request: Request) -> None:
-            await asyncio.sleep(max(0.0, start + request.arrival_at - time.time()))
-            fired[request.request_id] = time.time()
-            if not stack.on_arrival(request, now()).admitted:
-                finish(request, 429)
-            pump()
-
-        await asyncio.gather(*(arrive(r) for r in requests))
-        while running:
-            await asyncio.gather(*list(running))
-    return [results[r.request_id] for r in requests]
+        try:
+            return list(await asyncio.gather(*(offer(r) for r in requests)))
+        finally:
+            pump.close()
 
 
 def _serve_real(

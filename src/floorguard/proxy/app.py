@@ -68,6 +68,7 @@ from floorguard.proxy.normalize import (
     normalize,
 )
 from floorguard.proxy.openai_format import error_body, sse_error
+from floorguard.proxy.pump import Pump
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
@@ -179,17 +180,22 @@ class GuardServer:
                     config.admin.token_env,
                     "names an environment variable that must hold a token of ≥ 16 characters",
                 )
-        self._waiters: dict[str, asyncio.Future[Dispatch | Drop]] = {}
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._contracts = {c.tenant: c for c in guard_config.contracts}
-        self._doom_timer: asyncio.TimerHandle | None = None
-        self._doom_timer_at = math.inf
+        self.pump = Pump(self.guard, self.clock)
+        """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
+        the doom timer."""
 
     @property
     def metrics(self) -> GuardMetrics:
         assert self._metrics is not None
         return self._metrics
+
+    @property
+    def upstream_open(self) -> bool:
+        """Whether the upstream HTTP session is open (between startup and cleanup)."""
+        return self._session is not None and not self._session.closed
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -205,33 +211,6 @@ class GuardServer:
             self._log.append(event)
         if self._metrics is not None:
             self._metrics.on_event(event)
-
-    def _resolve(self, decisions: list[Dispatch | Drop] | list[Drop]) -> None:
-        for decision in decisions:
-            waiter = self._waiters.pop(str(decision.request.request_id), None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(decision)
-
-    def _pump(self) -> None:
-        """Hand freed slots to waiting requests (the guard decides who), and keep the doom
-        timer on the earliest queued request's doom instant."""
-        self._resolve(self.guard.poll(self.clock.now()))
-        self._arm_doom_timer()
-
-    def _arm_doom_timer(self) -> None:
-        at = self.guard.next_doom_at()
-        if at is None or at >= self._doom_timer_at:
-            return
-        if self._doom_timer is not None:
-            self._doom_timer.cancel()
-        delay = max(0.0, at - self.clock.now()) + 1e-4  # just past D − L: then now + L > D
-        self._doom_timer = asyncio.get_running_loop().call_later(delay, self._on_doom_timer)
-        self._doom_timer_at = at
-
-    def _on_doom_timer(self) -> None:
-        self._doom_timer, self._doom_timer_at = None, math.inf
-        self._resolve(self.guard.expire(self.clock.now()))
-        self._arm_doom_timer()
 
     async def _checkpoint(self, point: str) -> None:
         if self._fault_hook is not None:
@@ -272,7 +251,7 @@ class GuardServer:
             failures_to_down = self.config.health_failures_to_down
             if up or self._probe_failures[backend] >= failures_to_down:
                 self._set_health(backend, up)
-        self._pump()
+        self.pump.pump()
 
     def _set_health(self, backend: int, up: bool) -> None:
         self.backend_healthy[backend] = up
@@ -300,8 +279,7 @@ class GuardServer:
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
             task.cancel()
-        if self._doom_timer is not None:
-            self._doom_timer.cancel()
+        self.pump.close()
         if self._session is not None:
             await self._session.close()
         if self.shared_floor is not None:
@@ -483,7 +461,6 @@ class GuardServer:
         """End the request in the guard if it still holds it (exactly once: the guard's
         state says whether it ended), and hand its slot on."""
         guard = self.guard
-        self._waiters.pop(rid, None)
         if not guard.holds(rid):
             return
         now = self.clock.now()
@@ -491,7 +468,7 @@ class GuardServer:
             guard.on_fail(rid, now, reason)
         else:
             guard.on_abort(rid, now, reason)
-        self._pump()
+        self.pump.pump()
 
     async def _serve(
         self,
@@ -510,11 +487,7 @@ class GuardServer:
             ),
         }
         for attempt in (1, 2):
-            waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
-            self._waiters[rid] = waiter
-            self._pump()
-            await self._checkpoint("queue")
-            decision = await waiter
+            decision = await self.pump.turn(rid, lambda: self._checkpoint("queue"))
             if isinstance(decision, Drop):
                 return self._doomed(decision)
             try:
@@ -684,7 +657,7 @@ class GuardServer:
         tenant = request.tenant
         done = guard.on_complete(rid, self.clock.now())
         self.metrics.on_complete(tenant, self._contracts[tenant].cls, done.service_s, done.late)
-        self._pump()
+        self.pump.pump()
 
     # -- status ---------------------------------------------------------------------------
 
@@ -926,7 +899,7 @@ def create_app(
         backends = [
             {"backend": n, "healthy": healthy} for n, healthy in enumerate(server.backend_healthy)
         ]
-        up = server._session is not None and not server._session.closed
+        up = server.upstream_open
         ready = up and any(server.backend_healthy) and not server.draining
         body: dict[str, Any] = {"ready": ready, "backends": backends}
         if server.shared_floor is not None:

@@ -1,0 +1,79 @@
+"""The wall-clock driver's pump: any `Stack` on an asyncio loop.
+
+A waiting request awaits its turn (`turn`); whenever the stack's state changes the driver
+calls `pump`, which fills freed slots (`poll`) and hands each decision to the request it
+is about, and a timer fires at the stack's next doom instant (`next_doom_at`, then
+`expire`), so a queued request is dropped the moment it is doomed, not when a slot frees.
+The HTTP guard and the real-backend experiments run their stacks through this one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+
+from floorguard.clock import Clock
+from floorguard.core.request import RequestId
+from floorguard.core.surface import Dispatch, Drop, Stack
+
+__all__ = ["Pump"]
+
+_PAST_DOOM_S = 1e-4
+"""How long after `D − L` the timer fires: just past it, so `now + L > D` holds."""
+
+
+class Pump:
+    def __init__(self, stack: Stack, clock: Clock) -> None:
+        self.stack = stack
+        self.clock = clock
+        self._waiters: dict[RequestId, asyncio.Future[Dispatch | Drop]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    async def turn(
+        self, request_id: RequestId, checkpoint: Callable[[], Awaitable[None]] | None = None
+    ) -> Dispatch | Drop:
+        """Wait until the stack starts (`Dispatch`) or drops (`Drop`) this queued request.
+        `checkpoint` is awaited after the pump, before the wait (fault injection)."""
+        waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = waiter
+        try:
+            self.pump()
+            if checkpoint is not None:
+                await checkpoint()
+            return await waiter
+        finally:
+            self._waiters.pop(request_id, None)
+
+    def pump(self) -> None:
+        """Hand freed slots to waiting requests (the stack decides who) and keep the doom
+        timer on the earliest queued request's doom instant."""
+        self._resolve(self.stack.poll(self.clock.now()))
+        self._arm()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+
+    def _resolve(self, decisions: list[Dispatch | Drop] | list[Drop]) -> None:
+        for decision in decisions:
+            waiter = self._waiters.pop(decision.request.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(decision)
+
+    def _arm(self) -> None:
+        at = self.stack.next_doom_at()
+        if at is None or at >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, at - self.clock.now()) + _PAST_DOOM_S
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        self._timer_at = at
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self._resolve(self.stack.expire(self.clock.now()))
+        self._arm()
