@@ -114,7 +114,8 @@ class Ledger:
         self._store = store
         self._slots = SlotPool(config.slots)
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
-        """The service bounds of each admitted request (the guard's doom gate reads them)."""
+        self._lower, self._upper = config.lower_envelope, config.upper_envelope
+        """`L` and `s_max`: each admitted request's bounds (its ticket keeps them)."""
         self._queued: dict[RequestId, Ticket] = {}
         self._in_flight: dict[RequestId, Ticket] = {}
         self._surplus_by_class: Counter[ContractClass] = Counter()
@@ -200,12 +201,10 @@ class Ledger:
         contract = self._contracts.get(request.tenant)
         if self._sink is not None:
             self._sink(arrive_event(now, request, contract, scheduled_at))
-        pending = Pending(request)
         if contract is None:
             self.stats.unknown_tenant += 1
-            return pending
-        pending.contract = contract
-        pending.deadline_at = request.arrival_at + contract.deadline_budget_s
+            return Pending(request, None, 0.0)
+        pending = Pending(request, contract, request.arrival_at + contract.deadline_budget_s)
         self.stats.per_class[contract.cls].offered += 1
         if contract.cls is ASSURED and request.num_output_tokens > self._max_assured_tokens:
             self._max_assured_tokens = request.num_output_tokens
@@ -271,9 +270,10 @@ class Ledger:
         """Admit the arrival: its ticket (not yet queued: the stack queues it)."""
         request, contract = pending.request, pending.contract
         self._seq += 1
-        lower_s, upper_s = self._doom.bounds(
-            request.num_output_tokens, request.prompt_tokens_lower, request.num_prompt_tokens
-        )
+        tokens, lower, upper = request.num_output_tokens, self._lower, self._upper
+        # the doom gate's bounds, once per request (DoomGate.bounds, inline on the hot path)
+        lower_s = lower.at(tokens, request.prompt_tokens_lower) if lower is not None else None
+        upper_s = upper.at(tokens, request.num_prompt_tokens) if upper is not None else None
         ticket = Ticket(
             request,
             contract,
@@ -303,7 +303,9 @@ class Ledger:
                     deadline_at=pending.deadline_at,
                 )
             )
-            self._emit(EventKind.ENQUEUE, ticket, now)
+            self._sink(  # the hot path builds its events inline (docs/benchmarks.md)
+                TraceEvent(now, EventKind.ENQUEUE, request.request_id, request.tenant, contract.cls)
+            )
         pending.need = None
         pending.admission = Admission(
             request.request_id,
@@ -349,7 +351,17 @@ class Ledger:
         ticket.dispatched_at = now
         self._in_flight[request.request_id] = ticket
         if self._sink is not None:
-            self._emit(EventKind.DISPATCH, ticket, now, backend=backend, entitled=ticket.entitled)
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.DISPATCH,
+                    request.request_id,
+                    request.tenant,
+                    ticket.contract.cls,
+                    backend=backend,
+                    entitled=ticket.entitled,
+                )
+            )
         return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at)
 
     def _release(self, request_id: RequestId) -> Ticket:
@@ -399,7 +411,16 @@ class Ledger:
         self.envelope.observe_bounds(service_s, ticket.lower_s, ticket.upper_s)
         self.capacity.on_complete(now, len(self._queued))
         if self._sink is not None:
-            self._emit(EventKind.COMPLETE, ticket, now, backend=ticket.backend)
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.COMPLETE,
+                    request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                    backend=ticket.backend,
+                )
+            )
         return Completion(request_id, now, service_s, late)
 
     def on_fail(self, request_id: RequestId, now: float, reason: str) -> None:

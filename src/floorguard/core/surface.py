@@ -129,12 +129,12 @@ class Pending:
         "window_index",
     )
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, contract: Contract | None, deadline_at: float) -> None:
         self.request = request
         self.need: Need | None = None
         self.admission: Admission | None = None
-        self.contract: Contract = None  # type: ignore[assignment]  # set once it is known
-        self.deadline_at = 0.0
+        self.contract: Contract = contract  # type: ignore[assignment]  # None: unknown tenant
+        self.deadline_at = deadline_at
         self.floor = 0
         """The effective floor the store call was made against (assured arrivals)."""
         self.demoted = False

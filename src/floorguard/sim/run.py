@@ -48,9 +48,12 @@ class _Simulation:
         self._dispatch(now)
 
     def _dispatch(self, now: float) -> None:
+        decisions = self.guard.poll(now)
+        if not decisions:  # most polls (a full backend): nothing to start
+            return
         touched: set[int] = set()
-        for decision in self.guard.poll(now):
-            if isinstance(decision, Dispatch):
+        for decision in decisions:
+            if type(decision) is Dispatch:
                 backend = self.backends[decision.backend]
                 first_token_at = backend.join(decision.request, now)
                 if self._record_first_token:
