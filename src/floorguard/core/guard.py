@@ -22,7 +22,7 @@ from floorguard.core.contract import (
 from floorguard.core.dispatcher import Ticket, create_dispatcher
 from floorguard.core.doom import DoomVerdict
 from floorguard.core.events import EventKind, TraceEvent
-from floorguard.core.learner import Learner
+from floorguard.core.learner import Learner, consult
 from floorguard.core.ledger import ClassStats, GuardStats, Ledger
 from floorguard.core.meter import ReservationMeter
 from floorguard.core.request import Request, RequestId
@@ -118,8 +118,9 @@ class Guard(Ledger):
             )
             pending = self._charged(pending, now, grant)
             need = pending.need
-        if need is not None:
-            pending = self._proposed(pending, now, self.answer(need, now))
+        if need is not None:  # a LearnerAsk
+            answer = consult(self._learner, need.request, need.cls, need.load, now)  # type: ignore[arg-type, union-attr]
+            pending = self._proposed(pending, now, answer)
         return pending.admission  # type: ignore[return-value]  # decided: need is None
 
     def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:

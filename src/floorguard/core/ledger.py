@@ -399,7 +399,15 @@ class Ledger:
     def on_first_token(self, request_id: RequestId, now: float) -> None:
         ticket = self._in_flight.get(request_id)
         if ticket is not None and self._sink is not None:
-            self._emit(EventKind.FIRST_TOKEN, ticket, now)
+            self._sink(
+                TraceEvent(
+                    now,
+                    EventKind.FIRST_TOKEN,
+                    request_id,
+                    ticket.request.tenant,
+                    ticket.contract.cls,
+                )
+            )
 
     def on_complete(self, request_id: RequestId, now: float) -> Completion:
         ticket = self._release(request_id)
