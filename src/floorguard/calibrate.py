@@ -36,6 +36,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -43,7 +44,8 @@ import numpy as np
 
 from floorguard.core.contract import AffineEnvelope
 from floorguard.errors import FloorguardError
-from floorguard.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile, save_profile
+from floorguard.sim.probe import fit_probe_model
 
 __all__ = ["CalibrationError", "CalibrationResult", "calibrate"]
 
@@ -87,6 +89,18 @@ class CalibrationResult:
             "prompt_repeat_s": [[p, round(x, 6)] for p, x in self.prompt_repeat_s],
             "residuals": self.residuals,
         }
+
+    def save(self, path: Path, *, backend: str, model: str, slots: int) -> None:
+        """The profile file: the fitted profile, what was measured, and the latency
+        predictor fitted for it at `slots` slots (the predictor learners load it instead of
+        fitting at server start)."""
+        latency = fit_probe_model(self.profile, slots)
+        save_profile(
+            self.profile,
+            path,
+            measured=self.measured(backend, model),
+            latency_model={"slots": slots, **latency.as_dict()},
+        )
 
 
 async def _service(session: aiohttp.ClientSession, url: str, model: str, tokens: int) -> float:

@@ -41,6 +41,7 @@ __all__ = [
     "PROFILES",
     "ServiceProfile",
     "get_profile",
+    "load_latency_model",
     "load_measured",
     "load_profile",
     "save_profile",
@@ -190,10 +191,15 @@ _OPTIONAL = {"lower_per_prompt_token_s": 0.0}
 
 
 def save_profile(
-    profile: ServiceProfile, path: Path, *, measured: Mapping[str, Any] | None = None
+    profile: ServiceProfile,
+    path: Path,
+    *,
+    measured: Mapping[str, Any] | None = None,
+    latency_model: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a profile as YAML; `measured` (probe results, residuals, provenance) is kept
-    beside it for the reader and ignored when loading."""
+    beside it for the reader and ignored when loading; `latency_model` is the latency
+    predictor fitted for it at calibrate time (`load_latency_model`)."""
     data: dict[str, Any] = {name: getattr(profile, name) for name in (*_FIELDS, *_OPTIONAL)}
     data["ceiling"] = {
         "base_s": profile.ceiling.base_s,
@@ -202,7 +208,19 @@ def save_profile(
     }
     if measured:
         data["measured"] = dict(measured)
+    if latency_model:
+        data["latency_model"] = dict(latency_model)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def load_latency_model(path: Path) -> dict[str, Any] | None:
+    """The `latency_model` section `save_profile` kept with a profile (None when none)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError("profile", str(path), f"cannot be read as YAML ({exc})") from exc
+    model = data.get("latency_model") if isinstance(data, dict) else None
+    return dict(model) if isinstance(model, dict) else None
 
 
 def load_measured(path: Path) -> dict[str, Any]:

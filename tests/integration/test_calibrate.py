@@ -10,7 +10,9 @@ import pytest
 
 from floorguard.calibrate import CalibrationError, calibrate
 from floorguard.cli import main
-from floorguard.profiles import V100_MOE, get_profile, load_profile, save_profile
+from floorguard.learners.latency import LatencyModel
+from floorguard.profiles import V100_MOE, get_profile, load_latency_model, load_profile
+from floorguard.sim.probe import latency_model_for
 from floorguard.sim.targets import saturated_capacity
 from tests.integration.live import guard_config
 
@@ -34,8 +36,11 @@ def test_calibrating_the_emulator_recovers_its_model(result):
 
 def test_the_profile_file_round_trips_and_everything_loads_it(result, tmp_path, capsys):
     path = tmp_path / "emulated.yaml"
-    save_profile(result.profile, path, measured=result.measured("http://x", "m"))
+    result.save(path, backend="http://x", model="m", slots=4)
     assert load_profile(path) == result.profile == get_profile(str(path))
+    saved = load_latency_model(path)  # the predictor, fitted at calibrate time
+    assert saved is not None and saved["slots"] == 4 and saved["r2"] > 0.9
+    assert latency_model_for(str(path), 4) == LatencyModel.from_dict(saved)
     assert main(["simulate", "--scenario", "light", "--profile", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["assured"]["completed"] > 0
     config = guard_config("http://127.0.0.1:9", profile=str(path))

@@ -8,14 +8,13 @@ import json
 
 from floorguard.calibrate import calibrate
 from floorguard.cli import main
-from floorguard.profiles import save_profile
 
 
 def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp_path):
     url = live.emulator("v100-moe", slots=4)
     calibrated = calibrate(url, "m", slots=4, reps=1)
     profile = tmp_path / "emulator.yaml"
-    save_profile(calibrated.profile, profile, measured=calibrated.measured(url, "m"))
+    calibrated.save(profile, backend=url, model="m", slots=4)
     out = tmp_path / "out"
     argv = ["experiment", "run", "E1", "E3", "--backend", url, "--model", "m", "--profile",
             str(profile), "--quick", "--duration-s", "2.5", "--out", str(out)]  # fmt: skip

@@ -29,7 +29,6 @@ from floorguard.analysis.checker import check_trace
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl
 from floorguard.core.request import Request
-from floorguard.profiles import save_profile
 from floorguard.proxy.app import SERVER
 from floorguard.rig.loadgen import replay
 from tests.integration.live import guard_config, token
@@ -68,7 +67,7 @@ def profile(vllm, tmp_path_factory):
     """This vLLM, calibrated (`floorguard calibrate`), as a profile file."""
     result = calibrate(vllm, MODEL, slots=SLOTS, reps=2, name="vllm-mid")
     path = tmp_path_factory.mktemp("profile") / "vllm-mid.yaml"
-    save_profile(result.profile, path, measured=result.measured(vllm, MODEL))
+    result.save(path, backend=vllm, model=MODEL, slots=SLOTS)
     return path, result
 
 

@@ -8,6 +8,7 @@ import yaml
 
 from floorguard.errors import ConfigError
 from floorguard.learners.latency import LatencyModel
+from floorguard.profiles import get_profile, save_profile
 from floorguard.proxy.app import GuardServer
 from floorguard.proxy.config import GuardServerConfig, load_config
 
@@ -36,6 +37,34 @@ def test_a_predictor_learner_is_fitted_on_the_profile_with_its_options(tmp_path)
     explicit = _load(tmp_path, learner="predictor-agnostic", learner_options={"slo_ms": 700})
     assert explicit.learner_config().slo_s == pytest.approx(0.7)
     assert _load(tmp_path).learner_config().latency_model is None  # always-admit: no fit
+
+
+def test_the_latency_model_saved_with_a_profile_is_used_not_refitted(tmp_path):
+    """`floorguard calibrate` saves the predictor with the profile file, for its slots; the
+    server loads that one (a profile file for other slots, or without one, is fitted)."""
+    saved = LatencyModel((0.25, 0.01, 0.02, 0.003), 123, 0.97)
+    profile = tmp_path / "profile.yaml"
+    save_profile(get_profile("v100-moe"), profile, latency_model={"slots": 4, **saved.as_dict()})
+    config = _load(tmp_path, learner="predictor-sheddable", profile=str(profile))
+    assert config.learner_config().latency_model == saved
+    other = {**BASE, "backends": [{"url": "http://127.0.0.1:8001", "slots": 2}]}
+    (tmp_path / "guard.yaml").write_text(
+        yaml.safe_dump({**other, "learner": "predictor-sheddable", "profile": str(profile)})
+    )
+    refitted = load_config(tmp_path / "guard.yaml").learner_config().latency_model
+    assert refitted is not None and refitted.num_samples > 500 and refitted != saved
+
+
+def test_a_saved_latency_model_with_a_bad_coefficient_is_a_config_error(tmp_path):
+    profile = tmp_path / "profile.yaml"
+    save_profile(
+        get_profile("v100-moe"),
+        profile,
+        latency_model={"slots": 4, "coefficients": {"intercept": "fast"}},
+    )
+    config = _load(tmp_path, learner="predictor-sheddable", profile=str(profile))
+    with pytest.raises(ConfigError, match=r"latency_model\.coefficients"):
+        config.learner_config()
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from floorguard.analysis.summary import pool_runs
 from floorguard.calibrate import calibrate
 from floorguard.cli._common import fmt, print_result
 from floorguard.errors import FloorguardError
-from floorguard.profiles import PROFILES, save_profile
+from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.serve import run_guard
 from floorguard.rig.demo import run_demo
@@ -163,9 +163,8 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
     if not args.json:
         console.print(f"probing {args.backend} ({args.model}, C = {args.slots})…", markup=False)
     result = calibrate(args.backend, args.model, slots=args.slots, reps=args.reps, name=args.name)
-    measured = result.measured(args.backend, args.model)
     if args.out is not None:
-        save_profile(result.profile, args.out, measured=measured)
+        result.save(args.out, backend=args.backend, model=args.model, slots=args.slots)
     p = result.profile
     summary = {
         "profile": {

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_RETRY",
+    "WINDOW_BOUND",
     "Admission",
     "Answer",
     "Completion",

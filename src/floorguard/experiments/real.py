@@ -71,7 +71,7 @@ from floorguard.experiments.runner import progress_bar, seed_for
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
-from floorguard.profiles import ServiceProfile, get_profile, load_measured, save_profile
+from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.pump import Pump
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
@@ -609,7 +609,7 @@ def run_on_backend(
         console.print(f"calibrating {url} ({model}, C = {slots})…", markup=False)
         calibrated = calibrate(url, model, slots=slots, name=model)
         profile = out / "profile.yaml"
-        save_profile(calibrated.profile, profile, measured=calibrated.measured(url, model))
+        calibrated.save(profile, backend=url, model=model, slots=slots)
     backend = RealBackend.from_profile(url, model, profile)
     started = time.perf_counter()
     results = run_real_experiments(

@@ -9,16 +9,18 @@ its sample count and R²; the admitter never sees anything but `LoadSnapshot` an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 from floorguard.core.contract import ContractClass
 from floorguard.core.learner import LoadSnapshot, Proposal
 from floorguard.core.request import Request
-from floorguard.errors import require
+from floorguard.errors import ConfigError, require
 
 __all__ = [
     "FEATURES",
@@ -54,6 +56,23 @@ class LatencyModel:
             "r2": self.r2,
             "coefficients": dict(zip(FEATURES, self.coefficients, strict=True)),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyModel:
+        """The model `as_dict` wrote (a profile file's `latency_model`); ConfigError when
+        a coefficient is missing or not a number."""
+        coefficients = data.get("coefficients")
+        if not isinstance(coefficients, Mapping) or any(
+            type(coefficients.get(name)) not in (int, float) for name in FEATURES
+        ):
+            raise ConfigError(
+                "latency_model.coefficients", coefficients, f"needs a number for each of {FEATURES}"
+            )
+        return cls(
+            tuple(float(coefficients[name]) for name in FEATURES),
+            int(data.get("num_samples", 0)),
+            float(data.get("r2", math.nan)),
+        )
 
 
 def fit_latency_model(

@@ -56,6 +56,7 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.decision_log import DecisionLog
+from floorguard.proxy.health import BackendHealth
 from floorguard.proxy.identity import AuthError, create_identity, peer_address
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
@@ -131,10 +132,6 @@ class GuardServer:
         self._fault_hook = fault_hook
         self.draining = False
         """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
-        self.backend_healthy = [False] * len(config.backends)
-        """Whether each backend may get requests (for `/readyz` and dispatch): it answered a
-        probe, and has not failed `health_failures_to_down` probes in a row since."""
-        self._probe_failures = [0] * len(config.backends)
         guard_config = config.guard_config()
         self._metrics: GuardMetrics | None = None  # built below, once the guard exists
         self.http_learner = (
@@ -158,8 +155,16 @@ class GuardServer:
             sink=self._on_event,
             started_at=self.clock.now(),
         )
-        for backend in range(len(config.backends)):
-            self.guard.set_backend_available(backend, False)  # until its first probe answers
+        self.pump = Pump(self.guard, self.clock)
+        """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
+        the doom timer."""
+        self.health = BackendHealth(
+            config.backends,
+            self.guard,
+            timeout_s=config.health_timeout_s,
+            failures_to_down=config.health_failures_to_down,
+            on_change=self.pump.pump,
+        )
         self._metrics = GuardMetrics(
             self.guard,
             self.clock.now,
@@ -183,9 +188,6 @@ class GuardServer:
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._contracts = {c.tenant: c for c in guard_config.contracts}
-        self.pump = Pump(self.guard, self.clock)
-        """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
-        the doom timer."""
 
     @property
     def metrics(self) -> GuardMetrics:
@@ -226,41 +228,13 @@ class GuardServer:
             ),
             connector=aiohttp.TCPConnector(limit=self.guard.config.total_slots + 32),
         )
-        await self._probe_backends()
-        self._background.append(asyncio.create_task(self._probe_every()))
+        await self.health.probe_all(self._session)
+        interval_s = self.config.health_interval_s
+        self._background.append(
+            asyncio.create_task(self.health.probe_every(self._session, interval_s))
+        )
         if self._log is not None:
             self._background.append(asyncio.create_task(self._flush_every(self._log)))
-
-    async def _probe_backends(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-
-        async def probe(url: str) -> bool:
-            try:
-                async with self.session.get(
-                    url, timeout=timeout, allow_redirects=False
-                ) as response:
-                    return response.status < 300
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-
-        healthy = await asyncio.gather(
-            *(probe(b.url.rstrip("/") + b.health_path) for b in self.config.backends)
-        )
-        for backend, up in enumerate(healthy):
-            self._probe_failures[backend] = 0 if up else self._probe_failures[backend] + 1
-            failures_to_down = self.config.health_failures_to_down
-            if up or self._probe_failures[backend] >= failures_to_down:
-                self._set_health(backend, up)
-        self.pump.pump()
-
-    def _set_health(self, backend: int, up: bool) -> None:
-        self.backend_healthy[backend] = up
-        self.guard.set_backend_available(backend, up)
-
-    async def _probe_every(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.health_interval_s)
-            await self._probe_backends()
 
     async def _flush_every(self, log: DecisionLog) -> None:
         while True:
@@ -412,7 +386,7 @@ class GuardServer:
         raw = await self._read_body(request)
         await self._checkpoint("parse")
         work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
-        if not any(self.backend_healthy):
+        if not self.health.any_up():
             retry = str(max(1, math.ceil(self.config.health_interval_s)))
             raise _RefusedError(
                 _error(
@@ -495,9 +469,8 @@ class GuardServer:
                     request, path, work, decision, headers=headers, exchange=exchange
                 )
             except _UnreachableError:
-                self._set_health(decision.backend, False)  # until a probe answers again
-                self._probe_failures[decision.backend] = self.config.health_failures_to_down
-                if attempt == 2 or not any(self.backend_healthy):
+                self.health.unreachable(decision.backend)
+                if attempt == 2 or not self.health.any_up():
                     self._end(rid, "fail", "upstream_unreachable")
                     return _error(
                         502, "upstream_unreachable", "no backend could be reached", headers
@@ -682,7 +655,7 @@ class GuardServer:
                 "queued_entitled": guard.num_queued_entitled,
                 "in_flight": [guard.in_flight_on(b) for b in range(len(guard.config.slots))],
                 "slots": list(guard.config.slots),
-                "backends_healthy": list(self.backend_healthy),
+                "backends_healthy": list(self.health.healthy),
             },
             "monitors": {
                 "max_service_s": guard.envelope.max_service_s,
@@ -880,7 +853,7 @@ def create_app(
     app[SERVER] = server
 
     async def models(_: web.Request) -> web.Response:
-        healthy = [b for b, up in zip(config.backends, server.backend_healthy, strict=True) if up]
+        healthy = [b for b, up in zip(config.backends, server.health.healthy, strict=True) if up]
         url = (healthy or config.backends)[0].url.rstrip("/") + "/v1/models"
         try:
             async with asyncio.timeout(config.upstream.first_byte_timeout_s):
@@ -897,10 +870,10 @@ def create_app(
 
     async def readyz(_: web.Request) -> web.Response:
         backends = [
-            {"backend": n, "healthy": healthy} for n, healthy in enumerate(server.backend_healthy)
+            {"backend": n, "healthy": healthy} for n, healthy in enumerate(server.health.healthy)
         ]
         up = server.upstream_open
-        ready = up and any(server.backend_healthy) and not server.draining
+        ready = up and server.health.any_up() and not server.draining
         body: dict[str, Any] = {"ready": ready, "backends": backends}
         if server.shared_floor is not None:
             body["store"] = server.store_status()["state"]

@@ -36,7 +36,7 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import PROFILES, get_profile
 from floorguard.proxy.normalize import EdgeLimits
-from floorguard.sim.probe import fit_probe_model
+from floorguard.sim.probe import latency_model_for
 from floorguard.store.shared import Unavailable
 
 __all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
@@ -300,7 +300,9 @@ class GuardServerConfig(_Strict):
         return self
 
     def learner_config(self) -> LearnerOptions:
-        """The learner's options; a predictor's latency model is fitted here (once)."""
+        """The learner's options; a predictor's latency model is the one `floorguard
+        calibrate` saved with the profile file, else it is fitted on simulated probes of the
+        profile here (once)."""
         if not needs_latency_model(self.learner):
             return LearnerOptions(beta=self.learner_options.beta)
         assert self.profile is not None
@@ -313,9 +315,7 @@ class GuardServerConfig(_Strict):
         return LearnerOptions(
             beta=self.learner_options.beta,
             slo_s=slo_ms / 1e3,
-            latency_model=fit_probe_model(
-                get_profile(self.profile), sum(b.slots for b in self.backends)
-            ),
+            latency_model=latency_model_for(self.profile, sum(b.slots for b in self.backends)),
         )
 
     @model_validator(mode="after")

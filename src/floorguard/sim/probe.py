@@ -8,6 +8,8 @@ capacity, with mixed output lengths, so every coefficient is identifiable.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from floorguard.analysis.records import fold_trace
@@ -15,7 +17,7 @@ from floorguard.core.contract import Contract, ContractClass
 from floorguard.core.learner import LoadSnapshot, Proposal
 from floorguard.core.request import Request, RequestId
 from floorguard.learners.latency import LatencyModel, fit_latency_model
-from floorguard.profiles import ServiceProfile
+from floorguard.profiles import ServiceProfile, get_profile, load_latency_model
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import BimodalLength, PoissonArrivals, SyntheticStream
@@ -24,6 +26,7 @@ __all__ = [
     "PROBE_RATES_PER_S",
     "collect_probe_samples",
     "fit_probe_model",
+    "latency_model_for",
     "prediction_error",
 ]
 
@@ -78,6 +81,18 @@ def collect_probe_samples(
 def fit_probe_model(profile: ServiceProfile, slots: int, *, seed: int = 0) -> LatencyModel:
     """The latency predictor for `profile` with `slots` slots, fitted on fresh probes."""
     return fit_latency_model(collect_probe_samples(profile, slots, seed=seed))
+
+
+def latency_model_for(profile: str, slots: int) -> LatencyModel:
+    """The latency predictor for a profile (a shipped name or a profile file) with `slots`
+    slots: the one `floorguard calibrate` saved with the file for those slots, else fitted
+    now on simulated probes (a shipped profile, or a file written before calibrate saved
+    one, or for other slots)."""
+    if profile.endswith((".yaml", ".yml")):
+        saved = load_latency_model(Path(profile))
+        if saved is not None and saved.get("slots") == slots:
+            return LatencyModel.from_dict(saved)
+    return fit_probe_model(get_profile(profile), slots)
 
 
 def prediction_error(model: LatencyModel, samples: list[tuple[LoadSnapshot, int, float]]) -> float:

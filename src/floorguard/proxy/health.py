@@ -1,0 +1,74 @@
+"""Backend health for the HTTP guard: which backends may get new requests.
+
+A backend is up once it answers its health probe, and goes down after `failures_to_down`
+failed probes in a row (not one slow answer under load), or at once when a request could
+not reach it (then it stays down until a probe answers again). A down backend's slots are
+not offered by the stack (`set_backend_available`); what runs there ends normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from floorguard.core.surface import Stack
+from floorguard.proxy.config import BackendSpec
+
+__all__ = ["BackendHealth"]
+
+
+class BackendHealth:
+    def __init__(
+        self,
+        backends: Sequence[BackendSpec],
+        stack: Stack,
+        *,
+        timeout_s: float,
+        failures_to_down: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self._urls = [b.url.rstrip("/") + b.health_path for b in backends]
+        self._stack = stack
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._failures_to_down = failures_to_down
+        self._on_change = on_change
+        self.healthy = [False] * len(backends)
+        """Whether each backend may get requests (for `/readyz` and dispatch)."""
+        self._failures = [0] * len(backends)
+        for backend in range(len(backends)):
+            stack.set_backend_available(backend, False)  # until its first probe answers
+
+    def any_up(self) -> bool:
+        return any(self.healthy)
+
+    async def probe_all(self, session: aiohttp.ClientSession) -> None:
+        """One probe of every backend, then hand any slot that came up to the queue."""
+        answers = await asyncio.gather(*(self._probe(session, url) for url in self._urls))
+        for backend, up in enumerate(answers):
+            self._failures[backend] = 0 if up else self._failures[backend] + 1
+            if up or self._failures[backend] >= self._failures_to_down:
+                self._set(backend, up)
+        self._on_change()
+
+    async def probe_every(self, session: aiohttp.ClientSession, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.probe_all(session)
+
+    def unreachable(self, backend: int) -> None:
+        """A request could not reach it: down until a probe answers again."""
+        self._set(backend, False)
+        self._failures[backend] = self._failures_to_down
+
+    async def _probe(self, session: aiohttp.ClientSession, url: str) -> bool:
+        try:
+            async with session.get(url, timeout=self._timeout, allow_redirects=False) as response:
+                return response.status < 300
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    def _set(self, backend: int, up: bool) -> None:
+        self.healthy[backend] = up
+        self._stack.set_backend_available(backend, up)
