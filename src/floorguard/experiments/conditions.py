@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from floorguard.analysis.metrics import entitled_ids, measure
+from floorguard.analysis.metrics import RunMetrics, entitled_ids, measure
 from floorguard.analysis.records import TraceRecords, fold_trace
 from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import StackOptions
@@ -48,7 +48,15 @@ from floorguard.sim.workloads import (
     TraceStream,
 )
 
-__all__ = ["Condition", "build_scenario", "latency_model_of", "mu_sat_of", "run_condition"]
+__all__ = [
+    "Condition",
+    "build_scenario",
+    "latency_model_of",
+    "load_of",
+    "measured_row",
+    "mu_sat_of",
+    "run_condition",
+]
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,27 @@ def build_scenario(c: Condition) -> Scenario:
     )
 
 
+def measured_row(c: Condition, seed: int, m: RunMetrics) -> dict[str, Any]:
+    """The head of a run's row, whoever measured it (the simulator's trace, or a client on
+    a real backend): the condition, the seed, each class's counts and ratios, the floor."""
+    return {
+        **asdict(c),
+        "seed": seed,
+        **{f"a_{k}": v for k, v in m.assured.as_dict().items()},
+        **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
+        "entitled": m.num_entitled,
+        "entitled_met": m.phase_counts[0][1],
+    }
+
+
+def load_of(m: RunMetrics, mu_sat: float) -> tuple[float, float]:
+    """(ρ_emp, ρ̂): admitted and offered load over the run's span, against `μ_sat`."""
+    span = m.span_s if m.span_s > 0 else math.nan
+    admitted = m.assured.admitted + m.opportunistic.admitted
+    offered = m.assured.offered + m.opportunistic.offered
+    return admitted / span / mu_sat, offered / span / mu_sat
+
+
 def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
     scenario = build_scenario(c)
@@ -211,26 +240,19 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     trace = fold_trace(run.events)
     m = measure(trace)
     mu_sat = mu_sat_of(c.profile, c.slots)
-    admitted = m.assured.admitted + m.opportunistic.admitted
-    offered = m.assured.offered + m.opportunistic.offered
-    span = m.span_s if m.span_s > 0 else math.nan
+    rho_emp, rho_hat = load_of(m, mu_sat)
     stack = run.guard
     region = assumptions_of(scenario.guard_config(), [stack])
     row: dict[str, Any] = {
-        **asdict(c),
-        "seed": seed,
-        **{f"a_{k}": v for k, v in m.assured.as_dict().items()},
-        **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
-        "entitled": m.num_entitled,
-        "entitled_met": m.phase_counts[0][1],
+        **measured_row(c, seed, m),
         "entitled_admitted": _entitled_admitted(trace),
         "attainment": m.attainment,
         "attainment_worst_phase": m.attainment_worst_phase,
         "worst_phase_s": m.worst_phase_s,
         "rho_eff": m.rho_eff,
         "mu_sat": mu_sat,
-        "rho_emp": admitted / span / mu_sat,
-        "rho_hat": offered / span / mu_sat,
+        "rho_emp": rho_emp,
+        "rho_hat": rho_hat,
         "max_assured_backlog": m.max_assured_backlog,
         "goodput_per_s": m.goodput_per_s,
         "span_s": m.span_s,

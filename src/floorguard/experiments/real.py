@@ -29,7 +29,6 @@ Real runs are sequential (one backend); each lasts its arrivals plus the drain o
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +61,15 @@ from floorguard.experiments.conditions import (
     Condition,
     build_scenario,
     latency_model_of,
+    load_of,
+    measured_row,
     mu_sat_of,
     run_condition,
 )
 from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.report import write_real_section
-from floorguard.experiments.runner import progress_bar, seed_for
+from floorguard.experiments.runner import progress_bar, seed_for, write_rows
 from floorguard.experiments.spec import Experiment, Row
-from floorguard.experiments.tables import write_csv
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
@@ -313,20 +313,13 @@ def real_row(c: Condition, seed: int, results: Sequence[ClientResult], backend: 
     """One real run as a row with the simulator's keys (those a client can measure)."""
     config: GuardConfig = build_scenario(c).guard_config()
     m = measure_client(results, config)
-    offered = m.assured.offered + m.opportunistic.offered
-    admitted = m.assured.admitted + m.opportunistic.admitted
-    span = m.span_s if m.span_s > 0 else math.nan
+    rho_emp, rho_hat = load_of(m, backend.mu_sat_per_s)
     return {
-        **asdict(c),
-        "seed": seed,
-        **{f"a_{k}": v for k, v in m.assured.as_dict().items()},
-        **{f"o_{k}": v for k, v in m.opportunistic.as_dict().items()},
-        "entitled": m.num_entitled,
-        "entitled_met": m.phase_counts[0][1],
+        **measured_row(c, seed, m),
         "attainment": m.attainment,
         "mu_sat": backend.mu_sat_per_s,
-        "rho_hat": offered / span / backend.mu_sat_per_s,
-        "rho_emp": admitted / span / backend.mu_sat_per_s,
+        "rho_hat": rho_hat,
+        "rho_emp": rho_emp,
         "goodput_per_s": m.goodput_per_s,
         "span_s": m.span_s,
         "fire_cv": m.fire_cv,
@@ -514,9 +507,7 @@ def run_real_experiments(
     for experiment in experiments:
         folder = out / experiment.id
         for side, rows in (("real", real[experiment.id]), ("sim", sim[experiment.id])):
-            write_csv(rows, folder / f"{side}_runs.csv")
-            with (folder / f"{side}_runs.jsonl").open("w") as f:
-                f.writelines(json.dumps(row, default=str) + "\n" for row in rows)
+            write_rows(rows, folder, f"{side}_runs")
         table = fidelity_table(experiment, real[experiment.id], sim[experiment.id])
         (folder / "fidelity.md").write_text(f"# {experiment.id}: {experiment.title}\n\n{table}\n")
         done.append(RealResult(experiment, real[experiment.id], sim[experiment.id], table))

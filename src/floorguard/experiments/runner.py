@@ -27,7 +27,7 @@ from floorguard.experiments.conditions import Condition, run_condition
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import markdown_table, summarize, write_csv
 
-__all__ = ["ExperimentResult", "progress_bar", "run_experiments", "seed_for"]
+__all__ = ["ExperimentResult", "progress_bar", "run_experiments", "seed_for", "write_rows"]
 
 
 def progress_bar(console: Console) -> Progress:
@@ -117,12 +117,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _write(experiment: Experiment, rows: list[Row], folder: Path, cpu_s: float) -> ExperimentResult:
+def write_rows(rows: Sequence[Row], folder: Path, stem: str = "runs") -> None:
+    """`STEM.csv` and `STEM.jsonl` in `folder`: one row per run; NaN is JSON null."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, folder / "runs.csv")
-    with (folder / "runs.jsonl").open("w") as f:
+    write_csv(rows, folder / f"{stem}.csv")
+    with (folder / f"{stem}.jsonl").open("w") as f:
         for row in rows:
-            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str) + "\n")
+
+
+def _write(experiment: Experiment, rows: list[Row], folder: Path, cpu_s: float) -> ExperimentResult:
+    write_rows(rows, folder)
     table = markdown_table(experiment, summarize(rows))
     if experiment.extra is not None:
         table += "\n\n" + experiment.extra(rows)
