@@ -70,6 +70,7 @@ from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.report import write_real_section
 from floorguard.experiments.runner import progress_bar, seed_for, write_rows
 from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.tables import mean_of, pooled
 from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
@@ -336,23 +337,13 @@ def _label(experiment: Experiment, row: Row) -> list[str]:
     return [f"{row[f]:.4g}" if isinstance(row[f], float) else str(row[f]) for f in experiment.shown]
 
 
-def _pooled(rows: Sequence[Row], numerator: Sequence[str], denominator: str) -> float | None:
-    den = sum(r[denominator] for r in rows)
-    return sum(r[k] for r in rows for k in numerator) / den if den else None
-
-
-def _mean(rows: Sequence[Row], key: str) -> float | None:
-    values = [r[key] for r in rows if r[key] is not None and not math.isnan(r[key])]
-    return float(np.mean(values)) if values else None
-
-
 UNMET = tuple(f"a_{outcome}" for outcome in UNMET_OUTCOMES)
 COLUMNS: tuple[tuple[str, Any, str], ...] = (
-    ("A miss", lambda rows: _pooled(rows, ("a_late",), "a_admitted"), "{:.3f}"),
-    ("A unmet", lambda rows: _pooled(rows, UNMET, "a_offered"), "{:.3f}"),
-    ("floor attainment", lambda rows: _pooled(rows, ("entitled_met",), "entitled"), "{:.3f}"),
-    ("A p99 ms", lambda rows: _ms(_mean(rows, "a_sojourn_p99_s")), "{:.0f}"),
-    ("goodput /s", lambda rows: _mean(rows, "goodput_per_s"), "{:.2f}"),
+    ("A miss", lambda rows: pooled(rows, ("a_late",), "a_admitted"), "{:.3f}"),
+    ("A unmet", lambda rows: pooled(rows, UNMET, "a_offered"), "{:.3f}"),
+    ("floor attainment", lambda rows: pooled(rows, ("entitled_met",), "entitled"), "{:.3f}"),
+    ("A p99 ms", lambda rows: _ms(mean_of(rows, "a_sojourn_p99_s")), "{:.0f}"),
+    ("goodput /s", lambda rows: mean_of(rows, "goodput_per_s"), "{:.2f}"),
 )
 
 
@@ -381,7 +372,7 @@ def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Ro
         cells = [*_label(experiment, real_rows[0]), str(len(real_rows))]
         for _, measure, fmt in COLUMNS:
             cells += [_cell(measure(real_rows), fmt), _cell(measure(sim_rows), fmt)]
-        cells.append(_cell(_mean(real_rows, "rho_hat"), "{:.2f}"))
+        cells.append(_cell(mean_of(real_rows, "rho_hat"), "{:.2f}"))
         logged = [r for r in real_rows if r["log_violations"] is not None]
         cells.append(
             f"{sum(r['log_violations'] for r in logged)} violations; "
@@ -397,7 +388,7 @@ def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[R
     """How far apart the two sides are, in one sentence."""
 
     def miss(rows: Sequence[Row]) -> float:
-        return _pooled(rows, ("a_late",), "a_admitted") or 0.0
+        return pooled(rows, ("a_late",), "a_admitted") or 0.0
 
     worst, where = max(
         (abs(miss(r) - miss(s)), " ".join(_label(experiment, r[0]))) for r, s in groups.values()
@@ -409,7 +400,7 @@ def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[R
     p99 = [
         abs(real / sim - 1)
         for r, s in groups.values()
-        if (real := _mean(r, "a_sojourn_p99_s")) and (sim := _mean(s, "a_sojourn_p99_s"))
+        if (real := mean_of(r, "a_sojourn_p99_s")) and (sim := mean_of(s, "a_sojourn_p99_s"))
     ]
     return (
         f"Largest |real − sim| in A miss: {worst:.3f} ({where}). Real and simulated runs "
@@ -440,10 +431,10 @@ class RealResult:
             out.append(
                 (
                     self.experiment.id,
-                    _ms(_mean(real, "a_sojourn_p99_s")),
-                    _ms(_mean(sim, "a_sojourn_p99_s")),
-                    _pooled(real, UNMET, "a_offered") or 0.0,
-                    _pooled(sim, UNMET, "a_offered") or 0.0,
+                    _ms(mean_of(real, "a_sojourn_p99_s")),
+                    _ms(mean_of(sim, "a_sojourn_p99_s")),
+                    pooled(real, UNMET, "a_offered") or 0.0,
+                    pooled(sim, UNMET, "a_offered") or 0.0,
                 )
             )
         return out

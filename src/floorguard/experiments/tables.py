@@ -21,7 +21,15 @@ from floorguard.analysis.stats import Interval, clopper_pearson, wilson
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.spec import Experiment, Row
 
-__all__ = ["condition_of", "markdown_table", "source_name", "summarize", "write_csv"]
+__all__ = [
+    "condition_of",
+    "markdown_table",
+    "mean_of",
+    "pooled",
+    "source_name",
+    "summarize",
+    "write_csv",
+]
 
 CONDITION_FIELDS = [f.name for f in fields(Condition) if f.name not in ("detail", "keep_samples")]
 NESTED = ("phase_counts", "detail", "a_sojourns", "services")
@@ -40,6 +48,16 @@ def _sum(rows: Sequence[Row], key: str) -> int:
     return int(sum(r[key] for r in rows))
 
 
+def pooled(rows: Sequence[Row], numerator: Sequence[str], denominator: str) -> float | None:
+    """A ratio pooled over runs: the counts summed first (None when the denominator is 0)."""
+    return ratio(sum(_sum(rows, key) for key in numerator), _sum(rows, denominator))
+
+
+def mean_of(rows: Sequence[Row], key: str) -> float | None:
+    """The mean of a per-run figure over the runs that have it (None and NaN skipped)."""
+    return _mean([r[key] for r in rows])
+
+
 def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
     """One summary per condition, in grid order."""
     groups: dict[tuple[Any, ...], list[Row]] = {}
@@ -50,13 +68,11 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
         phases: dict[float, list[int]] = {}
         for run in runs:
             for phase, met, entitled in run["phase_counts"]:
-                pooled = phases.setdefault(phase, [0, 0])
-                pooled[0] += met
-                pooled[1] += entitled
+                counts = phases.setdefault(phase, [0, 0])
+                counts[0] += met
+                counts[1] += entitled
         worst, worst_at = worst_phase((p, m, e) for p, (m, e) in sorted(phases.items()))
         late, admitted = _sum(runs, "a_late"), _sum(runs, "a_admitted")
-        unmet = sum(_sum(runs, f"a_{k}") for k in UNMET_OUTCOMES)
-        o_unmet = sum(_sum(runs, f"o_{k}") for k in UNMET_OUTCOMES)
         out.append(
             {
                 **dict(zip(CONDITION_FIELDS, key, strict=True)),
@@ -67,7 +83,7 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 "a_dropped": _sum(runs, "a_dropped"),
                 "a_late": late,
                 "miss": wilson(late, admitted),
-                "unmet": ratio(unmet, _sum(runs, "a_offered")),
+                "unmet": pooled(runs, [f"a_{k}" for k in UNMET_OUTCOMES], "a_offered"),
                 "held": clopper_pearson(sum(bool(r["held"]) for r in runs), len(runs)),
                 "attainment": ratio(_sum(runs, "entitled_met"), _sum(runs, "entitled")),
                 "worst_phase": worst,
@@ -80,7 +96,7 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 "wait_p99_ms": _max_ms([r["a_queue_wait_p99_s"] for r in runs]),
                 "sojourn_p99_ms": _max_ms([r["a_sojourn_p99_s"] for r in runs]),
                 "max_service_ms": _max_ms([r["max_service_s"] for r in runs]),
-                "o_unmet": ratio(o_unmet, _sum(runs, "o_offered")),
+                "o_unmet": pooled(runs, [f"o_{k}" for k in UNMET_OUTCOMES], "o_offered"),
                 "inside_region": all(r["inside_region"] for r in runs),
                 "fire_cv": _mean([r["fire_cv"] for r in runs]),
                 "max_fire_lag_ms": max(r["max_fire_lag_s"] for r in runs) * 1e3,
