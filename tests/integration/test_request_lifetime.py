@@ -125,3 +125,35 @@ def test_a_fault_anywhere_leaves_nothing_held_and_the_log_verified(
     live.flush_log(app)
     report = check_trace(list(read_jsonl(str(log))))
     assert report.ok(), report.violations[:3]
+
+
+@pytest.mark.parametrize("fault", ["exception", "cancel"])
+def test_an_arrival_that_fails_at_the_store_call_still_takes_its_credit(live, tmp_path, fault):
+    """A fault while the shared-floor call is out ends the arrival as `abort`; the call is
+    still made, so the credit is taken, as the log's checker assumes of an arrival within B
+    that ended before its decision: with B = 2 the next arrival is entitled and the one
+    after is refused — and the log passes the checker (it would report AF otherwise)."""
+    redis_server = RedisServer().start()
+    try:
+        log = tmp_path / "decisions.jsonl"
+        base = guard_config(live.emulator(), floor=2, window_s=600.0, decision_log=str(log))
+        config = GuardServerConfig.model_validate(
+            {
+                **base.model_dump(by_alias=True, exclude={"store"}),
+                "store": {"url": redis_server.url, "timeout_ms": 500, "prefix": f"t-{fault}"},
+            }
+        )
+        plan = Plan()
+        url, app = live.guard(config, fault_hook=plan.hook)
+        plan.point, plan.fault = "store", fault
+        first = live.run(_request(url, "acme", False, False))
+        assert plan.fired and first in (None, 500)
+        statuses = [live.run(_request(url, "acme", False, False)) for _ in range(2)]
+        assert statuses == [200, 429]
+        assert _settled(app)
+        live.flush_log(app)
+        report = check_trace(list(read_jsonl(str(log))))
+        assert report.ok(), report.violations[:3]
+        assert report.counts["abort"] == 1
+    finally:
+        redis_server.close()

@@ -104,10 +104,10 @@ class Ledger:
         self.stats = GuardStats()
         self.envelope = EnvelopeMonitor(config.lower_envelope, config.upper_envelope)
         self.backlog = BacklogMonitor(config.total_floor)
-        self.capacity = CapacityMonitor(config.schedule, config.total_floor)
-        """`μ̂` from busy windows (SPEC §4.4); the guard's `lower-floor` action reads it."""
         """`Q_A`: floor-entitled requests queued; with `backlog_counts_class` (a stack with no
         entitlement), every assured request admitted and not yet started."""
+        self.capacity = CapacityMonitor(config.schedule, config.total_floor)
+        """`μ̂` from busy windows (SPEC §4.4); the guard's `lower-floor` action reads it."""
         self._backlog_counts_class = backlog_counts_class
         self._contracts = {c.tenant: c for c in config.contracts}
         self._learner = learner

@@ -339,13 +339,15 @@ class GuardServer:
         if type(need) is StoreCall:
             if self.shared_floor is None:
                 return self.guard.answer(need, self.clock.now())
-            await self._checkpoint("store")
-            # Shielded: a client that leaves does not cut a Redis call in half; the credit
-            # it takes is the floor's loss, never a second grant.
+            # Sent at once and shielded: a client that leaves (or a failure here) does not
+            # cut a Redis call in half, and the call is made whatever happens next, so the
+            # credit an arrival within B takes is always taken — what the decision log's
+            # checker assumes of an arrival that ends before its decision.
             charge = asyncio.ensure_future(
                 self.shared_floor.acquire_async(*need, self.guard.config.schedule, self.clock.now())
             )
             charge.add_done_callback(_retrieve)
+            await self._checkpoint("store")
             return await asyncio.shield(charge)
         assert type(need) is LearnerAsk
         if self.http_learner is None:
