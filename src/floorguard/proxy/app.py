@@ -26,7 +26,6 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict
 from typing import Any
 
 import aiohttp
@@ -70,6 +69,7 @@ from floorguard.proxy.normalize import (
 )
 from floorguard.proxy.openai_format import error_body, sse_error
 from floorguard.proxy.pump import Pump
+from floorguard.proxy.status import guard_status
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
@@ -637,52 +637,19 @@ class GuardServer:
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        now = self.clock.now()
-        guard = self.guard
-        schedule = guard.config.schedule
-        return {
-            "now": now,
-            "window": {
-                "index": schedule.index_at(now),
-                "window_s": schedule.window_s,
-                "origin_at": schedule.origin_at,
-                "credits_left": {
-                    c.tenant: guard.credits_left(c.tenant, now)
-                    for c in guard.config.contracts
-                    if c.assured
-                },
-            },
-            "queues": {
-                "queued": guard.num_queued,
-                "queued_entitled": guard.num_queued_entitled,
-                "in_flight": [guard.in_flight_on(b) for b in range(len(guard.config.slots))],
-                "slots": list(guard.config.slots),
-                "backends_healthy": list(self.health.healthy),
-            },
-            "monitors": {
-                "max_service_s": guard.envelope.max_service_s,
-                "above_ceiling": guard.envelope.num_above_upper,
-                "below_lower": guard.envelope.num_below_lower,
-                "max_assured_backlog": guard.backlog.max_backlog,
-                "capacity_per_s": guard.capacity.estimate_per_s,
-                "capacity_alarms": guard.capacity.num_alarms,
-                "learner_faults": guard.stats.learner_faults,
-            },
-            "assumptions": asdict(guard.assumptions()),
-            **({"store": self.store_status()} if self.shared_floor is not None else {}),
-        }
+        """`/admin/status`: the guard's window, queues, monitors, §6 report, and the store."""
+        floor = self.shared_floor
+        return guard_status(
+            self.guard,
+            self.clock.now(),
+            backends_healthy=self.health.healthy,
+            store=floor.status() if floor is not None else None,
+        )
 
     def store_status(self) -> dict[str, Any]:
         """The shared floor's state: `shared`, or degraded under its fallback policy."""
-        floor = self.shared_floor
-        assert floor is not None
-        return {
-            "url": floor.store.url,
-            "state": floor.policy.value if floor.degraded else "shared",
-            "degraded_since": floor.degraded_since,
-            "replicas": floor.replicas,
-            "calls": dict(floor.calls),
-        }
+        assert self.shared_floor is not None
+        return self.shared_floor.status()
 
 
 def _retrieve(done: asyncio.Future[Any]) -> None:

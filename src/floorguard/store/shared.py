@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import redis
 
@@ -71,6 +72,16 @@ class SharedFloor(CreditStore):
     @property
     def degraded(self) -> bool:
         return self.degraded_since is not None
+
+    def status(self) -> dict[str, Any]:
+        """Its state for an operator: `shared`, or degraded under its fallback policy."""
+        return {
+            "url": self.store.url,
+            "state": self.policy.value if self.degraded else "shared",
+            "degraded_since": self.degraded_since,
+            "replicas": self.replicas,
+            "calls": dict(self.calls),
+        }
 
     # -- two thin shells over one policy: the async one (the server's request path) and the
     # -- synchronous `CreditStore` interface (the core's own calls) ------------------------
