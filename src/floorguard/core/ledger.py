@@ -114,8 +114,8 @@ class Ledger:
         self._store = store
         self._slots = SlotPool(config.slots)
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
-        self._lower, self._upper = config.lower_envelope, config.upper_envelope
-        """`L` and `s_max`: each admitted request's bounds (its ticket keeps them)."""
+        """`L` and `s_max` of each admitted request (its ticket keeps them); the guard's
+        doom gate."""
         self._queued: dict[RequestId, Ticket] = {}
         self._in_flight: dict[RequestId, Ticket] = {}
         self._surplus_by_class: Counter[ContractClass] = Counter()
@@ -270,10 +270,9 @@ class Ledger:
         """Admit the arrival: its ticket (not yet queued: the stack queues it)."""
         request, contract = pending.request, pending.contract
         self._seq += 1
-        tokens, lower, upper = request.num_output_tokens, self._lower, self._upper
-        # the doom gate's bounds, once per request (DoomGate.bounds, inline on the hot path)
-        lower_s = lower.at(tokens, request.prompt_tokens_lower) if lower is not None else None
-        upper_s = upper.at(tokens, request.num_prompt_tokens) if upper is not None else None
+        lower_s, upper_s = self._doom.bounds(  # once per request: the ticket keeps them
+            request.num_output_tokens, request.prompt_tokens_lower, request.num_prompt_tokens
+        )
         ticket = Ticket(
             request,
             contract,

@@ -52,6 +52,7 @@ __all__ = [
     "Condition",
     "build_scenario",
     "latency_model_of",
+    "learner_options_of",
     "load_of",
     "measured_row",
     "mu_sat_of",
@@ -222,16 +223,21 @@ def load_of(m: RunMetrics, mu_sat: float) -> tuple[float, float]:
     return admitted / span / mu_sat, offered / span / mu_sat
 
 
+def learner_options_of(c: Condition) -> LearnerOptions:
+    """β and the SLO of `c`'s learner; a predictor's model fitted once per profile and C."""
+    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
+    return LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model)
+
+
 def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
     scenario = build_scenario(c)
-    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
     run = simulate_once(
         scenario,
         seed=seed,
         policy=c.policy,
         learner=c.learner,
-        learner_options=LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model),
+        learner_options=learner_options_of(c),
         stack_options=StackOptions(
             flow_control=FlowControlOptions(mapping_fault=MappingFault(c.mapping_fault))
         ),

@@ -60,7 +60,7 @@ from floorguard.errors import FloorguardError
 from floorguard.experiments.conditions import (
     Condition,
     build_scenario,
-    latency_model_of,
+    learner_options_of,
     load_of,
     measured_row,
     mu_sat_of,
@@ -71,7 +71,7 @@ from floorguard.experiments.report import write_real_section
 from floorguard.experiments.runner import progress_bar, seed_for, write_rows
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import mean_of, pooled
-from floorguard.learners.registry import LearnerOptions, create_learner, needs_latency_model
+from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.pump import Pump
@@ -247,11 +247,8 @@ async def _unguarded(
 ) -> list[ClientResult]:
     """The learner's admission and a FIFO of `C` slots: the simulator's `UnguardedStack`,
     driven on the wall clock by the HTTP guard's pump."""
-    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
     learner = create_learner(
-        c.learner,
-        np.random.default_rng(seed).spawn(3)[2],
-        LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model),
+        c.learner, np.random.default_rng(seed).spawn(3)[2], learner_options_of(c)
     )
     stack = UnguardedStack(build_scenario(c).guard_config(), learner=learner)
     url = backend.url + "/v1/completions"
