@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from floorguard.core.contract import (
     AffineEnvelope,
     Contract,
@@ -84,10 +86,16 @@ def make_guard(
 BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
 
 
-def write_burstgpt(path: Path, count: int, *, gap_s: float, response_tokens=lambda i: 8) -> Path:
-    """A BurstGPT-format CSV of `count` rows `gap_s` apart."""
-    rows = [
-        f"{i * gap_s:.2f},ChatGPT,10,{response_tokens(i)},0,Conversation log" for i in range(count)
-    ]
+def write_burstgpt(
+    path: Path, count: int, *, gap_s: float, response_tokens=lambda i: 8, cv: float = 0.0
+) -> Path:
+    """A BurstGPT-format CSV of `count` rows `gap_s` apart on average: evenly (`cv` 0), or
+    with gamma gaps of that coefficient of variation (seeded)."""
+    if cv > 0:
+        gaps = np.random.default_rng(0).gamma(1 / cv**2, gap_s * cv**2, count)
+        at = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    else:
+        at = np.arange(count) * gap_s
+    rows = [f"{at[i]:.3f},ChatGPT,10,{response_tokens(i)},0,Conversation log" for i in range(count)]
     path.write_text(BURSTGPT_HEADER + "\n" + "\n".join(rows) + "\n")
     return path

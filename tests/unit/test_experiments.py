@@ -73,13 +73,14 @@ def test_run_rows_carry_every_spec_metric():
         "max_assured_backlog",
         "a_queue_wait_p99_s",
         "dr_firings",
-        "unsound_drops",
+        "false_drops",
+        "a_wait_growth_ms_per_s",
         "fire_cv",
         "max_fire_lag_s",
         "inside_region",
     ):
         assert key in row, key
-    assert row["unsound_drops"] == 0 and row["mu_sat"] > 5
+    assert row["false_drops"] == 0 and row["mu_sat"] > 5
 
 
 def test_experiment_cli_errors(capsys, tmp_path):
@@ -115,9 +116,10 @@ def test_single_experiments_run_by_id(tmp_path, experiment_id):
 
 
 def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
-    """`--burstgpt PATH` adds the file as an E12 source, replayed at its own timestamps."""
+    """`--burstgpt PATH` replaces E12's source, replayed at its own timestamps, sliced where
+    its interarrival CV falls in the published range."""
     path = write_burstgpt(
-        tmp_path / "burstgpt.csv", 3000, gap_s=0.1, response_tokens=lambda i: 10 + i % 30
+        tmp_path / "burstgpt.csv", 6000, gap_s=0.1, response_tokens=lambda i: 10 + i % 30, cv=1.5
     )
     grid = catalogue(str(path))["E12"].grid(True)
     mine = [c for c in grid if c.trace_path == str(path)]

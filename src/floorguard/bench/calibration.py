@@ -1,36 +1,122 @@
-"""`floorguard bench calibration`: each service profile against SPEC §5's targets."""
+"""`floorguard bench calibration`: each service profile against the published targets.
+
+Every target of SPEC §5/§11 (`sim.targets.TARGETS`) beside each profile's figure and its
+relative residual, and the quantiles of light-load and flood service beside the published
+spread. `--fit` re-runs the least-squares fit of v100-moe (and the Ada scale on it) and
+reports the fitted parameters beside the shipped ones.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
-from floorguard.profiles import PROFILES, V100_MOE
-from floorguard.sim.targets import fit_coupling_shape, fit_scale, measure_profile
+from rich.console import Console
+from rich.table import Table
 
-__all__ = ["bench_calibration"]
+from floorguard.profiles import ADA_SCALE, PROFILES, V100_MOE
+from floorguard.sim.targets import (
+    FIT_PARAMETERS,
+    TARGETS,
+    fit_profile,
+    fit_scale,
+    flood_services,
+    light_services,
+    measure_figures,
+    residuals,
+    service_quantiles,
+)
+
+__all__ = ["PUBLISHED_SPREAD", "bench_calibration", "render_calibration"]
+
+PUBLISHED_SPREAD = {
+    "light": "234–601 ms around a 386 ms mean; 0.4 % below 236 ms; never above 660 ms",
+    "flood": "mean ≈ 460 ms; max ≈ 600 ms in ~3,000 requests; never above 660 ms",
+}
 
 
-def bench_calibration(*, fit: bool = False) -> dict[str, Any]:
+def bench_calibration(*, fit: bool = False, progress: Any = None) -> dict[str, Any]:
+    profiles = {name: measure_figures(p) for name, p in PROFILES.items()}
     out: dict[str, Any] = {
-        "targets": {
-            "batch1_median_ms": 236,
-            "light_mean_ms": 386,
-            "flood_mean_ms": 460,
-            "flood_max_ms": "≈600 in ~3000 requests",
-            "mu_sat_per_s": "9.6–9.7",
-            "full_batch_ms": {t: 183 + 14.9 * t for t in (64, 128, 256)},
-            "ceiling_ms": 660,
-            "ada_light_mean_ms": 214,
+        "targets": [
+            {
+                "key": t.key,
+                "what": t.what,
+                "published": t.published,
+                **{name: figures[t.key] for name, figures in profiles.items()},
+                "residual": residuals(profiles["v100-moe"])[t.key],
+            }
+            for t in TARGETS
+        ],
+        "sum_of_squares": sum(r**2 for r in residuals(profiles["v100-moe"]).values()),
+        "ceiling": {
+            name: {
+                "s_max_16_ms": f["ceiling_ms"],
+                "flood_above": f["flood_above_ceiling"],
+                "flood_n": f["flood_n"],
+            }
+            for name, f in profiles.items()
         },
-        "profiles": {name: asdict(measure_profile(p)) for name, p in PROFILES.items()},
-        "linear_coupling": asdict(measure_profile(replace(V100_MOE, coupling_shape=1.0))),
+        "quantiles": {
+            "light": service_quantiles(light_services(V100_MOE)),
+            "flood": service_quantiles(flood_services(V100_MOE)),
+        },
+        "published_spread": PUBLISHED_SPREAD,
+        "ada_light_mean": {"published": 214.0, "ada-fp8": profiles["ada-fp8"]["light_mean_ms"]},
+        "parameters": {k: getattr(V100_MOE, k) for k in FIT_PARAMETERS},
     }
     if fit:
-        shape = fit_coupling_shape(replace(V100_MOE, coupling_shape=1.0))
-        fitted = replace(V100_MOE, coupling_shape=shape)
+        fitted, figures = fit_profile(replace(V100_MOE), progress=progress)
         out["fit"] = {
-            "v100_coupling_shape": shape,
+            "parameters": {k: getattr(fitted, k) for k in FIT_PARAMETERS},
+            "sum_of_squares": sum(r**2 for r in residuals(figures).values()),
             "ada_scale": fit_scale(fitted, "ada-fp8", 214.0),
+            "shipped_ada_scale": ADA_SCALE,
         }
     return out
+
+
+def render_calibration(result: dict[str, Any], console: Console) -> None:
+    names = list(PROFILES)
+    table = Table(title="published targets (SPEC §5, §11) against each profile")
+    for column in ("target", "published", *names, "v100 residual"):
+        table.add_column(column, justify="left" if column == "target" else "right")
+    for row in result["targets"]:
+        table.add_row(
+            row["key"],
+            f"{row['published']:.4g}",
+            *(f"{row[n]:.4g}" for n in names),
+            f"{row['residual']:+.1%}",
+        )
+    console.print(table)
+    for row in result["targets"]:
+        console.print(f"  {row['key']}: {row['what']}", style="dim")
+    console.print(f"v100-moe sum of squared relative residuals: {result['sum_of_squares']:.4f}")
+    for name, c in result["ceiling"].items():
+        console.print(
+            f"{name}: s_max(16) = {c['s_max_16_ms']:.0f} ms; flood services above it: "
+            f"{c['flood_above']:.0f} of {c['flood_n']:.0f}"
+        )
+    quantiles = Table(title="v100-moe service quantiles (ms)")
+    keys = [k for k in result["quantiles"]["light"] if k.startswith("q")]
+    heads = {"q0": "min", "q1": "max"}
+    for column in ("load", *(heads.get(k, f"{float(k[1:]):.1%}") for k in keys), "mean", "n"):
+        quantiles.add_column(column, justify="right")
+    for load, q in result["quantiles"].items():
+        quantiles.add_row(load, *(f"{q[k]:.0f}" for k in keys), f"{q['mean']:.0f}", f"{q['n']:.0f}")
+    console.print(quantiles)
+    for load, spread in result["published_spread"].items():
+        console.print(f"  published {load}: {spread}")
+    console.print(
+        f"ada-fp8 light-load mean: {result['ada_light_mean']['ada-fp8']:.1f} ms "
+        f"(published {result['ada_light_mean']['published']:.0f})"
+    )
+    if "fit" in result:
+        fit = result["fit"]
+        console.print(
+            f"fit: sum of squares {fit['sum_of_squares']:.4f} (shipped "
+            f"{result['sum_of_squares']:.4f}); ada scale {fit['ada_scale']:.4f} (shipped "
+            f"{fit['shipped_ada_scale']:.4f})"
+        )
+        for k, v in fit["parameters"].items():
+            console.print(f"  {k}: {v:.6g} (shipped {result['parameters'][k]:.6g})")

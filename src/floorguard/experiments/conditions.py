@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from floorguard.analysis.metrics import RunMetrics, entitled_ids, measure
 from floorguard.analysis.records import TraceRecords, fold_trace
-from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
+from floorguard.baselines.flow_control import FlowControlOptions, MappingFault, Objective
 from floorguard.baselines.registry import StackOptions
 from floorguard.core.contract import (
     CapacityAction,
@@ -26,7 +29,9 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.learner import Learner, LoadSnapshot, Proposal
 from floorguard.core.ledger import assumptions_of
+from floorguard.core.request import Request
 from floorguard.learners.latency import LatencyModel
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
@@ -82,15 +87,32 @@ class Condition:
     long_fraction: float = 0.0
     excess: str = "reject"
     meter: str = "count"
-    doom_gate: bool = True
+    doom_gate: bool = False
+    """Off, as in the published comparisons (SPEC §4.3, §11): the floor must be shown to
+    rest on AF + SF without DR. On only where an experiment tests the gate (E15)."""
+    gate_lower_ms: float = 0.0
+    """With the gate on: > 0 is the published constant `L` (ms); 0 is the profile's exact
+    per-length minimum `L(ℓ)` (our extension)."""
     capacity_action: str = "alarm"
     mapping_fault: str = "none"
+    low_band_priority: int = -1
+    """Flow control's opportunistic band: −1 is sheddable (rejected while saturated), ≥ 0
+    queues."""
+    queue_ttl_s: float = 0.0
+    """Flow control's queue TTL; 0: each request's own deadline budget."""
+    assured_poisson: bool = False
+    """The marquee's assured stream as Poisson (the variant) instead of paced."""
+    predictor: str = "light"
+    """The latency predictor's fit (`sim.probe`): `light` (the published one) or `loaded`
+    (queue-aware)."""
+    replay_admission: bool = False
+    """Admit exactly what the guard (assured-first) run of the same seed admitted: the
+    learner is replaced by that run's decisions (E3's byte-identical admission)."""
     cv: float = 2.9
     trace_path: str = ""
     slice_index: int = 0
     slice_s: float = 120.0
-    slice_stride_s: float = 120.0
-    """Slice k replays trace offsets [k·stride, k·stride + slice_s)."""
+    """Slice k replays trace offsets [k·slice_s, (k + 1)·slice_s)."""
     speedup: float = 1.0
     assured_fraction: float = 0.3
     max_tokens: int = 48
@@ -107,8 +129,8 @@ def mu_sat_of(profile: str, slots: int) -> float:
 
 
 @functools.cache
-def latency_model_of(profile: str, slots: int) -> LatencyModel:
-    return fit_probe_model(get_profile(profile), slots)
+def latency_model_of(profile: str, slots: int, fit: str = "light") -> LatencyModel:
+    return fit_probe_model(get_profile(profile), slots, fit=fit)
 
 
 @functools.cache
@@ -129,8 +151,11 @@ def _contracts(c: Condition) -> tuple[Contract, ...]:
 
 def _streams(c: Condition) -> tuple[Stream, ...]:
     short = FixedLength(c.tokens)
-    opp = SyntheticStream(OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), short, c.duration_s)
-    flood = (opp,) if c.opp_rate > 0 else ()
+    flood = (
+        (SyntheticStream(OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), short, c.duration_s),)
+        if c.opp_rate > 0
+        else ()
+    )
     if c.workload == "paced-bimodal":
         lengths = BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
         return (
@@ -167,19 +192,70 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
         assured_rate_per_s=c.assured_rate,
         opportunistic_rate_per_s=c.opp_rate,
         num_output_tokens=c.tokens,
+        assured_poisson=c.assured_poisson,
     ).streams
 
 
-def _unsound_drops(events: list[TraceEvent], scenario: Scenario) -> int:
-    """Drops with t + L(ℓ) ≤ D: the checker's DR violations (always 0 for a sound gate)."""
-    lower = scenario.guard_config().lower_envelope
+def _false_drops(events: list[TraceEvent], scenario: Scenario) -> int:
+    """Drops with t + L_model(ℓ) ≤ D, `L_model` the profile's exact minimum service: drops
+    of requests that could still have been on time on this model (an upper bound on the
+    drops whose request would have been). 0 by construction for the per-length gate; the
+    published constant `L` is no minimum, so it can drop such requests."""
+    lower = scenario.profile.lower
     return sum(
         1
         for e in events
         if e.kind is EventKind.DROP
+        and e.reason == "doomed"
         and e.deadline_at is not None
-        and (lower is None or e.at + lower.at(e.num_output_tokens or 0) <= e.deadline_at)
+        and e.at + lower.at(e.num_output_tokens or 0) <= e.deadline_at
     )
+
+
+class _Replay:
+    """A learner that admits exactly the request ids it was given (E3: the assured-first
+    run's admissions, replayed under FIFO)."""
+
+    name = "replay"
+
+    def __init__(self, admitted: frozenset[object]) -> None:
+        self.admitted = admitted
+
+    def propose(
+        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+    ) -> Proposal:
+        return Proposal(admit=request.request_id in self.admitted)
+
+
+def _wait_growth_ms_per_s(trace: TraceRecords) -> float | None:
+    """Slope of assured queue wait (dispatch − arrival) over arrival time, ms per s: ≈ 0 for
+    a stable queue, the growth rate past the break."""
+    started = [r for r in trace.of_class(ContractClass.ASSURED) if not math.isnan(r.dispatched_at)]
+    if len(started) < 3:
+        return None
+    at = np.array([r.arrival_at for r in started])
+    wait = np.array([r.dispatched_at - r.arrival_at for r in started])
+    return float(np.polyfit(at, wait, 1)[0] * 1e3) if np.ptp(at) > 0 else None
+
+
+def _short_and_entitled(c: Condition, trace: TraceRecords) -> dict[str, int]:
+    """E10's counts: assured requests of the short length (admitted, late), and the
+    count-entitled ones (the first B assured arrivals of each window, whatever the meter)
+    that were refused."""
+    assured = trace.of_class(ContractClass.ASSURED)
+    short = [r for r in assured if r.num_output_tokens <= c.tokens]
+    used: dict[int, int] = {}
+    shed = 0
+    for r in assured:
+        window = math.floor(r.arrival_at / c.window_s)
+        if used.get(window, 0) < c.floor:
+            used[window] = used.get(window, 0) + 1
+            shed += not r.admitted
+    return {
+        "a_short_admitted": sum(r.admitted for r in short),
+        "a_short_late": sum(r.outcome == "late" for r in short),
+        "count_entitled_shed": shed,
+    }
 
 
 def _entitled_admitted(trace: TraceRecords) -> int:
@@ -198,6 +274,7 @@ def build_scenario(c: Condition) -> Scenario:
         schedule=WindowSchedule(c.window_s),
         meter=MeterKind(c.meter),
         doom_gate=c.doom_gate,
+        gate_lower_s=c.gate_lower_ms / 1e3 if c.gate_lower_ms > 0 else None,
         capacity_action=CapacityAction(c.capacity_action),
     )
 
@@ -225,21 +302,51 @@ def load_of(m: RunMetrics, mu_sat: float) -> tuple[float, float]:
 
 def learner_options_of(c: Condition) -> LearnerOptions:
     """β and the SLO of `c`'s learner; a predictor's model fitted once per profile and C."""
-    model = latency_model_of(c.profile, c.slots) if needs_latency_model(c.learner) else None
+    model = (
+        latency_model_of(c.profile, c.slots, c.predictor)
+        if needs_latency_model(c.learner)
+        else None
+    )
     return LearnerOptions(beta=c.beta, slo_s=c.deadline_ms / 1e3, latency_model=model)
+
+
+def _admitted_ids(c: Condition, seed: int) -> frozenset[object]:
+    run = simulate_once(
+        build_scenario(c),
+        seed=seed,
+        policy=c.policy,
+        learner=c.learner,
+        learner_options=learner_options_of(c),
+    )
+    assert run.events is not None
+    return frozenset(r.request_id for r in fold_trace(run.events).records if r.admitted)
 
 
 def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
     scenario = build_scenario(c)
+    learner: str | Callable[[np.random.Generator], Learner] = c.learner
+    if c.replay_admission:
+        admitted = _admitted_ids(replace(c, policy="guard", replay_admission=False), seed)
+        learner = lambda rng: _Replay(admitted)  # noqa: E731
     run = simulate_once(
         scenario,
         seed=seed,
         policy=c.policy,
-        learner=c.learner,
+        learner=learner,
         learner_options=learner_options_of(c),
         stack_options=StackOptions(
-            flow_control=FlowControlOptions(mapping_fault=MappingFault(c.mapping_fault))
+            flow_control=FlowControlOptions(
+                objectives={
+                    ContractClass.ASSURED: Objective("premium", 10),
+                    ContractClass.OPPORTUNISTIC: Objective(
+                        "sheddable" if c.low_band_priority < 0 else "standard",
+                        c.low_band_priority,
+                    ),
+                },
+                mapping_fault=MappingFault(c.mapping_fault),
+                queue_ttl_s=c.queue_ttl_s if c.queue_ttl_s > 0 else None,
+            )
         ),
     )
     assert run.events is not None
@@ -267,7 +374,9 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "dr_firings": sum(
             1 for e in run.events if e.kind is EventKind.DROP and e.reason == "doomed"
         ),
-        "unsound_drops": _unsound_drops(run.events, scenario),
+        "false_drops": _false_drops(run.events, scenario),
+        "a_wait_growth_ms_per_s": _wait_growth_ms_per_s(trace),
+        **_short_and_entitled(c, trace),
         "max_service_s": stack.envelope.max_service_s,
         "num_above_ceiling": stack.envelope.num_above_upper,
         "rho_a": region.rho_a,
@@ -276,6 +385,10 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "held": m.assured.late == 0,
         "phase_counts": [list(p) for p in m.phase_counts],
     }
+    if c.replay_admission:
+        row["admission_identical"] = admitted == frozenset(
+            r.request_id for r in trace.records if r.admitted
+        )
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

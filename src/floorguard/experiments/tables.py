@@ -91,6 +91,7 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 "rho_eff": _mean([r["rho_eff"] for r in runs]),
                 "rho_emp": _mean([r["rho_emp"] for r in runs]),
                 "rho_hat": _mean([r["rho_hat"] for r in runs]),
+                "wait_growth_ms_per_s": _mean([r["a_wait_growth_ms_per_s"] for r in runs]),
                 "max_qa": max(r["max_assured_backlog"] for r in runs),
                 "dr_firings": _sum(runs, "dr_firings"),
                 "wait_p99_ms": _max_ms([r["a_queue_wait_p99_s"] for r in runs]),

@@ -251,6 +251,9 @@ class GuardServerConfig(_Strict):
     learner_options: LearnerOptionsSpec = LearnerOptionsSpec()
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
+    doom_gate: bool = True
+    """Drop provably doomed requests (`now + L > deadline`, SPEC §4.3) with the profile's
+    `L`; false keeps the profile for `s_max` and the learner's fit, and drops nothing."""
     limits: LimitsSpec = LimitsSpec()
     queue: QueueSpec = QueueSpec()
     upstream: UpstreamSpec = UpstreamSpec()
@@ -340,7 +343,7 @@ class GuardServerConfig(_Strict):
             ),
             schedule=WindowSchedule(self.window_s, self.origin_at),
             slots=tuple(b.slots for b in self.backends),
-            lower_envelope=profile.lower if profile else None,
+            lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,
             meter=self.meter,

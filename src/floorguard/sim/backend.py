@@ -2,7 +2,9 @@
 
 All running sequences advance together, one token per decode step; a step of `n` running
 sequences takes `step_s(n)`, so service couples to load. A joining request's prefill stalls
-the batch. The model advances by batch-membership changes, not token by token: a shared
+the batch, longer the more sequences are already decoding (the sustained-load coupling), and
+each request needs `ℓ·j` steps, `j` its own dispersion draw. The model advances by
+batch-membership changes, not token by token: a shared
 progress counter `V` (decode steps done by every running sequence) moves at `1/step_s(n)`
 between changes, and a request finishes when `V` reaches its `finish_v`. Cost per request is
 O(log C), whatever its length.
@@ -11,6 +13,7 @@ O(log C), whatever its length.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Protocol
 
 import numpy as np
@@ -47,7 +50,8 @@ class BatchingBackend:
         self.num_slots = num_slots
         self._rng = rng
         self._finish: list[tuple[float, int, RequestId]] = []  # (finish_v, seq, id)
-        self._spans: dict[RequestId, tuple[float, float, int]] = {}  # (start_v, finish_v, ℓ)
+        self._spans: dict[RequestId, tuple[float, float, int, float]] = {}
+        """(start_v, finish_v, ℓ, first token at)."""
         self._seq = 0
         self._v = 0.0
         self._last_at = 0.0
@@ -70,10 +74,16 @@ class BatchingBackend:
         self._last_at = now
 
     def _jitter(self) -> float:
+        """`j = g·e`: the lognormal dispersion `g` (median 1, clipped at ±`jitter_z` σ) times
+        the one-sided `e = 1 + min(Exp(jitter_mean), jitter_cap)`."""
         p = self.profile
-        if p.jitter_mean <= 0:
-            return 1.0
-        return 1.0 + min(self._rng.exponential(p.jitter_mean), p.jitter_cap)
+        j = 1.0
+        if p.jitter_sigma > 0:
+            z = min(max(self._rng.standard_normal(), -p.jitter_z), p.jitter_z)
+            j = math.exp(p.jitter_sigma * z)
+        if p.jitter_mean > 0:
+            j *= 1.0 + min(self._rng.exponential(p.jitter_mean), p.jitter_cap)
+        return j
 
     def join(self, request: Request, now: float) -> float:
         if len(self._finish) >= self.num_slots:
@@ -81,15 +91,23 @@ class BatchingBackend:
         self._advance(now)
         p = self.profile
         prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
+        if p.stall_per_decoding_s > 0:
+            decoding = sum(1 for span in self._spans.values() if span[3] <= now)
+            prefill_s += p.stall_per_decoding_s * decoding
         self._stalled_until = max(self._stalled_until, now) + prefill_s
         self._seq += 1
         finish_v = self._v + request.num_output_tokens * self._jitter()
         heapq.heappush(self._finish, (finish_v, self._seq, request.request_id))
-        self._spans[request.request_id] = (self._v, finish_v, request.num_output_tokens)
+        self._spans[request.request_id] = (
+            self._v,
+            finish_v,
+            request.num_output_tokens,
+            self._stalled_until,
+        )
         return self._stalled_until
 
     def tokens_out(self, request_id: RequestId, now: float) -> int:
-        start_v, finish_v, tokens = self._spans[request_id]
+        start_v, finish_v, tokens, _ = self._spans[request_id]
         if finish_v <= start_v:
             return tokens
         done = (self._v_at(now) - start_v) / (finish_v - start_v)

@@ -2,8 +2,14 @@
 
 A recording learner admits everything and keeps the `LoadSnapshot` each request arrived to —
 exactly the features a learner sees in production — and the trace supplies the measured
-latency (arrival → completion). Open-loop Poisson probes at several rates, below and above
-capacity, with mixed output lengths, so every coefficient is identifiable.
+latency (arrival → completion). Two probe sets (SPEC §11, E1/E2):
+
+* `light` — the published predictor: 132 samples at light load (Poisson 2/s, mixed output
+  lengths). The queue never builds, so the fit knows nothing about queueing: its features'
+  range is the probes' range, and under a flood it predicts light-load latency.
+* `loaded` — a queue-aware predictor: open-loop Poisson probes at several rates, below and
+  above capacity, so every coefficient is identifiable. A far better learner than the
+  published one, reported beside it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from floorguard.analysis.records import fold_trace
 from floorguard.core.contract import Contract, ContractClass
 from floorguard.core.learner import LoadSnapshot, Proposal
 from floorguard.core.request import Request, RequestId
+from floorguard.errors import require
 from floorguard.learners.latency import LatencyModel, fit_latency_model
 from floorguard.profiles import ServiceProfile, get_profile, load_latency_model
 from floorguard.sim.run import simulate_once
@@ -23,6 +30,8 @@ from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import BimodalLength, PoissonArrivals, SyntheticStream
 
 __all__ = [
+    "LIGHT_PROBE_SAMPLES",
+    "PREDICTOR_FITS",
     "PROBE_RATES_PER_S",
     "collect_probe_samples",
     "fit_probe_model",
@@ -31,6 +40,9 @@ __all__ = [
 ]
 
 PROBE_RATES_PER_S = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
+LIGHT_PROBE_SAMPLES = 132
+"""The published predictor's sample count."""
+PREDICTOR_FITS = ("light", "loaded")
 
 
 class _Recorder:
@@ -78,8 +90,23 @@ def collect_probe_samples(
     return samples
 
 
-def fit_probe_model(profile: ServiceProfile, slots: int, *, seed: int = 0) -> LatencyModel:
-    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes."""
+def fit_probe_model(
+    profile: ServiceProfile, slots: int, *, seed: int = 0, fit: str = "loaded"
+) -> LatencyModel:
+    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes:
+    `fit` is `loaded` (the queue-aware one) or `light` (the published one)."""
+    if fit == "light":
+        samples = collect_probe_samples(
+            profile, slots, seed=seed, duration_s=90.0, rates_per_s=(2.0,)
+        )
+        require(
+            len(samples) >= LIGHT_PROBE_SAMPLES,
+            "light probe",
+            len(samples),
+            f"needs {LIGHT_PROBE_SAMPLES} samples",
+        )
+        return fit_latency_model(samples[:LIGHT_PROBE_SAMPLES])
+    require(fit == "loaded", "predictor fit", fit, f"must be one of {PREDICTOR_FITS}")
     return fit_latency_model(collect_probe_samples(profile, slots, seed=seed))
 
 

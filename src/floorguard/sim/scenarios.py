@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from floorguard.core.contract import (
+    AffineEnvelope,
     CapacityAction,
     Contract,
     ContractClass,
@@ -19,8 +20,10 @@ from floorguard.errors import ConfigError, require
 from floorguard.profiles import ServiceProfile, get_profile
 from floorguard.sim.traces import load_trace
 from floorguard.sim.workloads import (
+    Arrivals,
     ByFraction,
     FixedLength,
+    PacedArrivals,
     PoissonArrivals,
     Stream,
     SyntheticStream,
@@ -33,6 +36,9 @@ __all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee", "trace_replay"
 ASSURED_TENANT = "a95"
 """The assured tenant's name in the catalogue scenarios ("A95" in reports)."""
 OPPORTUNISTIC_TENANT = "a10"
+PACE_JITTER_S = 0.02
+"""The marquee's paced assured arrivals are each late by up to 20 ms (SPEC §10's "small
+jitter"; the size is ours)."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,18 @@ class Scenario:
     dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
     meter: MeterKind = MeterKind.COUNT
     doom_gate: bool = True
-    """Give the guard the profile's lower envelope `L(ℓ)` (SPEC §4.3)."""
+    """Give the guard a lower envelope `L` (SPEC §4.3): the profile's exact minimum `L(ℓ)`,
+    or the constant `gate_lower_s`."""
     capacity_action: CapacityAction = CapacityAction.ALARM
+    gate_lower_s: float | None = None
+    """The published wiring: one constant `L` for every length (the batch-1 median)."""
+
+    def lower_envelope(self) -> AffineEnvelope | None:
+        if not self.doom_gate:
+            return None
+        if self.gate_lower_s is not None:
+            return AffineEnvelope(self.gate_lower_s, 0.0)
+        return self.profile.lower
 
     def guard_config(self) -> GuardConfig:
         return GuardConfig(
@@ -56,7 +72,7 @@ class Scenario:
             slots=self.slots,
             dispatch=self.dispatch,
             meter=self.meter,
-            lower_envelope=self.profile.lower if self.doom_gate else None,
+            lower_envelope=self.lower_envelope(),
             upper_envelope=self.profile.ceiling,
             capacity_action=self.capacity_action,
         )
@@ -98,13 +114,21 @@ def marquee(
     opportunistic_rate_per_s: float = 16.0,
     num_output_tokens: int = 16,
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT,
+    assured_poisson: bool = False,
 ) -> Scenario:
-    """SPEC §10's marquee: B = 6 of C = 4 slots, assured Poisson 6/s under an opportunistic
-    Poisson flood of 16/s, ℓ = 16, d = 1820 ms for both classes, 12 s of arrivals."""
+    """SPEC §10's marquee: B = 6 of C = 4 slots, the assured stream paced at 6/s (each
+    arrival up to `PACE_JITTER_S` late, so every 1 s window offers exactly B) under an
+    opportunistic Poisson flood of 16/s, ℓ = 16, d = 1820 ms for both classes, 12 s of
+    arrivals. `assured_poisson` is the Poisson variant."""
     require(duration_s > 0, "duration_s", duration_s, "must be > 0")
     lengths = FixedLength(num_output_tokens)
+    assured_arrivals: Arrivals = (
+        PoissonArrivals(assured_rate_per_s)
+        if assured_poisson
+        else PacedArrivals(assured_rate_per_s, min(PACE_JITTER_S, 0.5 / assured_rate_per_s))
+    )
     streams: list[Stream] = [
-        SyntheticStream(ASSURED_TENANT, PoissonArrivals(assured_rate_per_s), lengths, duration_s),
+        SyntheticStream(ASSURED_TENANT, assured_arrivals, lengths, duration_s),
     ]
     if opportunistic_rate_per_s > 0:
         streams.append(

@@ -80,13 +80,26 @@ class PoissonArrivals:
 
 @dataclass(frozen=True, slots=True)
 class PacedArrivals:
+    """One arrival every `1/rate` s, each late by a uniform draw in `[0, jitter_s)`: with a
+    jitter under the gap, every window of `k/rate` s offers exactly `k` arrivals."""
+
     rate_per_s: float
+    jitter_s: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.rate_per_s > 0, "rate_per_s", self.rate_per_s, "must be > 0")
+        require(
+            0 <= self.jitter_s < 1.0 / self.rate_per_s,
+            "jitter_s",
+            self.jitter_s,
+            "must be ≥ 0 and under the gap 1/rate",
+        )
 
     def times(self, rng: np.random.Generator, duration_s: float) -> np.ndarray:
-        return np.arange(0.0, duration_s, 1.0 / self.rate_per_s)
+        at = np.arange(0.0, duration_s, 1.0 / self.rate_per_s)
+        if self.jitter_s > 0:
+            at = at + rng.uniform(0.0, self.jitter_s, len(at))
+        return at
 
 
 @dataclass(frozen=True, slots=True)
