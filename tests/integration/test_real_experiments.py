@@ -16,7 +16,7 @@ def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp
     profile = tmp_path / "emulator.yaml"
     calibrated.save(profile, backend=url, model="m", slots=4)
     out = tmp_path / "out"
-    argv = ["experiment", "run", "E1", "E3", "--backend", url, "--model", "m", "--profile",
+    argv = ["experiment", "run", "E1", "E3", "E5", "--backend", url, "--model", "m", "--profile",
             str(profile), "--quick", "--duration-s", "2.5", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
 
@@ -37,7 +37,15 @@ def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp
                 assert r["log_violations"] == 0, r
     e1 = {(r["policy"], r["beta"]): r for r in rows("E1", "real") if r["predictor"] == "light"}
     assert e1["guard", 0.0]["a_late"] == 0 < e1["unguarded", 0.0]["a_late"], e1
+    # E5 on a real backend: the reservation sweep of the reference profile only (--quick:
+    # four floors, one rep), the assured stream alone
+    e5 = rows("E5", "real")
+    assert sorted(r["floor"] for r in e5) == [4, 6, 8, 10]
+    assert all(r["o_offered"] == 0 for r in e5)
+    fifo = [r for r in rows("E3", "real") if r["policy"] == "gated-fifo"]
+    assert fifo and all(isinstance(r["admission_identical"], bool) for r in fifo)
     table = (out / "fidelity.md").read_text()
+    assert "runs with a late A, real (CP 95 %)" in table
     assert "| guard | 0 | 1 |" in table and "| gated-fifo | 1 |" in table
     assert "agree on whether any assured request was late" in table
     assert (out / "fidelity.png").stat().st_size > 10_000

@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
         "--backend, the fidelity section of that file",
     )
     real = run_parser.add_argument_group(
-        "on a real backend (E1, E3, E8; docs/vllm.md)",
+        "on a real backend (E1, E3, E4, E5, E8; docs/vllm.md)",
         "run the experiments against an OpenAI-compatible backend with C slots (vLLM: "
         "--max-num-seqs C --scheduling-policy priority), rescaled to its measured capacity, "
         "each beside the simulator's prediction for its calibrated profile; the short grids "

@@ -1,6 +1,9 @@
-"""`floorguard experiment run E1 E3 E8 --backend URL --model NAME`: the experiments on a real
-OpenAI-compatible backend (vLLM), each condition beside the simulator's prediction for the
-same calibrated profile and the same arrivals — the fidelity table.
+"""`floorguard experiment run E1 E3 E4 E5 E8 --backend URL --model NAME`: the experiments on
+a real OpenAI-compatible backend (vLLM), each condition beside the simulator's prediction for
+the same calibrated profile and the same arrivals — the fidelity table. The conditions are
+the catalogue's short grids written for v100-moe (`REFERENCE_PROFILE`); reps 3, and 9 on the
+deadline and reservation axes (E4, E5), so a clean condition's Clopper–Pearson upper bound
+on its late-run share is 0.336.
 
 **Scaling.** The catalogue's conditions are written for the v100-moe profile. On another
 backend they are rescaled by its measured capacity: with
@@ -10,7 +13,9 @@ capacity (ρ̂), the arrivals per window against the floor `B` and the requests 
 what they were. Deadlines come from the calibrated service instead: the catalogue's factor
 `d / s_max(16)` is kept (marquee: 1820 ms / 660 ms = 2.76), so `d = factor · s_max_backend(16)`.
 
-**The stacks on a real backend.**
+**The stacks on a real backend.** E3's FIFO run cannot take replayed decisions from a real
+guard; it runs the same learner, and its row says whether its admitted set matched the
+assured-first run's of the same seed (`admission_identical`). The simulator's side replays.
 
 * `guard`, `gated-fifo`: a `floorguard serve` process in front of the backend (dispatch
   assured-first or fifo, the learner and its options from the condition, tenant from a
@@ -49,6 +54,7 @@ from rich.console import Console
 
 from floorguard.analysis.checker import check_trace
 from floorguard.analysis.metrics import UNMET_OUTCOMES, UNMET_TEXT
+from floorguard.analysis.stats import clopper_pearson
 from floorguard.baselines.unguarded import UnguardedStack
 from floorguard.calibrate import calibrate
 from floorguard.clock import WallClock
@@ -91,8 +97,14 @@ __all__ = [
     "served_runs",
 ]
 
-REAL_EXPERIMENTS = ("E1", "E3", "E8")
+REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8")
 REAL_REPS = 3
+REAL_REPS_BY_EXPERIMENT = {"E4": 9, "E5": 9}
+"""The deadline and reservation axes run 9 reps: a condition with no late assured request
+in 9 of 9 runs has a Clopper–Pearson 95 % upper bound of 0.336 on its late-run share."""
+REFERENCE_PROFILE = "v100-moe"
+"""On a real backend only the conditions written for this profile run (the backend is one
+node; another profile's conditions would only rescale time)."""
 POLICIES = frozenset({"guard", "gated-fifo", "server-priority", "unguarded"})
 DEADLINE_BLIND = frozenset({"server-priority"})
 """Stacks whose run does not depend on the deadline (measured against each)."""
@@ -363,13 +375,17 @@ def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Ro
     head = [*experiment.shown, "runs"]
     for name, _, _ in COLUMNS:
         head += [f"{name} real", "sim"]
-    head += ["ρ̂ real", "log check"]
+    head += ["runs with a late A, real (CP 95 %)", "ρ̂ real", "log check"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for index in sorted(groups):
         real_rows, sim_rows = groups[index]
         cells = [*_label(experiment, real_rows[0]), str(len(real_rows))]
         for _, measure, fmt in COLUMNS:
             cells += [_cell(measure(real_rows), fmt), _cell(measure(sim_rows), fmt)]
+        late_runs = sum(r["a_late"] > 0 for r in real_rows)
+        cells.append(
+            f"{late_runs}/{len(real_rows)} {clopper_pearson(late_runs, len(real_rows)).fmt()}"
+        )
         cells.append(_cell(mean_of(real_rows, "rho_hat"), "{:.2f}"))
         logged = [r for r in real_rows if r["log_violations"] is not None]
         cells.append(
@@ -453,14 +469,25 @@ def run_real_experiments(
     console = console or Console(stderr=True)
     unknown = [e.id for e in experiments if e.id not in REAL_EXPERIMENTS]
     if unknown:
-        raise FloorguardError(f"{unknown} run on the simulator only; on a real backend: E1 E3 E8")
-    n = reps if reps is not None else (1 if quick else REAL_REPS)
+        raise FloorguardError(
+            f"{unknown} run on the simulator only; on a real backend: {' '.join(REAL_EXPERIMENTS)}"
+        )
+
+    def reps_of(experiment: Experiment) -> int:
+        if reps is not None:
+            return reps
+        return 1 if quick else REAL_REPS_BY_EXPERIMENT.get(experiment.id, REAL_REPS)
+
     tasks = [
         (experiment, index, rep, scaled(c, backend, duration_s))
         for experiment in experiments
         for index, c in enumerate(experiment.grid(True))
-        for rep in range(n)
+        if c.profile == REFERENCE_PROFILE
+        for rep in range(reps_of(experiment))
     ]
+    admitted_by: dict[tuple[str, Condition, int], frozenset[object]] = {}
+    """The assured-first run's admitted set per (experiment, condition sans policy, seed):
+    E3's FIFO run is compared with it (a real guard takes no replayed decisions)."""
     for *_, c in tasks:
         if c.policy not in POLICIES:
             raise FloorguardError(f"policy {c.policy} has no real-backend form")
@@ -483,6 +510,12 @@ def run_real_experiments(
                 extra.update(checked)
                 if c.policy in DEADLINE_BLIND:
                     blind_runs[key] = results
+            admitted = frozenset(r.request.request_id for r in results if r.status != 429)
+            pair = (experiment.id, replace(c, policy="guard", replay_admission=False), seed)
+            if c.policy == "guard":
+                admitted_by[pair] = admitted
+            if c.replay_admission:
+                extra["admission_identical"] = admitted_by.get(pair) == admitted
             row = {**real_row(c, seed, results, backend), **extra, "rep": rep, "condition": index}
             real[experiment.id].append(row)
             progress.advance(bar)
