@@ -35,7 +35,7 @@ from floorguard.core.request import Request
 from floorguard.learners.latency import LatencyModel
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
-from floorguard.sim.probe import fit_probe_model
+from floorguard.sim.probe import latency_model_for
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario, marquee
 from floorguard.sim.targets import saturated_capacity
@@ -130,7 +130,9 @@ def mu_sat_of(profile: str, slots: int) -> float:
 
 @functools.cache
 def latency_model_of(profile: str, slots: int, fit: str = "light") -> LatencyModel:
-    return fit_probe_model(get_profile(profile), slots, fit=fit)
+    """The predictor a condition's learner uses: the same one `floorguard serve` would
+    (`sim.probe.latency_model_for`), memoized per process."""
+    return latency_model_for(profile, slots, fit)
 
 
 @functools.cache

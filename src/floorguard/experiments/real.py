@@ -183,7 +183,7 @@ def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> G
                 "trusted_upstreams": ["127.0.0.0/8"],
             },
             "learner": c.learner,
-            "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms},
+            "learner_options": {"beta": c.beta, "slo_ms": c.deadline_ms, "fit": c.predictor},
             "profile": str(backend.profile_path),
             "doom_gate": c.doom_gate,
             "dispatch": "fifo" if c.policy == "gated-fifo" else "assured-first",

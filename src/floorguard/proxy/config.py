@@ -137,6 +137,10 @@ class LearnerOptionsSpec(_Strict):
     """Miscalibration: predictions are scaled by β (1: as fitted; 0: everything looks fast)."""
     slo_ms: float | None = Field(default=None, gt=0)
     """The latency SLO; default: the smallest opportunistic deadline."""
+    fit: Literal["loaded", "light"] = "loaded"
+    """`loaded`: the queue-aware fit (probes below and above capacity; the one `floorguard
+    calibrate` saves); `light`: the published predictor, 132 light-load probe samples
+    (fitted on simulated probes of the profile)."""
 
 
 class StoreSpec(_Strict):
@@ -318,7 +322,9 @@ class GuardServerConfig(_Strict):
         return LearnerOptions(
             beta=self.learner_options.beta,
             slo_s=slo_ms / 1e3,
-            latency_model=latency_model_for(self.profile, sum(b.slots for b in self.backends)),
+            latency_model=latency_model_for(
+                self.profile, sum(b.slots for b in self.backends), self.learner_options.fit
+            ),
         )
 
     @model_validator(mode="after")

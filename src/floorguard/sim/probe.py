@@ -110,16 +110,16 @@ def fit_probe_model(
     return fit_latency_model(collect_probe_samples(profile, slots, seed=seed))
 
 
-def latency_model_for(profile: str, slots: int) -> LatencyModel:
+def latency_model_for(profile: str, slots: int, fit: str = "loaded") -> LatencyModel:
     """The latency predictor for a profile (a shipped name or a profile file) with `slots`
-    slots: the one `floorguard calibrate` saved with the file for those slots, else fitted
-    now on simulated probes (a shipped profile, or a file written before calibrate saved
-    one, or for other slots)."""
-    if profile.endswith((".yaml", ".yml")):
+    slots: for the `loaded` fit, the one `floorguard calibrate` saved with the file for those
+    slots, else fitted now on simulated probes (a shipped profile, a file written before
+    calibrate saved one, other slots, or the `light` fit)."""
+    if fit == "loaded" and profile.endswith((".yaml", ".yml")):
         saved = load_latency_model(Path(profile))
         if saved is not None and saved.get("slots") == slots:
             return LatencyModel.from_dict(saved)
-    return fit_probe_model(get_profile(profile), slots)
+    return fit_probe_model(get_profile(profile), slots, fit=fit)
 
 
 def prediction_error(model: LatencyModel, samples: list[tuple[LoadSnapshot, int, float]]) -> float:
