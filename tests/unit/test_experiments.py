@@ -126,3 +126,17 @@ def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
     assert mine and all(c.speedup == 1.0 for c in mine)
     row = run_condition(mine[0], 1)
     assert row["a_offered"] + row["o_offered"] > 0 and row["max_fire_lag_s"] == 0.0
+
+
+def test_e10_counts_split_the_assured_misses_by_length():
+    """E10's per-length counts add up: with the gate off the count meter admits every long
+    (256-token, infeasible at d) request and each completes late, so the late ones that are
+    not short are exactly the long ones admitted."""
+    count = next(c for c in catalogue()["E10"].grid(True) if c.meter == "count")
+    row = run_condition(count, seed_for("E10", 0, count))
+    long_admitted = row["a_admitted"] - row["a_short_admitted"]
+    assert long_admitted > 0 and row["a_late"] - row["a_short_late"] == long_admitted
+    token = next(c for c in catalogue()["E10"].grid(True) if c.meter == "token")
+    shed = run_condition(token, seed_for("E10", 0, token))
+    assert shed["a_admitted"] == shed["a_short_admitted"]  # every long one is cost-excess
+    assert shed["count_entitled_shed"] == long_admitted

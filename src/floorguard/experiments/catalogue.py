@@ -511,9 +511,15 @@ E10 = Experiment(
     reading=lambda rows: (
         "Per condition: "
         + "; ".join(_e10_cell(rows, s) for s in summarize(rows))
-        + ". The token meter sheds the infeasible long requests at the door (cost-excess) instead "
-        "of admitting them from the floor; the count meter admits them and they hold slots the "
-        "short ones need."
+        + ". The token meter sheds the infeasible long requests at the door (cost-excess) "
+        "instead of admitting them from the floor. "
+        + (
+            "The count meter admits them by the letter of AF and they hold slots the short "
+            "ones need: short assured requests go late behind them."
+            if any(r["meter"] == "count" and r["a_short_late"] > 0 for r in rows)
+            else "The count meter admits them, but here no short assured request went late "
+            "behind them: the mechanism does not appear at this load."
+        )
     ),
 )
 

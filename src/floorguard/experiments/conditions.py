@@ -255,7 +255,7 @@ def _short_and_entitled(c: Condition, trace: TraceRecords) -> dict[str, int]:
             shed += not r.admitted
     return {
         "a_short_admitted": sum(r.admitted for r in short),
-        "a_short_late": sum(r.outcome == "late" for r in short),
+        "a_short_late": sum(r.outcome == "completed" and r.late for r in short),
         "count_entitled_shed": shed,
     }
 
