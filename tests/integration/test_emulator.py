@@ -8,6 +8,7 @@ import json
 import time
 
 import aiohttp
+import openai
 
 from floorguard.rig.emulator import Emulator, create_emulator_app
 
@@ -76,3 +77,30 @@ def test_priority_scheduling_orders_the_waiting_queue_without_preemption(live):
 def test_fcfs_ignores_priority(live):
     url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 1)))
     assert live.run(_finish_order(url, [5, 1, 3])) == [99, 5, 1, 3]
+
+
+def test_the_emulator_reads_the_fields_vllm_reads(live):
+    """The official client against the emulator: chat's `max_completion_tokens` is the cap,
+    `prompt_tokens` is the prompt's count (the guard's byte bound: 5 + 2 per text, + 8 per
+    message, + 8 for the template), and `include_usage` ends a stream with a usage chunk
+    that has no choices."""
+    url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": "hello"}]
+    chat = client.chat.completions.create(
+        model="m", messages=messages, max_completion_tokens=5, max_tokens=40
+    )
+    assert chat.usage.completion_tokens == 5 and chat.choices[0].message.content.count("tok") == 5
+    assert chat.usage.prompt_tokens == 5 + 2 + 8 + 8
+    chunks = list(
+        client.completions.create(
+            model="m",
+            prompt="x",
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [c.choices[0].text for c in chunks[:-1]] == [" tok"] * 3
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+    assert chunks[-1].usage.prompt_tokens == 1 + 2

@@ -43,6 +43,7 @@ __all__ = [
     "Work",
     "load_tokenizer",
     "normalize",
+    "prompt_tokens",
 ]
 
 SCHEDULING_FIELDS = frozenset({"priority", "service_tier", "request_id", "kv_transfer_params"})
@@ -114,6 +115,22 @@ class Work:
     min_prompt_tokens: int | None
     """A lower bound where `num_prompt_tokens` is not exact (None: exact)."""
     stream: bool
+
+
+def prompt_tokens(
+    body: Mapping[str, Any],
+    *,
+    chat: bool,
+    limits: EdgeLimits | None = None,
+    tokenizer: TokenCounter | None = None,
+) -> int:
+    """The prompt's tokens as the guard meters them (exact with a tokenizer, else the byte
+    bound); BadRequestError when there is no prompt to count."""
+    limits = limits if limits is not None else EdgeLimits()
+    upper, _ = (
+        _chat_prompt(body, limits, tokenizer) if chat else _completion_prompt(body, tokenizer)
+    )
+    return upper
 
 
 def normalize(

@@ -6,7 +6,14 @@ import json
 import time
 from typing import Any
 
-__all__ = ["completion_body", "error_body", "error_type", "sse_error", "stream_chunk"]
+__all__ = [
+    "completion_body",
+    "error_body",
+    "error_type",
+    "sse_error",
+    "stream_chunk",
+    "usage_chunk",
+]
 
 
 _ERROR_TYPES = {
@@ -90,5 +97,25 @@ def stream_chunk(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def usage_chunk(
+    request_id: str, model: str, chat: bool, *, prompt_tokens: int, completion_tokens: int
+) -> bytes:
+    """The last chunk of a stream asked for `stream_options.include_usage`: no choices,
+    the usage (as vLLM and OpenAI send it)."""
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"

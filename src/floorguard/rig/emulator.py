@@ -1,8 +1,12 @@
 """`floorguard emulate`: an OpenAI-compatible backend that serves with the simulator's
 continuous-batching model in real time (no GPU, no weights).
 
-Each request needs `max_tokens` output tokens (at least `min_tokens`; the emulated model
-never stops early, as with `ignore_eos: true`). `C` slots run in the `BatchingBackend`; the
+Each request needs `max_tokens` output tokens (for chat, `max_completion_tokens` first, as
+vLLM reads it; at least `min_tokens`; the emulated model never stops early, as with
+`ignore_eos: true`). Its prompt is counted as the guard meters it without a tokenizer (UTF-8
+bytes + 2 per text, + 8 per chat message): that is the `prompt_tokens` it reports and what
+a profile's per-prompt-token prefill charges. `stream_options.include_usage` ends a stream
+with a usage chunk, as vLLM does. `C` slots run in the `BatchingBackend`; the
 rest wait, FIFO or — with `--scheduling-policy priority` — by vLLM's `(priority, arrival)`,
 and a running request is never preempted. A streamed response sends one chunk per token as
 the batch produces it (the first when prefill ends). `/metrics` has vLLM-style
@@ -26,7 +30,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from floorguard.core.request import Request
 from floorguard.profiles import get_profile
-from floorguard.proxy.openai_format import completion_body, error_body, stream_chunk
+from floorguard.proxy.normalize import BadRequestError, prompt_tokens
+from floorguard.proxy.openai_format import completion_body, error_body, stream_chunk, usage_chunk
 from floorguard.sim.backend import SimBackend, create_backend
 
 __all__ = ["Emulator", "create_emulator_app"]
@@ -87,9 +92,9 @@ class Emulator:
         if self._task is not None:
             self._task.cancel()
 
-    def submit(self, tokens: int, priority: float) -> _Job:
+    def submit(self, tokens: int, priority: float, prompt_tokens: int = 0) -> _Job:
         seq = next(self._ids)
-        job = _Job(Request(seq, "emulated", self._now(), tokens), priority)
+        job = _Job(Request(seq, "emulated", self._now(), tokens, prompt_tokens), priority)
         key = priority if self.priority_scheduling else 0.0
         heapq.heappush(self._waiting, (key, seq, job))
         self._wake.set()
@@ -161,28 +166,46 @@ class Emulator:
     async def handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = json.loads(await request.read())
-            tokens = max(int(body.get("max_tokens") or 16), int(body.get("min_tokens") or 0))
+            # vLLM: for chat, max_completion_tokens wins over the deprecated max_tokens
+            cap = (body.get("max_completion_tokens") if chat else None) or body.get("max_tokens")
+            tokens = max(int(cap or 16), int(body.get("min_tokens") or 0))
             priority = float(body.get("priority") or 0)
             stream = bool(body.get("stream", False))
+            options = body.get("stream_options") or {}
+            include_usage = stream and bool(options.get("include_usage", False))
+            prompt = prompt_tokens(body, chat=chat)
+        except BadRequestError as exc:
+            return web.json_response(error_body(exc.kind, str(exc)), status=400)
         except (ValueError, TypeError, AttributeError) as exc:
             return web.json_response(error_body("invalid_request", str(exc)), status=400)
         if tokens < 1:
             return web.json_response(
                 error_body("invalid_request", "max_tokens must be ≥ 1"), status=400
             )
-        job = self.submit(tokens, priority)
+        job = self.submit(tokens, priority, prompt)
         rid = f"emu-{job.request.request_id}"
         try:
             if not stream:
                 await job.done
                 return web.json_response(
                     completion_body(
-                        rid, self.model, chat, " tok" * tokens, completion_tokens=tokens
+                        rid,
+                        self.model,
+                        chat,
+                        " tok" * tokens,
+                        completion_tokens=tokens,
+                        prompt_tokens=prompt,
                     )
                 )
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             await self._stream_tokens(job, response, rid, chat)
+            if include_usage:
+                await response.write(
+                    usage_chunk(
+                        rid, self.model, chat, prompt_tokens=prompt, completion_tokens=tokens
+                    )
+                )
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
