@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -197,3 +198,27 @@ def test_mapping_fault_reaches_flow_control(capsys):
     )
     assert clean["assured"]["rejected"] == 0
     assert swapped["assured"]["rejected"] > 0
+
+
+def test_version_and_a_bad_port_are_clear_answers_not_tracebacks(capsys):
+    """`--version` prints the installed version; a port outside 1–65535 is a usage error
+    naming the range (it was an OverflowError from bind)."""
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("floorguard ")
+    with pytest.raises(SystemExit) as done:
+        main(["emulate", "--port", "99999"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "must be 1–65535" in err and "Traceback" not in err
+
+
+def test_emulate_on_a_taken_port_is_a_clear_error(capsys):
+    """A port in use ends `emulate` with exit 2 and the address in the message."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["emulate", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version as package_version
 
 from rich.console import Console
 
@@ -25,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="floorguard",
         description="A trusted floor under an untrusted learner, for multi-tenant LLM serving.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"floorguard {package_version('floorguard')}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for group in (simulate, verify, experiment, screen, http, bench):

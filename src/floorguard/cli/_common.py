@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 from rich.console import Console
 
-__all__ = ["fmt", "print_result"]
+__all__ = ["fmt", "port", "print_result"]
 
 
 def fmt(value: Any, percent: bool = False) -> str:
@@ -22,3 +23,14 @@ def print_result(result: dict[str, Any], as_json: bool, console: Console) -> Non
         print(json.dumps(result, indent=2))
     else:
         console.print_json(json.dumps(result))
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 1–65535 (a clear usage error, not a bind traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: must be 1–65535")
+    return value

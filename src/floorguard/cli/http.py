@@ -17,7 +17,7 @@ from rich.table import Table
 
 from floorguard.analysis.summary import pool_runs
 from floorguard.calibrate import calibrate
-from floorguard.cli._common import fmt, print_result
+from floorguard.cli._common import fmt, port, print_result
 from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
@@ -78,7 +78,7 @@ def register(commands: Any) -> None:
     )
     emulate.add_argument("--slots", type=int, default=4)
     emulate.add_argument("--host", default="127.0.0.1")
-    emulate.add_argument("--port", type=int, default=8001)
+    emulate.add_argument("--port", type=port, default=8001)
     emulate.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority"],
@@ -197,5 +197,8 @@ def run_emulate(args: argparse.Namespace, console: Console) -> int:
         f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",
         markup=False,
     )
-    web.run_app(create_emulator_app(emulator), host=args.host, port=args.port, print=None)
+    try:
+        web.run_app(create_emulator_app(emulator), host=args.host, port=args.port, print=None)
+    except OSError as exc:  # the port is taken, the address is not this host's, …
+        raise FloorguardError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     return 0
