@@ -18,13 +18,12 @@ import numpy as np
 
 from floorguard.analysis.stats import cluster_bootstrap, spearman
 from floorguard.experiments import figures, screen_eval
-from floorguard.experiments.conditions import Condition, mu_sat_of, run_condition
+from floorguard.experiments.conditions import Condition, mu_sat_of, run_condition, trace_of
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import mean_of, source_name, summarize
 from floorguard.profiles import ADA_SCALE, get_profile
 from floorguard.screen.model import ScreenConfig, ScreenVerdict, aggregate, screen
 from floorguard.sim.targets import flood_services, saturated_capacity
-from floorguard.sim.traces import load_trace
 
 __all__ = ["catalogue", "data_dir"]
 
@@ -637,7 +636,7 @@ def e12_slices(path: Path, count: int = 8) -> list[tuple[int, float]]:
     """(slice index, interarrival CV) of `count` non-overlapping `E12_SLICE_S` slices of the
     trace whose CVs span `E12_CV_RANGE`: of the slices inside the range, sorted by CV, the
     ones at `count` evenly spaced ranks (lowest and highest included)."""
-    arrivals = _trace_arrivals(str(path))
+    arrivals = np.asarray(trace_of(str(path)).arrival_s)
     cvs = []
     for k in range(int(arrivals[-1] // E12_SLICE_S)):
         inside = arrivals[(arrivals >= k * E12_SLICE_S) & (arrivals < (k + 1) * E12_SLICE_S)]
@@ -649,11 +648,6 @@ def e12_slices(path: Path, count: int = 8) -> list[tuple[int, float]]:
     cvs.sort()
     ranks = np.linspace(0, len(cvs) - 1, min(count, len(cvs))).round().astype(int)
     return sorted((cvs[i][1], cvs[i][0]) for i in dict.fromkeys(ranks))
-
-
-@functools.cache
-def _trace_arrivals(path: str) -> np.ndarray:
-    return np.asarray(load_trace(path).arrival_s)
 
 
 def _e12_grid(burstgpt: str | None = None) -> Callable[[bool], list[Condition]]:

@@ -62,6 +62,7 @@ __all__ = [
     "measured_row",
     "mu_sat_of",
     "run_condition",
+    "trace_of",
 ]
 
 
@@ -136,7 +137,8 @@ def latency_model_of(profile: str, slots: int, fit: str = "light") -> LatencyMod
 
 
 @functools.cache
-def _trace(path: str) -> TraceData:
+def trace_of(path: str) -> TraceData:
+    """A trace file, loaded once per process."""
     return load_trace(path)
 
 
@@ -181,7 +183,7 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
     if c.workload == "trace":
         return (
             TraceStream(
-                _trace(c.trace_path),
+                trace_of(c.trace_path),
                 ByFraction(ASSURED_TENANT, OPPORTUNISTIC_TENANT, c.assured_fraction),
                 TraceLength(cap=c.max_tokens),
                 offset_s=c.slice_index * c.slice_s,
