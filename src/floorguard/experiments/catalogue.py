@@ -22,7 +22,7 @@ from floorguard.experiments.conditions import Condition, mu_sat_of, run_conditio
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import mean_of, source_name, summarize
 from floorguard.profiles import ADA_SCALE, get_profile
-from floorguard.screen.model import ScreenConfig, ScreenVerdict, aggregate, screen
+from floorguard.screen.model import ScreenConfig, ScreenModel, ScreenVerdict, aggregate, screen
 from floorguard.sim.targets import flood_services, saturated_capacity
 
 __all__ = ["catalogue", "data_dir"]
@@ -536,8 +536,9 @@ def _e11(quick: bool) -> list[Condition]:
 
 @functools.cache
 def _e11_verdicts() -> tuple[float, tuple[tuple[int, int, ScreenVerdict], ...]]:
-    """ŝ and the static screen's verdict on each configuration, before the run: ŝ is the p99
-    of the healthy backend's flood services (what an operator calibrated before the cap)."""
+    """ŝ and each static screen's verdict on each configuration, before the run: ŝ is the
+    p99 of the healthy backend's flood services (what an operator calibrated before the
+    cap)."""
     service_s = aggregate(flood_services(get_profile("v100-moe"), 4), "p99")
     verdicts = tuple(
         (
@@ -552,9 +553,11 @@ def _e11_verdicts() -> tuple[float, tuple[tuple[int, int, ScreenVerdict], ...]]:
                     opportunistic_rate_per_s=16.0,
                 ),
                 1.82,
+                model,
             ),
         )
         for slots, floor in ((4, 6), (4, 4), (1, 6), (1, 4))
+        for model in ScreenModel
     )
     return service_s, verdicts
 
@@ -564,17 +567,18 @@ def _e11_screen(rows: Sequence[Row]) -> str:
     service_s, verdicts = _e11_verdicts()
     lines = [
         f"Measured μ_sat: C = 4 {healthy:.2f}/s, C = 1 {degraded:.2f}/s (a "
-        f"{1 - degraded / healthy:.0%} cut). The screen on each configuration before the run "
-        f"(ŝ = p99 of the healthy flood services, {service_s * 1e3:.0f} ms; opportunistic "
-        "16/s admitted; d = 1820 ms):",
+        f"{1 - degraded / healthy:.0%} cut). Both screens on each configuration before the "
+        f"run (ŝ = p99 of the healthy flood services, {service_s * 1e3:.0f} ms; "
+        "opportunistic 16/s admitted; d = 1820 ms):",
         "",
-        "| C | B | screen | predicted sojourn (ms) | reasons |",
-        "|---|---|---|---|---|",
+        "| C | B | screen | verdict | predicted sojourn (ms) | reasons |",
+        "|---|---|---|---|---|---|",
     ]
     for slots, floor, verdict in verdicts:
         predicted = verdict.predicted_sojourn_s
         lines.append(
-            f"| {slots} | {floor} | {'accept' if verdict.accept else 'reject'} | "
+            f"| {slots} | {floor} | {verdict.model.value} | "
+            f"{'accept' if verdict.accept else 'reject'} | "
             f"{'∞' if math.isinf(predicted) else f'{predicted * 1e3:.0f}'} | "
             f"{'; '.join(verdict.reasons) or '–'} |"
         )
@@ -595,12 +599,12 @@ def _e11_reading(rows: Sequence[Row]) -> str:
         if s["capacity_action"] == "alarm"
     }
     judged = [
-        f"C = {c}, B = {b}: screen {'accept' if v.accept else 'reject'}, measured "
+        f"C = {c}, B = {b}: {v.model.value} {'accept' if v.accept else 'reject'}, measured "
         f"{'no late assured request' if fixed[c, b] else 'late assured requests'}"
         for c, b, v in _e11_verdicts()[1]
         if (c, b) in fixed
     ]
-    return f"{text} The screen before the run against the measured outcome: {'; '.join(judged)}."
+    return f"{text} The screens before the run against the measured outcome: {'; '.join(judged)}."
 
 
 E11 = Experiment(
@@ -609,8 +613,8 @@ E11 = Experiment(
     "Healthy C = 4 vs a batch cap of C = 1 (the measured μ_sat cut is in the table below; SPEC "
     "says ≈ 62 %); floors: fixed B = 6, lowered B = 4, adaptive (B = 6 with capacity action "
     "lower-floor: ⌊μ̂·W⌋ from busy windows); marquee load for 20 s, so 120 floor-assured "
-    "requests per run (paced 6/s); doom gate off; reps 10. The static screen is run on each "
-    "configuration before the run.",
+    "requests per run (paced 6/s); doom gate off; reps 10. Both static screens (first-moment "
+    "and makespan) are run on each configuration before the run.",
     _e11,
     reps=10,
     shown=("slots", "floor", "capacity_action"),
@@ -1154,32 +1158,43 @@ E19 = Experiment(
 E17 = Experiment(
     "E17",
     "Screen, overload grid",
-    "40 configurations: B ∈ {2, 4, 6, 8, 10} (assured Poisson at B/s) × opportunistic "
-    "Poisson {8, 14, 22, 32}/s (always-admit, all admitted) × {assured-first, FIFO} "
-    "dispatch, C = 4, v100-moe, ρ̂ ≈ 1.1–4.5; 12 s runs without deadline pressure (no doom "
-    "gate) so every admitted assured sojourn is measured whole, then re-thresholded at the "
-    "33 deadlines 300, 400, …, 3500 ms; reps 3.",
+    "40 configurations: {assured-first, FIFO} dispatch × B ∈ {2, 4, 6, 8} (assured paced "
+    "B/s) × offered ρ̂ ∈ {1.08, 1.25, 1.6, 2.5, 4.06} (the opportunistic Poisson rate is "
+    "ρ̂·μ_sat − B, μ_sat measured), C = 4, v100-moe, under the guard's admission with the "
+    "published learner (the `light` latency predictor, sheddable-only, β = 1, its SLO "
+    "1820 ms); doom gate off, so every admitted assured sojourn is measured whole, then "
+    "re-thresholded at the 33 deadlines 300, 400, …, 3500 ms; reps 3. Screens: first-moment "
+    "(the published kind, under evaluation) and makespan (floorguard's), side by side. The "
+    "backend model is the fitted one of docs/calibration.md (dispersion and coupling).",
     screen_eval.e17_grid,
     reps=3,
     shown=("policy", "floor", "opp_rate"),
-    figures=(screen_eval.screen_figure, screen_eval.held_out_figure),
-    extra=screen_eval.screen_extra,
-    reading=screen_eval.screen_reading,
+    figures=(
+        functools.partial(screen_eval.screen_figure, knee=screen_eval.E17_KNEE),
+        screen_eval.held_out_figure,
+    ),
+    extra=functools.partial(screen_eval.screen_extra, knee=screen_eval.E17_KNEE),
+    reading=functools.partial(screen_eval.screen_reading, knee=screen_eval.E17_KNEE),
 )
 
 E18 = Experiment(
     "E18",
     "Screen, sub-saturation grid",
     "opportunistic Poisson {1, 2, 3}/s × C ∈ {4, 6, 8} × {assured-first, FIFO}, B = 6 "
-    "(assured Poisson 6/s; B = 6 rather than 4 so that C = 4 reaches the knee, ρ̂ ≈ 0.97), "
-    "v100-moe, no deadline pressure, 33 deadlines; reps 10.",
+    "(assured paced 6/s; B = 6 so that C = 4 reaches the knee), the same guard and learner "
+    "as E17, v100-moe, doom gate off, 33 deadlines; reps 10. Precision by regime (ρ̂ < 1, "
+    "ρ̂ ≥ 1) × aggregation; held-out calibration with p99 ŝ from one rep (10 %) tested on "
+    "the other nine, rotated 10-fold, then blocks of 2–5 reps.",
     screen_eval.e18_grid,
     reps=10,
     quick_reps=3,
     shown=("policy", "slots", "opp_rate"),
-    figures=(screen_eval.screen_figure, screen_eval.held_out_figure),
-    extra=screen_eval.screen_extra,
-    reading=screen_eval.screen_reading,
+    figures=(
+        functools.partial(screen_eval.screen_figure, knee=screen_eval.E18_KNEE),
+        screen_eval.held_out_figure,
+    ),
+    extra=functools.partial(screen_eval.screen_extra, knee=screen_eval.E18_KNEE),
+    reading=functools.partial(screen_eval.screen_reading, knee=screen_eval.E18_KNEE),
 )
 
 

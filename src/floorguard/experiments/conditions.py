@@ -397,6 +397,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]
         row["services"] = [r.service_s for r in done]
+        row["o_admitted_per_s"] = m.opportunistic.admitted / c.duration_s
     if c.detail:
         row["detail"] = [
             (

@@ -1,9 +1,11 @@
-"""The static timing screen (SPEC §9) and its evaluation."""
+"""The static timing screens (SPEC §9) and their evaluation."""
 
 from floorguard.screen.model import (
     AGGREGATIONS,
+    DEFAULT_MODEL,
     AdmissionPolicy,
     ScreenConfig,
+    ScreenModel,
     ScreenVerdict,
     aggregate,
     screen,
@@ -12,8 +14,10 @@ from floorguard.screen.model import (
 
 __all__ = [
     "AGGREGATIONS",
+    "DEFAULT_MODEL",
     "AdmissionPolicy",
     "ScreenConfig",
+    "ScreenModel",
     "ScreenVerdict",
     "aggregate",
     "screen",

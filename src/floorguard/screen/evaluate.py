@@ -1,12 +1,14 @@
-"""Evaluate the screen honestly (SPEC §9): cells are (configuration, deadline) pairs whose
+"""Evaluate the screens honestly (SPEC §9): cells are (configuration, deadline) pairs whose
 outcome re-thresholds *measured* assured sojourns at each of 33 deadlines; a configuration's
 runs are never re-run per deadline.
 
 The outcome of a cell is the measured assured SLO: the 95th percentile of admitted assured
-sojourns (pooled over the test runs) is within the deadline. The screen's *accept* is
-scored for precision, recall, agreement and coverage, with 95 % intervals from a bootstrap
-that resamples whole configurations, beside two baselines: always-reject and service-only
-(accept iff ŝ ≤ D).
+sojourns (pooled over the test runs) is within the deadline. Each screen's *accept* is scored
+for precision, recall, agreement and coverage, with 95 % intervals from a bootstrap that
+resamples whole configurations, beside two baselines: always-reject and service-only
+(accept iff ŝ ≤ D). Both screens see the same inputs from the calibration runs: ŝ by an
+aggregation of their service samples, and the opportunistic rate they admitted (under a
+learner the admitted surplus is measured, not configured).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import numpy as np
 
 from floorguard.analysis.stats import Interval, cluster_bootstrap
 from floorguard.core.contract import DispatchOrder
-from floorguard.screen.model import ScreenConfig, aggregate, screen, service_only
+from floorguard.screen.model import ScreenConfig, ScreenModel, aggregate, predict, service_only
 
 __all__ = [
+    "BASELINES",
     "DEADLINES_S",
+    "VERDICTS",
     "Cell",
     "Scores",
     "cells_for",
@@ -34,6 +38,10 @@ __all__ = [
 DEADLINES_S = tuple(d / 1000 for d in range(300, 3501, 100))
 """The 33 deadlines every configuration is re-thresholded at: 300, 400, …, 3500 ms."""
 
+BASELINES = ("service-only", "always-reject")
+VERDICTS = (*(m.value for m in ScreenModel), *BASELINES)
+"""Every verdict a cell carries: the two screens, then the two baselines."""
+
 Row = dict[str, Any]
 
 
@@ -42,52 +50,63 @@ class Cell:
     config: str
     deadline_s: float
     rho_hat: float
-    predicted_s: float
+    """The runs' offered ρ̂ (offered load / measured μ_sat), the grids' axis."""
+    service_s: float
+    """ŝ from the calibration runs."""
     measured_p95_s: float
     met: bool
-    accept: bool
-    service_only: bool
-    always_reject: bool = False
+    predicted_s: dict[str, float]
+    """Each screen's predicted assured sojourn (`math.inf`: unbounded)."""
+    accepts: dict[str, bool]
+    """Each verdict in `VERDICTS`."""
 
 
-def screen_config(row: Row, service_s: float) -> ScreenConfig:
-    """The screen's view of an experiment condition: the same B, C, W, loads and dispatch."""
+def screen_config(row: Row, service_s: float, opportunistic_rate_per_s: float) -> ScreenConfig:
+    """The screens' view of an experiment condition: the same B, C, W and dispatch, the
+    offered assured rate (the shipped meter decides what is admitted) and the admitted
+    opportunistic rate."""
     dispatch = DispatchOrder.FIFO if row["policy"] == "gated-fifo" else DispatchOrder.ASSURED_FIRST
     return ScreenConfig(
         floor=row["floor"],
         slots=row["slots"],
         service_s=service_s,
+        window_s=row.get("window_s", 1.0),
         dispatch=dispatch,
         assured_rate_per_s=row["assured_rate"],
-        opportunistic_rate_per_s=row["opp_rate"],
+        opportunistic_rate_per_s=opportunistic_rate_per_s,
     )
 
 
 def cells_for(
     config: str, calibration: Sequence[Row], test: Sequence[Row], aggregation: str
 ) -> list[Cell]:
-    """All 33 cells of one configuration: ŝ from the calibration runs' service samples, the
-    outcome from the test runs' assured sojourns (run-level disjoint when they differ)."""
+    """All 33 cells of one configuration: ŝ and the admitted opportunistic rate from the
+    calibration runs, the outcome from the test runs' assured sojourns (run-level disjoint
+    when they differ)."""
     s_hat = aggregate([s for r in calibration for s in r["services"]], aggregation)
+    opportunistic = float(np.mean([r["o_admitted_per_s"] for r in calibration]))
     sojourns = [s for r in test for s in r["a_sojourns"]]
     p95 = float(np.percentile(sojourns, 95)) if sojourns else float("inf")
-    base = screen_config(test[0], s_hat)
-    out = []
-    for deadline in DEADLINES_S:
-        verdict = screen(base, deadline)
-        out.append(
-            Cell(
-                config,
-                deadline,
-                verdict.rho_hat,
-                verdict.predicted_sojourn_s,
-                p95,
-                p95 <= deadline,
-                verdict.accept,
-                service_only(s_hat, deadline),
-            )
+    rho_hat = float(np.mean([r["rho_hat"] for r in test]))
+    base = screen_config(test[0], s_hat, opportunistic)
+    predicted = {m.value: predict(base, m).sojourn_s for m in ScreenModel}
+    return [
+        Cell(
+            config,
+            deadline,
+            rho_hat,
+            s_hat,
+            p95,
+            p95 <= deadline,
+            predicted,
+            {
+                **{name: sojourn <= deadline for name, sojourn in predicted.items()},
+                "service-only": service_only(s_hat, deadline),
+                "always-reject": False,
+            },
         )
-    return out
+        for deadline in DEADLINES_S
+    ]
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,10 @@ class Scores:
     fp: int
     fn: int
     tn: int
+
+    @property
+    def accepts(self) -> int:
+        return self.tp + self.fp
 
     @property
     def precision(self) -> float | None:
@@ -114,11 +137,20 @@ class Scores:
     def coverage(self) -> float | None:
         return (self.tp + self.fp) / self.n if self.n else None
 
+    def __add__(self, other: Scores) -> Scores:
+        return Scores(
+            self.n + other.n,
+            self.tp + other.tp,
+            self.fp + other.fp,
+            self.fn + other.fn,
+            self.tn + other.tn,
+        )
 
-def score(cells: Sequence[Cell], verdict: str = "accept") -> Scores:
+
+def score(cells: Sequence[Cell], verdict: str) -> Scores:
     tp = fp = fn = tn = 0
     for cell in cells:
-        accept = getattr(cell, verdict)
+        accept = cell.accepts[verdict]
         if accept and cell.met:
             tp += 1
         elif accept:
@@ -139,18 +171,19 @@ METRICS: dict[str, Callable[[Scores], float | None]] = {
 
 
 def clustered_scores(
-    cells: Sequence[Cell], verdict: str = "accept", num_resamples: int = 1000
+    cells: Sequence[Cell], verdict: str, num_resamples: int = 1000
 ) -> dict[str, Interval]:
-    """Each metric with a 95 % bootstrap interval resampling whole configurations."""
+    """Each metric with a 95 % bootstrap interval resampling whole configurations (each
+    configuration's confusion counts are one cluster)."""
     by_config: dict[str, list[Cell]] = {}
     for cell in cells:
         by_config.setdefault(cell.config, []).append(cell)
-    clusters = list(by_config.values())
+    clusters = [score(group, verdict) for group in by_config.values()]
 
     def metric_of(
         metric: Callable[[Scores], float | None],
-    ) -> Callable[[Sequence[list[Cell]]], float | None]:
-        return lambda groups: metric(score([c for g in groups for c in g], verdict))
+    ) -> Callable[[Sequence[Scores]], float | None]:
+        return lambda groups: metric(sum(groups, Scores(0, 0, 0, 0, 0)))
 
     return {
         name: cluster_bootstrap(clusters, metric_of(metric), num_resamples=num_resamples)
@@ -160,9 +193,11 @@ def clustered_scores(
 
 def held_out(
     runs_by_config: dict[str, list[Row]], fraction: float, aggregation: str
-) -> list[Scores]:
-    """Rotated k-fold, run-level disjoint: in fold i, `ŝ` comes from a rotating block of
-    ⌈fraction·reps⌉ runs and the outcome from the remaining runs of the same configuration."""
+) -> tuple[int, list[list[Cell]]]:
+    """Rotated k-fold, run-level disjoint: in fold i, ŝ (and the admitted opportunistic
+    rate) come from a rotating block of `round(fraction·reps)` runs (at least one, at most
+    reps − 1) and the outcome from the remaining runs of the same configuration. Returns
+    the block size and each fold's cells."""
     reps = min(len(runs) for runs in runs_by_config.values())
     size = max(1, min(reps - 1, round(fraction * reps)))
     folds = []
@@ -173,5 +208,5 @@ def held_out(
             calibration = [r for i, r in enumerate(runs[:reps]) if i in chosen]
             test = [r for i, r in enumerate(runs[:reps]) if i not in chosen]
             cells += cells_for(config, calibration, test, aggregation)
-        folds.append(score(cells))
-    return folds
+        folds.append(cells)
+    return size, folds

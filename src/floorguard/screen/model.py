@@ -1,18 +1,18 @@
-"""The static timing screen (SPEC §9): a cheap, deterministic first-moment prediction of the
-assured sojourn, to *screen* a configuration against its percentile SLO — characterized, not
-trusted as a proof (SPEC §1: P95 has no finite bad prefix and cannot be enforced).
+"""The static timing screens (SPEC §9): cheap, deterministic predictions of the assured
+sojourn, to *screen* a configuration against its percentile SLO — characterized, not trusted
+as a proof (SPEC §1: P95 has no finite bad prefix and cannot be enforced). Two models behind
+one interface, `screen(config, deadline_s, model)` (docs/screen.md has the formulas):
 
-Formulas (docs/screen.md). Per window `W`:
+* `first-moment`, the published kind: mean service `ŝ`, a mean wait from the admitted rate
+  (Cobham's non-preemptive priority formula on the `C` slots seen as one server of rate
+  `C/ŝ`, no service variance), no tail. It predicts a *typical* sojourn.
+* `makespan`, floorguard's own conservative one: the window's work ahead of its last assured
+  request, `ŝ·(r + ⌈ahead/C⌉)`, unbounded once the competing load exceeds capacity.
 
-* admitted assured `n_a`: what the shipped credit store grants to `⌈λ_a·W⌉` arrivals
-  (`min(B, ·)` under the guard's admission; all of them under admit-all);
-* opportunistic `n_o = λ_o·W` (the admitted opportunistic load);
-* `ahead`: requests the shipped dispatcher starts before or with the window's *last* assured
-  arrival, found by running the dispatcher itself on one window's tickets in arrival order;
-* `ρ̂ = (n_a + n_o)·ŝ / (C·W)`; the work that competes with assured requests is
-  `ρ_rel = ahead·ŝ / (C·W)` (assured-first: `ρ_a`; FIFO: `ρ̂`);
-* predicted sojourn `= ŝ · (r + ⌈ahead / C⌉)` if `ρ_rel ≤ 1`, else unbounded, where `r = 1`
-  when other work not ahead of it can hold a slot (non-preemption), else 0.
+Both read admission and dispatch off the shipped code, never a copy: the assured requests
+admitted per window are what the shipped credit store grants, and the work that competes
+with an assured request is what the shipped dispatcher starts before it (`ahead`, found by
+running the dispatcher on one window's tickets in arrival order).
 
 Accept iff the prediction is within the deadline.
 """
@@ -46,16 +46,32 @@ from floorguard.store.memory import MemoryCreditStore
 
 __all__ = [
     "AGGREGATIONS",
+    "DEFAULT_MODEL",
     "AdmissionPolicy",
+    "Prediction",
     "ScreenConfig",
+    "ScreenModel",
     "ScreenVerdict",
     "aggregate",
+    "predict",
     "read_service_samples",
     "screen",
     "service_only",
 ]
 
 AGGREGATIONS = ("p50", "p99", "max", "mean", "median")
+
+
+class ScreenModel(StrEnum):
+    FIRST_MOMENT = "first-moment"
+    """The published kind: mean service and a mean wait from the admitted rate."""
+    MAKESPAN = "makespan"
+    """floorguard's conservative window-makespan bound."""
+
+
+DEFAULT_MODEL = ScreenModel.MAKESPAN
+"""The model `floorguard screen` uses unless told: the one whose accepts the evaluation
+(E17, E18) shows can be trusted (docs/screen.md)."""
 
 
 class AdmissionPolicy(StrEnum):
@@ -126,25 +142,32 @@ class ScreenConfig:
 
 @dataclass(frozen=True)
 class ScreenVerdict:
+    model: ScreenModel
     accept: bool
     deadline_s: float
     predicted_sojourn_s: float
-    """`math.inf` when the competing work exceeds capacity (ρ_rel > 1)."""
+    """`math.inf` when the competing work exceeds capacity (ρ_rel ≥ 1; makespan: > 1)."""
     service_s: float
     rho_hat: float
+    """(admitted assured + opportunistic)·ŝ / (C·W)."""
     rho_rel: float
+    """The load that competes with an assured request (assured-first: ρ_a; FIFO: ρ̂)."""
     admitted_assured_per_window: int
     ahead: int
-    waves: int
-    residual: int
+    """Requests the shipped dispatcher starts before or with a window's last assured one."""
+    terms: dict[str, float]
+    """The model's own terms: makespan `waves`, `residual`; first-moment `wait_s`,
+    `residual_work_s`."""
     inside_region: bool
     region_reasons: tuple[str, ...]
     reasons: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["model"] = self.model.value
         if math.isinf(self.predicted_sojourn_s):
             out["predicted_sojourn_s"] = None
+        out["terms"] = {k: (None if math.isinf(v) else v) for k, v in self.terms.items()}
         return out
 
 
@@ -185,9 +208,24 @@ def _ahead_of_last_assured(config: ScreenConfig, n_assured: int, n_opp: int) -> 
     return last + 1, last + 1 < len(order)
 
 
-def screen(config: ScreenConfig, deadline_s: float) -> ScreenVerdict:
-    """Accept iff the predicted assured sojourn is within `deadline_s` (docs/screen.md)."""
-    require(deadline_s > 0, "deadline_s", deadline_s, "must be > 0")
+@dataclass(frozen=True)
+class Prediction:
+    """A model's deadline-free prediction for one configuration."""
+
+    model: ScreenModel
+    sojourn_s: float
+    """`math.inf`: unbounded."""
+    rho_hat: float
+    rho_rel: float
+    admitted_assured_per_window: int
+    ahead: int
+    terms: dict[str, float]
+    reasons: tuple[str, ...]
+
+
+def predict(config: ScreenConfig, model: ScreenModel | str = DEFAULT_MODEL) -> Prediction:
+    """`model`'s predicted assured sojourn for `config` (no deadline involved)."""
+    model = ScreenModel(model)
     w, s, c = config.window_s, config.service_s, config.slots
     assured_rate = (
         config.assured_rate_per_s if config.assured_rate_per_s is not None else config.floor / w
@@ -196,41 +234,85 @@ def screen(config: ScreenConfig, deadline_s: float) -> ScreenVerdict:
     n_o = round(config.opportunistic_rate_per_s * w)
     rho_hat = (n_a + config.opportunistic_rate_per_s * w) * s / (c * w)
     ahead, others_behind = _ahead_of_last_assured(config, n_a, n_o)
-    rho_rel = ahead * s / (c * w)
+    reasons = [
+        f"{model.value}: ŝ = {s * 1e3:.0f} ms, ρ̂ = {rho_hat:.2f}, {ahead} request(s) start "
+        f"before or with the window's last assured one ({config.dispatch.value} dispatch)"
+    ]
+    if model is ScreenModel.FIRST_MOMENT:
+        sojourn, rho_rel, terms = _first_moment(config, n_a, rho_hat, reasons)
+    else:
+        sojourn, rho_rel, terms = _makespan(config, ahead, others_behind, reasons)
+    return Prediction(model, sojourn, rho_hat, rho_rel, n_a, ahead, terms, tuple(reasons))
+
+
+def screen(
+    config: ScreenConfig, deadline_s: float, model: ScreenModel | str = DEFAULT_MODEL
+) -> ScreenVerdict:
+    """Accept iff `model`'s predicted assured sojourn is within `deadline_s`."""
+    require(deadline_s > 0, "deadline_s", deadline_s, "must be > 0")
+    p = predict(config, model)
+    accept = p.sojourn_s <= deadline_s
+    reason = f"{'≤' if accept else '>'} deadline {deadline_s * 1e3:.0f} ms"
+    inside, region_reasons = _region(config, deadline_s)
+    return ScreenVerdict(
+        p.model,
+        accept,
+        deadline_s,
+        p.sojourn_s,
+        config.service_s,
+        p.rho_hat,
+        p.rho_rel,
+        p.admitted_assured_per_window,
+        p.ahead,
+        p.terms,
+        inside,
+        region_reasons,
+        (*p.reasons, reason),
+    )
+
+
+def _makespan(
+    config: ScreenConfig, ahead: int, others_behind: bool, reasons: list[str]
+) -> tuple[float, float, dict[str, float]]:
+    """`ŝ·(r + ⌈ahead/C⌉)` while `ρ_rel = ahead·ŝ/(C·W) ≤ 1`, else unbounded."""
+    s, c = config.service_s, config.slots
+    rho_rel = ahead * s / (c * config.window_s)
     waves = math.ceil(ahead / c)
     residual = 1 if others_behind else 0
-    reasons = [
-        f"ŝ = {s * 1e3:.0f} ms, ρ̂ = {rho_hat:.2f}, {ahead} request(s) start before or "
-        f"with the window's last assured one ({config.dispatch.value} dispatch)"
-    ]
+    terms = {"waves": float(waves), "residual": float(residual)}
     if rho_rel > 1:
-        predicted = math.inf
         reasons.append(
             f"ρ_rel = {rho_rel:.2f} > 1: the work ahead of assured requests grows without bound"
         )
-    else:
-        predicted = s * (residual + waves)
-        reasons.append(
-            f"predicted sojourn ŝ·({residual} + ⌈{ahead}/{c}⌉) = {predicted * 1e3:.0f} ms"
-        )
-    accept = predicted <= deadline_s
-    reasons.append(f"{'≤' if accept else '>'} deadline {deadline_s * 1e3:.0f} ms")
-    inside, region_reasons = _region(config, deadline_s)
-    return ScreenVerdict(
-        accept,
-        deadline_s,
-        predicted,
-        s,
-        rho_hat,
-        rho_rel,
-        n_a,
-        ahead,
-        waves,
-        residual,
-        inside,
-        region_reasons,
-        tuple(reasons),
+        return math.inf, rho_rel, terms
+    predicted = s * (residual + waves)
+    reasons.append(f"predicted sojourn ŝ·({residual} + ⌈{ahead}/{c}⌉) = {predicted * 1e3:.0f} ms")
+    return predicted, rho_rel, terms
+
+
+def _first_moment(
+    config: ScreenConfig, n_a: int, rho_hat: float, reasons: list[str]
+) -> tuple[float, float, dict[str, float]]:
+    """`ŝ + R/(1 − ρ_rel)`: Cobham's mean wait in a non-preemptive priority queue, the `C`
+    slots as one server of rate `C/ŝ` with no service variance, so the mean residual work
+    an arrival finds is `R = min(ρ̂, 1)·ŝ/(2C)`. What competes (`ρ_rel`) is read off the
+    shipped dispatcher: the share of a window's opportunistic requests it starts ahead of
+    the last assured one (assured-first: none; FIFO: all)."""
+    s, c, w = config.service_s, config.slots, config.window_s
+    probe = max(round(config.opportunistic_rate_per_s * w), 1)
+    ahead, _ = _ahead_of_last_assured(config, n_a, probe)
+    share = (ahead - n_a) / probe
+    rho_rel = (n_a / w + share * config.opportunistic_rate_per_s) * s / c
+    residual_work = min(rho_hat, 1.0) * s / (2 * c)
+    if rho_rel >= 1:
+        reasons.append(f"ρ_rel = {rho_rel:.2f} ≥ 1: the mean wait is unbounded")
+        return math.inf, rho_rel, {"wait_s": math.inf, "residual_work_s": residual_work}
+    wait = residual_work / (1 - rho_rel)
+    reasons.append(
+        f"predicted sojourn ŝ + R/(1 − ρ_rel) = {s * 1e3:.0f} + {residual_work * 1e3:.0f}/"
+        f"(1 − {rho_rel:.2f}) = {(s + wait) * 1e3:.0f} ms"
     )
+    return s + wait, rho_rel, {"wait_s": wait, "residual_work_s": residual_work}
 
 
 def _region(config: ScreenConfig, deadline_s: float) -> tuple[bool, tuple[str, ...]]:
