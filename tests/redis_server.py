@@ -19,11 +19,11 @@ def free_port() -> int:
     return free_ports()[0]
 
 
-def RedisServer() -> LocalRedis:
+def RedisServer(*, persistent: bool = False) -> LocalRedis:
     """A `LocalRedis` (not started), or skip/fail when redis-server is not installed."""
     if shutil.which("redis-server") is None:
         message = "redis-server is not installed (apt-get install redis-server; .ci/run does)"
         if os.environ.get("FLOORGUARD_REQUIRE_REDIS") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    return LocalRedis()
+    return LocalRedis(persistent=persistent)

@@ -63,7 +63,7 @@ def test_the_window_comes_from_the_redis_clock_and_skewed_replicas_share_it(serv
     expected = math.floor((redis_now(server.url) - schedule.origin_at) / schedule.window_s)
     assert {g.window_index for g in grants} == {expected}
     with redis.Redis.from_url(server.url) as client:
-        ttl_ms = client.pttl("floorguard:acme")
+        ttl_ms = client.pttl("floorguard:{acme}")
     assert 1_000 < ttl_ms <= 1_801_000  # expires a second after its window ends
 
 
@@ -94,7 +94,7 @@ def test_async_calls_share_the_count_with_blocking_ones(server, stores, loop):
         )
 
     results = loop.run_until_complete(four_at_once())
-    assert sum(g.granted for g in results) == 3  # 3 × 2 ≤ 7
+    assert sum(r.grant.granted for r in results) == 3  # 3 × 2 ≤ 7
     assert store.remaining("acme", 7, schedule, 5.9) == 1
 
 
@@ -122,11 +122,13 @@ def test_fail_static_grants_floor_b_over_n_from_the_next_window_and_recovers(ser
     assert _take(loop, floor, 0.2, 3) == [False] * 3  # the window Redis was lost in: nothing
     assert floor.degraded and floor.calls["redis_error"] == 1  # retried only after retry_s
     assert _take(loop, floor, 1.1, 3) == [True, True, False]  # ⌊6/3⌋ = 2 per replica
-    server.start()
-    assert _take(loop, floor, 1.7, 1) == [True]  # Redis again, holding the 2 handed back
-    assert not floor.degraded
-    shared = stores(server.url, clock="caller").remaining("acme", 6, WindowSchedule(1.0), 1.8)
-    assert shared == 3  # 2 granted locally, handed back, + 1 through Redis
+    server.start()  # empty: the window Redis lost its state in is closed to fresh takes
+    assert _take(loop, floor, 1.7, 1) == [False]
+    assert not floor.degraded and floor.calls["lost_state"] == 1
+    shared = stores(server.url, clock="caller")
+    assert shared.remaining("acme", 6, WindowSchedule(1.0), 1.8) == 4  # the 2 handed back
+    assert _take(loop, floor, 2.1, 1) == [True]  # the next window is shared as usual
+    assert shared.remaining("acme", 6, WindowSchedule(1.0), 2.2) == 5
 
 
 @pytest.mark.parametrize(
@@ -153,8 +155,8 @@ def test_bench_store_measures_both_sides_against_one_redis(server):
     assert len(result["decisions_per_s_runs"]) == len(result["raw_evalsha_per_s_runs"]) == 2
     assert min(result["decisions_per_s_runs"] + result["raw_evalsha_per_s_runs"]) > 0
     with redis.Redis.from_url(server.url) as client:  # both sides really went through Redis
-        assert int(client.hget("bench-guard:acme", "used")) >= 1  # (this window's count)
-        assert int(client.hget("bench-raw:raw", "used")) >= 1
+        assert int(client.hget("bench-guard:{acme}", "used")) >= 1  # (this window's count)
+        assert int(client.hget("bench-raw:{raw}", "used")) >= 1
 
 
 def test_the_synchronous_path_degrades_and_hands_back_the_same_way(server, stores):
@@ -169,6 +171,7 @@ def test_the_synchronous_path_degrades_and_hands_back_the_same_way(server, store
         True,
         False,
     ]
-    server.start()
-    assert floor.acquire("acme", 1, 6, schedule, 1.7).granted and not floor.degraded
-    assert floor.store.remaining("acme", 6, schedule, 1.8) == 3  # 2 handed back + 1
+    server.start()  # empty: window 1 is closed, the 2 local grants are handed back
+    assert not floor.acquire("acme", 1, 6, schedule, 1.7).granted and not floor.degraded
+    assert floor.store.remaining("acme", 6, schedule, 1.8) == 4
+    assert floor.acquire("acme", 1, 6, schedule, 2.1).granted

@@ -23,7 +23,10 @@ completions are reported, and fail the check only when `strict_sf` is asked for.
 `check_fleet` checks the logs of replicas that share one floor (a Redis store): each log
 on its own for everything but AF, and AF across all of them, per tenant and window as the
 shared store reported it (its clock, not the replicas'): no window grants more than `B`,
-and no request was refused from the floor while the fleet's grants left room for it.
+and no request was refused from the floor while the fleet's grants left room for it. AF is
+conditional on the store, as SF is on capacity: where a replica decided on its local
+fallback (its log marks the degraded period with `store` events), that window's findings
+are reported as conditional, not as violations.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ from floorguard.errors import TraceError
 __all__ = ["CheckReport", "Violation", "check_fleet", "check_trace", "format_prefix"]
 
 
+LOST_STATE = "lost-state"
+"""A `store` event's reason when Redis lost a tenant's count in a window (`tenant`,
+`window`): that window was closed to fresh takes, so its AF findings are conditional."""
+
+_NOT_PER_REQUEST = frozenset(
+    {EventKind.PROPOSE, EventKind.ENQUEUE, EventKind.FIRST_TOKEN, EventKind.CONFIG, EventKind.STORE}
+)
+
+
 @dataclass(frozen=True)
 class Violation:
     prop: str
@@ -72,6 +84,12 @@ class CheckReport:
     num_drops: int = 0
     num_sf_late: int = 0
     violations: list[Violation] = field(default_factory=list)
+    conditional: list[Violation] = field(default_factory=list)
+    """AF findings in windows where a replica decided on its local fallback (the shared
+    store unreachable, marked by `store` events): the floor is conditional on the store
+    there, as SF is on capacity; reported, never a failure."""
+    degraded_s: list[float] = field(default_factory=list)
+    """Per log (`check_fleet`): seconds its shared floor spent degraded."""
     counts: Counter[str] = field(default_factory=Counter)
 
     def failed(self, strict_sf: bool = False) -> list[Violation]:
@@ -123,7 +141,7 @@ class _Checker:
         if kind is EventKind.ARRIVE:
             self._arrive(event)
             return
-        if kind in (EventKind.PROPOSE, EventKind.ENQUEUE, EventKind.FIRST_TOKEN, EventKind.CONFIG):
+        if kind in _NOT_PER_REQUEST:
             return
         state = self.requests.get(rid)  # type: ignore[arg-type]
         if state is None:
@@ -331,59 +349,123 @@ def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = Fals
     return report
 
 
+@dataclass
+class _FleetFloor:
+    """What the fleet's logs say about each (tenant, window) of the floor."""
+
+    granted: Counter[tuple[str, int]] = field(default_factory=Counter)
+    local: set[tuple[str, int]] = field(default_factory=set)
+    """Decided by some replica on its store's fallback."""
+    refused: list[tuple[str, int, int, RequestId | None, int, int, str]] = field(
+        default_factory=list
+    )
+
+
+def _store_event(e: TraceEvent, state: str, since: float, fleet: _FleetFloor) -> float:
+    """A `store` event: a lost state marks its (tenant, window); a return to `shared` ends
+    a degraded period (its seconds are returned)."""
+    if e.reason == LOST_STATE:
+        if e.tenant is not None and e.window is not None:
+            fleet.local.add((e.tenant, e.window))
+        return 0.0
+    return e.at - since if state != "shared" and e.reason == "shared" else 0.0
+
+
+def _scan_log(
+    number: int,
+    events: Sequence[TraceEvent],
+    config: GuardConfig,
+    floors: dict[str, int],
+    fleet: _FleetFloor,
+) -> float:
+    """Add one log's floor decisions to `fleet`; return the seconds its store was degraded."""
+    weights: dict[RequestId, int] = {}
+    state, since, degraded_s = "shared", 0.0, 0.0
+    for index, e in enumerate(events):
+        if e.kind is EventKind.STORE:
+            degraded_s += _store_event(e, state, since, fleet)
+            if e.reason != LOST_STATE:
+                if (state == "shared") != (e.reason == "shared"):
+                    since = e.at
+                state = e.reason or "shared"
+            continue
+        if e.tenant not in floors or e.request_id is None:
+            continue
+        if e.kind is EventKind.ARRIVE:
+            weights[e.request_id] = (
+                (e.num_prompt_tokens or 0) + (e.num_output_tokens or 0)
+                if config.meter is MeterKind.TOKEN
+                else 1
+            )
+            continue
+        if e.window is None:
+            continue
+        key = (e.tenant, e.window)
+        weight = weights.get(e.request_id, 1)
+        if (e.kind is EventKind.ADMIT and e.entitled) or (
+            e.kind is EventKind.REJECT and e.reason == "floor_lowered"
+        ):
+            fleet.granted[key] += weight
+        elif e.kind is EventKind.DEMOTE or (
+            e.kind is EventKind.REJECT and e.reason == "floor_exhausted"
+        ):
+            fleet.refused.append((*key, weight, e.request_id, number, index, state))
+        else:
+            continue
+        if state != "shared":
+            fleet.local.add(key)
+    if state != "shared" and events:
+        degraded_s += events[-1].at - since
+    return degraded_s
+
+
 def _fleet_af(
     logs: Sequence[Sequence[TraceEvent]],
     config: GuardConfig,
     floors: dict[str, int],
     report: CheckReport,
 ) -> None:
-    """AF across replicas, per (tenant, window the store reported)."""
-    weights: dict[RequestId, int] = {}
-    granted: Counter[tuple[str, int]] = Counter()
-    refused: list[tuple[str, int, int, RequestId | None, int, int]] = []
-    for number, events in enumerate(logs):
-        for index, e in enumerate(events):
-            if e.tenant not in floors or e.request_id is None:
-                continue
-            if e.kind is EventKind.ARRIVE:
-                weights[e.request_id] = (
-                    (e.num_prompt_tokens or 0) + (e.num_output_tokens or 0)
-                    if config.meter is MeterKind.TOKEN
-                    else 1
-                )
-                continue
-            if e.window is None:
-                continue
-            key = (e.tenant, e.window)
-            weight = weights.get(e.request_id, 1)
-            if (e.kind is EventKind.ADMIT and e.entitled) or (
-                e.kind is EventKind.REJECT and e.reason == "floor_lowered"
-            ):
-                granted[key] += weight
-            elif e.kind is EventKind.DEMOTE or (
-                e.kind is EventKind.REJECT and e.reason == "floor_exhausted"
-            ):
-                refused.append((*key, weight, e.request_id, number, index))
-    for (tenant, window), total in sorted(granted.items()):
+    """AF across replicas, per (tenant, window the store reported). A (tenant, window) in
+    which some replica decided while its store was degraded (between `store` events) is
+    judged conditionally: its findings go to `report.conditional`."""
+    fleet = _FleetFloor()
+    report.degraded_s = [
+        _scan_log(number, events, config, floors, fleet) for number, events in enumerate(logs)
+    ]
+    for (tenant, window), total in sorted(fleet.granted.items()):
         if total > floors[tenant]:
-            report.violations.append(
+            conditional = (tenant, window) in fleet.local
+            (report.conditional if conditional else report.violations).append(
                 Violation(
                     "AF",
                     0,
                     None,
                     f"fleet: {tenant} was granted {total} > B = {floors[tenant]} from the "
-                    f"floor in window {window}",
+                    f"floor in window {window}"
+                    + (
+                        " (the store's fallback or a lost state decided there)"
+                        if conditional
+                        else ""
+                    ),
                 )
             )
-    for tenant, window, weight, rid, number, index in refused:
-        if granted[tenant, window] + weight <= floors[tenant]:
-            report.violations.append(
+    for tenant, window, weight, rid, number, index, state in fleet.refused:
+        if fleet.granted[tenant, window] + weight <= floors[tenant]:
+            conditional = (tenant, window) in fleet.local
+            why = (
+                f" (store {state}: the documented fallback)"
+                if state != "shared"
+                else " (the store's fallback or a lost state decided in that window)"
+                if conditional
+                else ""
+            )
+            (report.conditional if conditional else report.violations).append(
                 Violation(
                     "AF",
                     index,
                     rid,
                     f"fleet: refused from the floor in window {window} while the fleet "
-                    f"granted {granted[tenant, window]} of B = {floors[tenant]}",
+                    f"granted {fleet.granted[tenant, window]} of B = {floors[tenant]}{why}",
                     log=number,
                 )
             )

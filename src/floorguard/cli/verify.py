@@ -63,6 +63,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     "num_sf_late": report.num_sf_late,
                     "outcomes": dict(report.counts),
                     "violations": [asdict(v) for v in report.violations[:100]],
+                    "conditional": [asdict(v) for v in report.conditional[:100]],
+                    "store_degraded_s": report.degraded_s,
                 },
                 indent=2,
             )
@@ -77,6 +79,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(
                 f"SF: {report.num_sf_late} floor-entitled requests completed late "
                 f"(conditional property, SPEC §6)"
+            )
+        degraded = [(path, s) for path, s in zip(args.trace, report.degraded_s, strict=False) if s]
+        for path, seconds in degraded:
+            console.print(
+                f"store: {path} decided on its store's fallback for {seconds:.1f} s",
+                markup=False,
+            )
+        if report.conditional:
+            console.print(
+                f"AF conditional on the store: {len(report.conditional)} finding(s) in windows "
+                "where a replica decided on its fallback (docs/replicas.md), e.g. "
+                + report.conditional[0].message,
+                markup=False,
             )
         if failed:
             if len(logs) > 1:

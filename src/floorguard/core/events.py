@@ -59,6 +59,9 @@ class EventKind(StrEnum):
     REQUEUE = "requeue"
     """A dispatched request whose backend could not be reached before any byte was sent:
     its slot is freed and it waits again, in its old place (SPEC §12)."""
+    STORE = "store"
+    """The shared floor's state changed (`reason`: `shared`, or the fallback policy while
+    Redis is unreachable): decisions until the next one were made on that state."""
 
 
 TERMINAL_KINDS = frozenset(

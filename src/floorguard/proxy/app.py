@@ -36,7 +36,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
-from floorguard.core.events import TraceEvent
+from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import (
@@ -146,7 +146,11 @@ class GuardServer:
                 config.learner, np.random.default_rng(seed), config.learner_config()
             )
         )
-        self.shared_floor = _shared_floor(config.store, self.clock) if config.store else None
+        self.shared_floor = (
+            _shared_floor(config.store, self.clock, self._on_store_change, self._on_lost_state)
+            if config.store
+            else None
+        )
         self._replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
         self.guard = Guard(
             guard_config,
@@ -207,6 +211,20 @@ class GuardServer:
         return self._session
 
     # -- plumbing -------------------------------------------------------------------------
+
+    def _on_store_change(self, state: str, now: float) -> None:
+        """The decision log marks the shared floor's degraded periods (`verify` judges AF
+        in them as conditional on the store)."""
+        self._on_event(TraceEvent(now, EventKind.STORE, reason=state))
+        log.warning("shared floor: %s", state)
+
+    def _on_lost_state(self, tenant: str, window: int, now: float) -> None:
+        """Redis lost `tenant`'s count in `window` (it restarted empty): the window is
+        closed to fresh takes fleet-wide; the log says so (AF there is conditional)."""
+        self._on_event(
+            TraceEvent(now, EventKind.STORE, tenant=tenant, window=window, reason="lost-state")
+        )
+        log.warning("shared floor: Redis lost %s's count in window %d", tenant, window)
 
     def _on_event(self, event: TraceEvent) -> None:
         if self._log is not None:
@@ -698,14 +716,29 @@ def _bind_normalize(
     return lambda: normalize(raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer)
 
 
-def _shared_floor(spec: StoreSpec, clock: Clock) -> SharedFloor:
-    store = RedisCreditStore(spec.url, prefix=spec.prefix, timeout_s=spec.timeout_ms / 1e3)
+def _shared_floor(
+    spec: StoreSpec,
+    clock: Clock,
+    on_change: Callable[[str, float], None],
+    on_lost_state: Callable[[str, int, float], None],
+) -> SharedFloor:
+    store = RedisCreditStore(
+        spec.url,
+        prefix=spec.prefix,
+        timeout_s=spec.timeout_ms / 1e3,
+        connect_timeout_s=spec.connect_timeout_ms / 1e3,
+        max_connections=spec.max_connections,
+        pool_timeout_s=spec.pool_timeout_ms / 1e3,
+    )
     return SharedFloor(
         store,
         policy=spec.on_unavailable,
         replicas=spec.replicas,
         retry_s=spec.retry_s,
         clock=clock.now,
+        attempts=spec.attempts,
+        on_change=on_change,
+        on_lost_state=on_lost_state,
     )
 
 

@@ -150,7 +150,18 @@ class StoreSpec(_Strict):
     """N: how many guard replicas share this floor (fail-static grants ⌊B/N⌋ each)."""
     on_unavailable: Unavailable = Unavailable.FAIL_STATIC
     timeout_ms: float = Field(default=50.0, gt=0, le=10_000)
-    """A Redis call that takes longer counts as Redis unavailable."""
+    """A Redis call (once connected) that takes longer fails; `attempts` failed calls in a
+    row make Redis unavailable."""
+    connect_timeout_ms: float = Field(default=250.0, gt=0, le=10_000)
+    """Opening a new connection to Redis may take this long (not the call timeout)."""
+    max_connections: int = Field(default=64, ge=1, le=10_000)
+    """The connection pool's bound: a burst waits for a free connection (up to
+    `pool_timeout_ms`) instead of opening more."""
+    pool_timeout_ms: float = Field(default=250.0, gt=0, le=10_000)
+    """How long a call may wait for a free pooled connection."""
+    attempts: int = Field(default=3, ge=1, le=10)
+    """Tries per decision while shared (10 ms, 20 ms … apart): a single slow or refused
+    call is not an outage."""
     retry_s: float = Field(default=1.0, gt=0, le=300)
     """While Redis is unavailable, try it again at most this often."""
     prefix: str = Field(default="floorguard", min_length=1)

@@ -131,7 +131,7 @@ class _GuardCollector(Collector):
             floor = m.shared_floor
             yield _counter(
                 "floorguard_store_calls",
-                "Shared-floor store calls by outcome (redis, redis_error, local)",
+                "Shared-floor store calls by outcome (docs/replicas.md)",
                 ["outcome"],
                 {(k,): v for k, v in floor.calls.items()},
             )

@@ -1,5 +1,7 @@
-"""A throw-away `redis-server` on a free loopback port, without persistence: for
-`floorguard bench store` and the tests (which also kill and restart it)."""
+"""A throw-away `redis-server` on a free loopback port: for `floorguard bench store` and
+the tests (which also kill and restart it). Without persistence by default (a restart comes
+back empty); `persistent=True` keeps an append-only file fsynced on every write, so a
+killed and restarted server comes back with its data (Redis unreachable, state kept)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ __all__ = ["LocalRedis"]
 
 
 class LocalRedis:
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, *, persistent: bool = False) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
@@ -25,12 +27,14 @@ class LocalRedis:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="floorguard-redis-")
         self._process: subprocess.Popen[bytes] | None = None
+        self.persistent = persistent
 
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
         """Start (or restart, on the same port) and wait until it answers PING."""
+        aof = ["yes", "--appendfsync", "always"] if self.persistent else ["no"]
         self._process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir.name],
+             "--appendonly", *aof, "--dir", self._dir.name],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip

@@ -1,17 +1,34 @@
--- floorguard: take `weight` of `capacity` floor credits in the current window, atomically.
+-- floorguard: take `weight` of `capacity` floor credits in the current window, atomically,
+-- after adding what the calling replica carries back.
 --
 -- KEYS[1]  the tenant's counter: a hash {w = window index, used = credits taken in it}
--- ARGV     weight, capacity, window_s, origin_at, mode, now
---          mode "take":  add weight if used + weight <= capacity
---               "force": add weight regardless (a replica hands back what it granted
---                        locally while Redis was unreachable)
---               "peek":  change nothing
---          now: "" to read the Redis server's clock (TIME), or the caller's time in seconds
--- returns  {granted (0/1), window index, capacity - used}
+-- KEYS[2]  the tenant's generation marker: a token written when the counter's state began
+--          (both keys share one hash tag, so a Redis Cluster keeps them in one slot)
+-- ARGV     1 weight, 2 capacity, 3 window_s, 4 origin_at,
+--          5 mode: "take" (add weight if used + weight <= capacity) or "peek" (change
+--            nothing but the carry),
+--          6 now: "" to read the Redis server's clock (TIME), or the caller's time (s),
+--          7 the generation the caller last saw for this tenant ("" = none),
+--          8 a fresh token, written as the generation if the marker is missing,
+--          9 carry window: the window index the two carries below belong to,
+--          10 carry shared: what the caller granted through Redis in that window; added
+--             back only when the generation changed (Redis lost its state: the counter
+--             restarted from nothing, so the caller's earlier grants are re-forced),
+--          11 carry local: what the caller granted locally while Redis was unreachable, in
+--             that window; always added, before the take (hand-back before take),
+--          12 the caller's id: a re-force is applied once per caller and window (a field
+--             `r:<id>` of the counter), however many of its calls carried the old generation
+-- returns  {granted (0/1), window index, capacity - used, generation, the clock used (a
+--          string, seconds), credits re-forced for a lost state, closed (0/1)}
 --
--- The window index comes from the Redis server's clock (TIME) and the contract's origin
--- t0, so replicas whose clocks disagree still share one window. The key expires one second
--- after its window ends (on the clock in use).
+-- A lost state (a caller that saw another generation) *closes* the tenant's current window
+-- to fresh takes: a replica cannot know what the others granted there before the loss
+-- until they re-force it, so no one takes more in that window (as fail-static grants
+-- nothing in the window Redis was lost in); re-forces and hand-backs still count.
+--
+-- The window index comes from the clock in use and the contract's origin t0, so replicas
+-- whose clocks disagree still share one window. The counter expires one second after its
+-- window ends; the marker a week after its tenant's last call.
 
 local weight = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
@@ -26,20 +43,44 @@ if now == nil then
 end
 local index = math.floor((now - origin) / window_s)
 
+local generation = redis.call('GET', KEYS[2])
+if not generation then
+  generation = ARGV[8]
+  redis.call('SET', KEYS[2], generation)
+end
+redis.call('PEXPIRE', KEYS[2], 604800000)
+
 local stored = redis.call('HMGET', KEYS[1], 'w', 'used')
 local used = 0
 if stored[1] and tonumber(stored[1]) == index then
   used = tonumber(stored[2])
 end
 
+local carried = tonumber(ARGV[9]) == index
+local restored = 0
+if generation ~= ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'lost', index)
+  local mark = 'r:' .. ARGV[12]
+  if carried and tonumber(redis.call('HGET', KEYS[1], mark)) ~= index then
+    restored = tonumber(ARGV[10])
+    redis.call('HSET', KEYS[1], mark, index)
+  end
+end
+local closed = tonumber(redis.call('HGET', KEYS[1], 'lost')) == index
+local handed = 0
+if carried then
+  handed = tonumber(ARGV[11])
+end
+used = used + restored + handed
+
 local granted = 0
-if mode == 'force' or (mode == 'take' and used + weight <= capacity) then
+if mode == 'take' and not closed and used + weight <= capacity then
   used = used + weight
   granted = 1
 end
-if mode ~= 'peek' then
+if mode == 'take' or restored + handed > 0 or closed then
   redis.call('HSET', KEYS[1], 'w', index, 'used', used)
   local left_ms = math.ceil((origin + (index + 1) * window_s - now) * 1000)
   redis.call('PEXPIRE', KEYS[1], left_ms + 1000)
 end
-return {granted, index, capacity - used}
+return {granted, index, capacity - used, generation, tostring(now), restored, closed and 1 or 0}

@@ -5,18 +5,30 @@ Several guard replicas pointed at one Redis share each tenant's floor: the credi
 per tenant, not per replica. With `clock="server"` (the default) the caller's `now` is
 ignored and the grant reports the window Redis used, so replicas with skewed clocks still
 share windows; `clock="caller"` uses `now` (the simulator, and the store test suite that
-runs the same assertions over every store). Keys are `{prefix}:{tenant}` hashes that expire
-a second after their window.
+runs the same assertions over every store). Tenant `acme`'s keys are `floorguard:{acme}`
+(its counter, a hash that expires a second after its window) and `floorguard:{acme}:gen`
+(its generation marker); the braces are literal, a Redis Cluster hash tag, so both sit in
+one slot.
 
-Both a blocking and an asyncio client are kept: the core's `acquire` is synchronous (the
-simulator, tests), the HTTP guard awaits `acquire_async` before `on_arrival` so the event
-loop never blocks on Redis.
+Each reply also carries the tenant's *generation* (a token written when its state began:
+a Redis that restarted empty writes a new one, which is how a replica learns that the
+counts it relied on are gone) and the Redis clock it used (a replica measures its offset
+from it, for the windows it keeps while Redis is unreachable). A call can carry back what
+the caller granted (`Carry`): re-forced when the generation changed, handed back before the
+take when it was granted locally. `store.shared.SharedFloor` is the policy that uses them.
+
+Both a blocking and an asyncio client are kept, each over a bounded, blocking connection
+pool (a call waits up to `pool_timeout_s` for a free connection instead of failing) with
+separate connect and call timeouts: the core's `acquire` is synchronous (the simulator,
+tests), the HTTP guard awaits `call_async` so the event loop never blocks on Redis.
 """
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import redis
 import redis.asyncio
@@ -24,10 +36,34 @@ import redis.asyncio
 from floorguard.store.base import CreditStore, Grant
 from floorguard.windows import WindowSchedule
 
-__all__ = ["RedisCreditStore"]
+__all__ = ["Carry", "RedisCreditStore", "Reply"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("acquire.lua").read_text()
-Mode = Literal["take", "force", "peek"]
+Mode = Literal["take", "peek"]
+
+
+class Carry(NamedTuple):
+    """What a call carries back to the tenant's count, for window `window` only."""
+
+    window: int = -1
+    shared: int = 0
+    """Granted through Redis earlier in the window: re-forced if Redis lost its state."""
+    local: int = 0
+    """Granted locally while Redis was unreachable: handed back before the take."""
+
+
+NO_CARRY = Carry()
+
+
+class Reply(NamedTuple):
+    grant: Grant
+    generation: str
+    clock_s: float
+    """The clock the script used (Redis `TIME`, or the caller's `now`)."""
+    restored: int
+    """Credits re-forced because the generation had changed."""
+    closed: bool
+    """The window is closed to fresh takes: Redis lost the tenant's state in it."""
 
 
 class RedisCreditStore(CreditStore):
@@ -37,36 +73,65 @@ class RedisCreditStore(CreditStore):
         *,
         prefix: str = "floorguard",
         timeout_s: float = 0.25,
+        connect_timeout_s: float | None = None,
+        max_connections: int = 64,
+        pool_timeout_s: float = 0.1,
         clock: Literal["server", "caller"] = "server",
     ) -> None:
         self.url = url
         self.prefix = prefix
         self.clock = clock
         options: dict[str, Any] = {
+            "max_connections": max_connections,
+            "timeout": pool_timeout_s,
             "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
+            "socket_connect_timeout": connect_timeout_s if connect_timeout_s else timeout_s,
         }
-        self._client = redis.Redis.from_url(url, **options)
-        self._async_client = redis.asyncio.Redis.from_url(url, **options)
+        self._client = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
+        self._async_client = redis.asyncio.Redis.from_pool(
+            redis.asyncio.BlockingConnectionPool.from_url(url, **options)
+        )
         self._script = self._client.register_script(SCRIPT)
         self._async_script = self._async_client.register_script(SCRIPT)
+        self._tokens = itertools.count()
+        self._token_base = uuid.uuid4().hex
 
-    def key(self, tenant: str) -> str:
-        return f"{self.prefix}:{tenant}"
+    def keys(self, tenant: str) -> list[str]:
+        counter = f"{self.prefix}:{{{tenant}}}"
+        return [counter, f"{counter}:gen"]
 
-    def _args(
-        self, weight: int, capacity: int, schedule: WindowSchedule, mode: Mode, now: float
+    def _args(  # noqa: PLR0917  # the script's argument list, in its order
+        self,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        mode: Mode,
+        now: float,
+        seen: str,
+        carry: Carry,
     ) -> list[str | int]:
         at = repr(now) if self.clock == "caller" else ""
-        return [weight, capacity, repr(schedule.window_s), repr(schedule.origin_at), mode, at]
+        token = f"{self._token_base}:{next(self._tokens)}"
+        return [
+            weight,
+            capacity,
+            repr(schedule.window_s),
+            repr(schedule.origin_at),
+            mode,
+            at,
+            seen,
+            token,
+            *carry,
+            self._token_base,
+        ]
 
     def acquire(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
     ) -> Grant:
-        return self.call(key, weight, capacity, schedule, now)
+        return self.call(key, weight, capacity, schedule, now).grant
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
-        return self.call(key, 0, capacity, schedule, now, mode="peek").remaining
+        return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
 
     def call(
         self,
@@ -77,10 +142,12 @@ class RedisCreditStore(CreditStore):
         now: float,
         *,
         mode: Mode = "take",
-    ) -> Grant:
+        seen: str = "",
+        carry: Carry = NO_CARRY,
+    ) -> Reply:
         """One EVALSHA (blocking); raises redis.RedisError when Redis cannot answer."""
-        args = self._args(weight, capacity, schedule, mode, now)
-        return _grant(self._script(keys=[self.key(key)], args=args))
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry)
+        return _reply(self._script(keys=self.keys(key), args=args))
 
     async def call_async(
         self,
@@ -91,11 +158,13 @@ class RedisCreditStore(CreditStore):
         now: float,
         *,
         mode: Mode = "take",
-    ) -> Grant:
+        seen: str = "",
+        carry: Carry = NO_CARRY,
+    ) -> Reply:
         """One EVALSHA on the asyncio client; raises redis.RedisError when Redis cannot
         answer."""
-        args = self._args(weight, capacity, schedule, mode, now)
-        return _grant(await self._async_script(keys=[self.key(key)], args=args))
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry)
+        return _reply(await self._async_script(keys=self.keys(key), args=args))
 
     def close(self) -> None:
         """Close the blocking client (a store never used asynchronously needs no more)."""
@@ -107,6 +176,16 @@ class RedisCreditStore(CreditStore):
         self._client.close()
 
 
-def _grant(reply: Any) -> Grant:
-    granted, index, remaining = reply
-    return Grant(bool(granted), int(index), int(remaining))
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _reply(reply: Any) -> Reply:
+    granted, index, remaining, generation, clock_s, restored, closed = reply
+    return Reply(
+        Grant(bool(granted), int(index), int(remaining)),
+        _text(generation),
+        float(_text(clock_s)),
+        int(restored),
+        bool(closed),
+    )

@@ -1,27 +1,42 @@
-"""The floor several guard replicas share through Redis, and what it does
-when Redis cannot be reached (a documented policy, never a crash or a hang).
+"""The floor several guard replicas share through Redis, and what it does when Redis
+cannot be reached (a documented policy, never a crash or a hang).
 
-Every store call goes to Redis (`RedisCreditStore`, one EVALSHA, a short timeout). When a
-call fails the floor is *degraded* and follows `on_unavailable`:
+Every store call goes to Redis (`RedisCreditStore`, one EVALSHA, a short timeout). A call
+that fails is retried (`attempts`, with a short backoff): one refused or slow call is not an
+outage. When every attempt fails the floor is *degraded* and follows `on_unavailable`:
 
 * `fail-static` (default): each of the `N` configured replicas grants from a local floor of
   `⌊B/N⌋` per window, so the fleet never admits more than `B` from the floor. In the window
   where Redis was lost the replica grants nothing more (it cannot know what the fleet
-  already took there); `⌊B/N⌋` from the next window.
+  already took there); `⌊B/N⌋` from the next window. The local windows follow the *Redis*
+  clock: the offset measured on every answer while shared, not this replica's own clock.
 * `fail-open`: each replica grants the whole `B` locally (the fleet may admit up to `N·B`).
 * `fail-closed`: no floor grants while Redis is away (assured requests meet their excess
   policy).
 
-While degraded, Redis is retried at most every `retry_s`, on the request path; the first
-call that succeeds ends the degradation, after the replica hands back (`force`) what it
-granted locally in the current window, so the shared count includes it. Bound: while every
-replica sees the same Redis (up or down) the fleet admits at most `B` per window under
-`fail-static`; while replicas disagree (a partial partition, or the `retry_s` after Redis
-returns) the fleet may admit up to `B + ⌊B/N⌋` per degraded replica in a window.
+While degraded, Redis is probed at most every `retry_s`, on the request path; the first call
+that succeeds ends the degradation. What the replica granted locally in the current window
+is handed back *inside* the next call for that tenant, before its take (atomically, in the
+script), and once only: the count leaves the ledger when a call carries it and returns only
+if that call fails. Other tenants' local grants are handed back right after the first
+success.
+
+A Redis that lost its state (restarted without persistence, a failover to an empty replica)
+is detected by the tenant's generation marker: a new one means the count restarted from
+nothing. The replica's next call re-forces what it had granted through Redis in the current
+window, and that window is closed to fresh takes for every replica (none can know what the
+others granted there until they re-force it); the next window is shared as usual.
+
+Bound: while every replica sees the same Redis (up or down) the fleet admits at most `B`
+per window under `fail-static`; while replicas disagree (a partial partition, or the
+`retry_s` after Redis returns) the fleet may admit up to `B + ⌊B/N⌋` per degraded replica in
+a window.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
@@ -31,7 +46,7 @@ import redis
 
 from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
-from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.redis_store import Carry, RedisCreditStore, Reply
 from floorguard.windows import WindowSchedule
 
 __all__ = ["SharedFloor", "Unavailable"]
@@ -54,20 +69,43 @@ class SharedFloor(CreditStore):
         replicas: int,
         retry_s: float,
         clock: Callable[[], float],
+        attempts: int = 3,
+        backoff_s: float = 0.01,
+        on_change: Callable[[str, float], None] | None = None,
+        on_lost_state: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.replicas = replicas
         self.retry_s = retry_s
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.on_change = on_change
+        """Called with the new state (`shared`, or the policy's name) and the time."""
+        self.on_lost_state = on_lost_state
+        """Called once per tenant and window that Redis lost the state of (the window is
+        closed to fresh takes), with the tenant, the window and the time."""
+        self._closed: set[tuple[str, int]] = set()
         self._clock = clock
         self.degraded_since: float | None = None
         """When Redis was lost (the caller's clock); None while it answers."""
+        self.offset_s = 0.0
+        """The Redis clock minus this replica's, measured on every answer while shared."""
         self.calls: Counter[str] = Counter()
-        """Store calls by outcome: redis, redis_error, local."""
+        """Store calls by outcome: `redis` (answered), `failed_attempt` (a call that failed,
+        retried or not), `redis_error` (a decision whose every attempt failed), `local`
+        (answered by the fallback); `restored`: credits re-forced after Redis lost its
+        state."""
         self._retry_at = 0.0
         self._onset_window = -1
         self._local = MemoryCreditStore()
         self._last: dict[str, Grant] = {}
+        self._seen: dict[str, str] = {}
+        """Each tenant's generation, as last seen."""
+        self._shared: dict[str, tuple[int, int]] = {}
+        """Each tenant's (window, credits this replica took through Redis in it)."""
+        self._owed: dict[str, tuple[int, int]] = {}
+        """Each tenant's (window, credits granted locally not yet handed back)."""
 
     @property
     def degraded(self) -> bool:
@@ -77,11 +115,16 @@ class SharedFloor(CreditStore):
         """Its state for an operator: `shared`, or degraded under its fallback policy."""
         return {
             "url": self.store.url,
-            "state": self.policy.value if self.degraded else "shared",
+            "state": self.state,
             "degraded_since": self.degraded_since,
             "replicas": self.replicas,
+            "clock_offset_s": self.offset_s,
             "calls": dict(self.calls),
         }
+
+    @property
+    def state(self) -> str:
+        return self.policy.value if self.degraded else "shared"
 
     # -- two thin shells over one policy: the async one (the server's request path) and the
     # -- synchronous `CreditStore` interface (the core's own calls) ------------------------
@@ -91,37 +134,96 @@ class SharedFloor(CreditStore):
     ) -> Grant:
         """The grant for one admission: from Redis, else by the fallback policy."""
         if self._should_try(now):
-            try:
-                grant = await self.store.call_async(key, weight, capacity, schedule, now)
-                for owed_key, used in self._owed(schedule, now):
-                    await self.store.call_async(owed_key, used, 0, schedule, now, mode="force")
-            except _UNREACHABLE:
-                self._lost(schedule, now)
-            else:
-                return self._answered(key, grant)
+            carry = self._carry(key, schedule, now)
+            for attempt in range(self._attempts()):
+                if attempt:
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    reply = await self.store.call_async(
+                        key,
+                        weight,
+                        capacity,
+                        schedule,
+                        now,
+                        seen=self._seen.get(key, ""),
+                        carry=carry,
+                    )
+                except _UNREACHABLE:
+                    self.calls["failed_attempt"] += 1
+                    continue
+                grant = self._answered(key, weight, reply, now)
+                for other, owed in self._hand_backs(schedule, now):
+                    try:
+                        back = await self.store.call_async(
+                            other,
+                            0,
+                            0,
+                            schedule,
+                            now,
+                            mode="peek",
+                            seen=self._seen.get(other, ""),
+                            carry=owed,
+                        )
+                    except _UNREACHABLE:
+                        self._owe_again(other, owed)
+                    else:
+                        self._seen[other] = back.generation
+                return grant
+            self._owe_again(key, carry)
+            self._lost(schedule, now)
         return self._fallback(key, weight, capacity, schedule, now)
 
     def acquire(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
     ) -> Grant:
         if self._should_try(now):
-            try:
-                grant = self.store.call(key, weight, capacity, schedule, now)
-                for owed_key, used in self._owed(schedule, now):
-                    self.store.call(owed_key, used, 0, schedule, now, mode="force")
-            except _UNREACHABLE:
-                self._lost(schedule, now)
-            else:
-                return self._answered(key, grant)
+            carry = self._carry(key, schedule, now)
+            for attempt in range(self._attempts()):
+                if attempt:
+                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    reply = self.store.call(
+                        key,
+                        weight,
+                        capacity,
+                        schedule,
+                        now,
+                        seen=self._seen.get(key, ""),
+                        carry=carry,
+                    )
+                except _UNREACHABLE:
+                    self.calls["failed_attempt"] += 1
+                    continue
+                grant = self._answered(key, weight, reply, now)
+                for other, owed in self._hand_backs(schedule, now):
+                    try:
+                        back = self.store.call(
+                            other,
+                            0,
+                            0,
+                            schedule,
+                            now,
+                            mode="peek",
+                            seen=self._seen.get(other, ""),
+                            carry=owed,
+                        )
+                    except _UNREACHABLE:
+                        self._owe_again(other, owed)
+                    else:
+                        self._seen[other] = back.generation
+                return grant
+            self._owe_again(key, carry)
+            self._lost(schedule, now)
         return self._fallback(key, weight, capacity, schedule, now)
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         """As last seen by this replica (no round trip): the shared count after its latest
         admission in the current window, or the local floor's while degraded."""
         if self.degraded:
-            return self._local.remaining(key, self._local_capacity(capacity), schedule, now)
+            local_now = now + self.offset_s
+            return self._local.remaining(key, self._local_capacity(capacity), schedule, local_now)
         last = self._last.get(key)
-        if last is None or last.window_index != schedule.index_at(now):
+        if last is None or last.window_index != schedule.index_at(now + self.offset_s):
             return capacity
         return last.remaining
 
@@ -130,20 +232,53 @@ class SharedFloor(CreditStore):
     def _should_try(self, now: float) -> bool:
         return not self.degraded or now >= self._retry_at
 
-    def _owed(self, schedule: WindowSchedule, now: float) -> list[tuple[str, int]]:
-        """What to hand back to Redis once it answers again (`force`): what this replica
-        granted locally in the current window, so the shared count includes it. Nothing
-        while not degraded. A failure while handing back leaves it degraded; the next retry
-        hands back again."""
-        if not self.degraded:
-            return []
-        return list(self._local.used_in(schedule.index_at(now)).items())
+    def _attempts(self) -> int:
+        """Shared: `attempts` (a single failed call is not an outage); degraded: one probe."""
+        return 1 if self.degraded else self.attempts
 
-    def _answered(self, key: str, grant: Grant) -> Grant:
+    def _carry(self, key: str, schedule: WindowSchedule, now: float) -> Carry:
+        """What a call for `key` carries back, for the current window (on the Redis clock):
+        this replica's grants through Redis (re-forced only if the state was lost) and its
+        local grants, taken out of the ledger so no concurrent call carries them too."""
+        window = schedule.index_at(now + self.offset_s)
+        shared_window, shared = self._shared.get(key, (window, 0))
+        owed_window, owed = self._owed.pop(key, (window, 0))
+        return Carry(
+            window,
+            shared if shared_window == window else 0,
+            owed if owed_window == window else 0,
+        )
+
+    def _owe_again(self, key: str, carry: Carry) -> None:
+        """A call that carried a hand-back failed: the credits are owed again."""
+        if carry.local:
+            window, owed = self._owed.get(key, (carry.window, 0))
+            self._owed[key] = (carry.window, carry.local + (owed if window == carry.window else 0))
+
+    def _hand_backs(self, schedule: WindowSchedule, now: float) -> list[tuple[str, Carry]]:
+        """Every other tenant's local grants still owed (after the first success)."""
+        return [(key, self._carry(key, schedule, now)) for key in list(self._owed)]
+
+    def _answered(self, key: str, weight: int, reply: Reply, now: float) -> Grant:
+        grant = reply.grant
         self.calls["redis"] += 1
+        if reply.restored:
+            self.calls["restored"] += reply.restored
+        if reply.closed and (key, grant.window_index) not in self._closed:
+            self._closed = {k for k in self._closed if k[1] >= grant.window_index}
+            self._closed.add((key, grant.window_index))
+            self.calls["lost_state"] += 1
+            if self.on_lost_state is not None:
+                self.on_lost_state(key, grant.window_index, now)
+        self._seen[key] = reply.generation
+        self.offset_s = reply.clock_s - now
+        if grant.granted:
+            window, used = self._shared.get(key, (grant.window_index, 0))
+            used = used if window == grant.window_index else 0
+            self._shared[key] = (grant.window_index, used + weight)
         self._last[key] = grant
         if self.degraded:
-            self._recovered()
+            self._recovered(now)
         return grant
 
     def _lost(self, schedule: WindowSchedule, now: float) -> None:
@@ -151,12 +286,16 @@ class SharedFloor(CreditStore):
         self._retry_at = now + self.retry_s
         if not self.degraded:
             self.degraded_since = now
-            self._onset_window = schedule.index_at(now)
+            self._onset_window = schedule.index_at(now + self.offset_s)
             self._local = MemoryCreditStore()
+            if self.on_change is not None:
+                self.on_change(self.state, now)
 
-    def _recovered(self) -> None:
+    def _recovered(self, now: float) -> None:
         self.degraded_since = None
         self._local = MemoryCreditStore()
+        if self.on_change is not None:
+            self.on_change(self.state, now)
 
     def _local_capacity(self, capacity: int) -> int:
         if self.policy is Unavailable.FAIL_OPEN:
@@ -168,9 +307,15 @@ class SharedFloor(CreditStore):
     def _fallback(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
     ) -> Grant:
+        """The local floor, on windows of the Redis clock (the last measured offset)."""
         self.calls["local"] += 1
-        index = schedule.index_at(now)
+        local_now = now + self.offset_s
+        index = schedule.index_at(local_now)
         local = self._local_capacity(capacity)
         if self.policy is Unavailable.FAIL_STATIC and index == self._onset_window:
             local = 0  # the fleet may have spent this window's floor before Redis went away
-        return self._local.acquire(key, weight, local, schedule, now)
+        grant = self._local.acquire(key, weight, local, schedule, local_now)
+        if grant.granted:
+            window, owed = self._owed.get(key, (index, 0))
+            self._owed[key] = (index, weight + (owed if window == index else 0))
+        return grant

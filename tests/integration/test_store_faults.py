@@ -1,0 +1,195 @@
+"""The shared floor's own faults, each as a regression test against a real redis-server
+(issue 16): a burst from one tenant, one slow call, a Redis that restarts empty inside a
+window, the order and the uniqueness of the hand-back, and the fail-static windows of a
+replica whose clock is off."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+
+from floorguard.core.contract import WindowSchedule
+from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor, Unavailable
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture
+def server():
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def kept():
+    """A Redis that keeps its data across a kill and restart (unreachable, not lost)."""
+    server = RedisServer(persistent=True).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def floors(loop):
+    """Make shared floors over fresh stores (the server's defaults unless told); closed
+    after the test on `loop`."""
+    made = []
+
+    def make(url, *, replicas=3, store_clock="server", store_options=None, **options):
+        store = RedisCreditStore(
+            url,
+            clock=store_clock,
+            **{
+                "timeout_s": 0.05,
+                "connect_timeout_s": 0.25,
+                "max_connections": 64,
+                "pool_timeout_s": 0.25,
+                **(store_options or {}),
+            },
+        )
+        made.append(store)
+        options = {"retry_s": 0.5, "clock": time.time, **options}
+        return SharedFloor(store, policy=Unavailable.FAIL_STATIC, replicas=replicas, **options)
+
+    yield make
+    for store in made:
+        loop.run_until_complete(store.aclose())
+
+
+def redis_now(url):
+    with redis.Redis.from_url(url) as client:
+        seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
+def mid_window(url):
+    """An hour-long window whose middle is now on the Redis clock: no boundary in a test."""
+    return WindowSchedule(3600.0, origin_at=redis_now(url) - 1800)
+
+
+def used(url, tenant, prefix="floorguard"):
+    with redis.Redis.from_url(url) as client:
+        value = client.hget(f"{prefix}:{{{tenant}}}", "used")
+    return int(value) if value is not None else 0
+
+
+def take(loop, floor, tenant, n, schedule, now=None, capacity=6):
+    async def go():
+        at = time.time() if now is None else now
+        grants = await asyncio.gather(
+            *(floor.acquire_async(tenant, 1, capacity, schedule, at) for _ in range(n))
+        )
+        return [g.granted for g in grants]
+
+    return loop.run_until_complete(go())
+
+
+def test_one_tenants_burst_is_not_an_outage_for_another(server, floors, loop):
+    """400 simultaneous requests from one tenant wait for the bounded pool instead of
+    failing it: the floor stays shared, exactly B of the burst are granted, and another
+    tenant's first request of the window is granted."""
+    floor = floors(server.url, store_options={"max_connections": 16})
+    schedule = mid_window(server.url)
+    burst = take(loop, floor, "noisy", 400, schedule)
+    assert sum(burst) == 6
+    assert not floor.degraded and floor.calls["redis_error"] == 0
+    assert take(loop, floor, "quiet", 1, schedule) == [True]
+    assert used(server.url, "noisy") == 6 and used(server.url, "quiet") == 1
+
+
+def test_one_slow_call_is_retried_not_an_outage(server, floors, loop):
+    """Redis stalls for 70 ms (CLIENT PAUSE) with a 50 ms call timeout: the first attempt
+    fails, the retry answers, and the floor never degrades."""
+    floor = floors(server.url)
+    schedule = mid_window(server.url)
+    assert take(loop, floor, "acme", 1, schedule) == [True]  # connected, script loaded
+    with redis.Redis.from_url(server.url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 70)
+    assert take(loop, floor, "acme", 1, schedule) == [True]
+    assert floor.calls["failed_attempt"] >= 1 and floor.calls["redis_error"] == 0
+    assert not floor.degraded and used(server.url, "acme") == 2
+
+
+def test_a_redis_that_restarts_empty_inside_a_window_is_detected(server, floors, loop):
+    """Two replicas grant 3 + 3 of B = 6; Redis restarts without its data inside the window.
+    Each replica sees the tenant's new generation and re-forces its 3 before taking more, so
+    the window grants nothing more: 6, not 12; both report `shared`."""
+    a, b = floors(server.url, replicas=2), floors(server.url, replicas=2)
+    schedule = mid_window(server.url)
+    assert take(loop, a, "acme", 3, schedule) == [True] * 3
+    assert take(loop, b, "acme", 3, schedule) == [True] * 3
+    server.kill()
+    server.start()
+    assert used(server.url, "acme") == 0  # the state is gone
+    assert take(loop, a, "acme", 3, schedule) == [False] * 3
+    assert take(loop, b, "acme", 3, schedule) == [False] * 3
+    assert used(server.url, "acme") == 6
+    assert a.calls["restored"] == 3 and b.calls["restored"] == 3
+    assert a.state == b.state == "shared"
+
+
+def test_the_hand_back_comes_before_the_take(kept, floors, loop):
+    """While replica A is degraded it grants 2 locally in window 1; replica Z, shared, takes
+    4 of B = 6 there. A's first call after Redis returns hands its 2 back *before* taking:
+    4 + 2 = 6, so A's request is refused and the window holds 6 (take-then-hand-back would
+    have granted it and left 7)."""
+    a = floors(kept.url, store_clock="caller", replicas=3)
+    z = floors(kept.url, store_clock="caller", replicas=3)
+    schedule = WindowSchedule(1.0)
+    assert take(loop, a, "acme", 1, schedule, now=0.1) == [True]
+    kept.kill()
+    assert take(loop, a, "acme", 1, schedule, now=0.2) == [False]  # onset window: nothing
+    assert a.degraded
+    assert take(loop, a, "acme", 2, schedule, now=1.1) == [True, True]  # ⌊6/3⌋ locally
+    kept.start()
+    assert take(loop, z, "acme", 4, schedule, now=1.2) == [True] * 4
+    assert take(loop, a, "acme", 1, schedule, now=1.7) == [False]
+    assert not a.degraded and a.calls["lost_state"] == 0  # Redis kept its state
+    assert z.store.remaining("acme", 6, schedule, 1.8) == 0  # 4 + 2 handed back, no more
+
+
+def test_two_successes_at_recovery_hand_back_the_local_grants_once(server, floors, loop):
+    """Two concurrent requests are the first to reach Redis again: only one carries the
+    2 local grants, so the window holds 2 + 2, not 2 + 2 + 2."""
+    a = floors(server.url, store_clock="caller", replicas=3)
+    schedule = WindowSchedule(1.0)
+    server.kill()
+    take(loop, a, "acme", 1, schedule, now=0.2)  # degraded (onset window)
+    assert take(loop, a, "acme", 2, schedule, now=1.1) == [True, True]
+    server.start()
+    assert take(loop, a, "acme", 2, schedule, now=1.7) == [True, True]
+    assert a.store.remaining("acme", 6, schedule, 1.8) == 2
+    assert not a.degraded
+
+
+def test_other_tenants_local_grants_are_handed_back_at_recovery(server, floors, loop):
+    """Recovery through one tenant's call also hands back every other tenant's local
+    grants of the window."""
+    a = floors(server.url, store_clock="caller", replicas=3)
+    schedule = WindowSchedule(1.0)
+    server.kill()
+    take(loop, a, "acme", 1, schedule, now=0.2)
+    assert take(loop, a, "globex", 2, schedule, now=1.1) == [True, True]
+    server.start()
+    assert take(loop, a, "acme", 1, schedule, now=1.7) == [True]
+    assert a.store.remaining("globex", 6, schedule, 1.8) == 4
+
+
+def test_the_redis_clock_offset_is_measured_while_shared(server, floors, loop):
+    """A replica whose clock runs 0.5 s ahead measures its offset from the Redis clock on
+    every answer; its fail-static windows then follow Redis, not its own clock."""
+    skewed = floors(server.url, clock=lambda: time.time() + 0.5)
+    schedule = mid_window(server.url)
+    take(loop, skewed, "acme", 1, schedule, now=time.time() + 0.5)
+    assert skewed.offset_s == pytest.approx(-0.5, abs=0.05)
+    assert skewed.status()["clock_offset_s"] == skewed.offset_s

@@ -1,0 +1,104 @@
+"""The shared floor's policy against a scripted store (no Redis): retries before degrading,
+fail-static windows on the measured Redis clock, and the hand-back carried once."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import redis
+
+from floorguard.store.base import Grant
+from floorguard.store.redis_store import NO_CARRY, Carry, Reply
+from floorguard.store.shared import SharedFloor, Unavailable
+from floorguard.windows import WindowSchedule
+
+
+class Scripted:
+    """A store whose answers follow a plan: `down` raises, else it counts like Redis on a
+    clock `offset_s` from the caller's."""
+
+    url = "redis://scripted"
+
+    def __init__(self, offset_s: float = 0.0) -> None:
+        self.offset_s = offset_s
+        self.down = False
+        self.fail_next = 0
+        self.used: Counter[tuple[str, int]] = Counter()
+        self.carries: list[Carry] = []
+
+    def call(self, key, weight, capacity, schedule, now, *, mode="take", seen="", carry=NO_CARRY):
+        if self.down or self.fail_next:
+            self.fail_next = max(0, self.fail_next - 1)
+            raise redis.ConnectionError("scripted")
+        clock = now + self.offset_s
+        index = schedule.index_at(clock)
+        self.carries.append(carry)
+        if carry.window == index:
+            self.used[key, index] += carry.local
+        granted = mode == "take" and self.used[key, index] + weight <= capacity
+        if granted:
+            self.used[key, index] += weight
+        grant = Grant(granted, index, capacity - self.used[key, index])
+        return Reply(grant, "g0", clock, 0, False)
+
+
+def floor(store, replicas=2, **options):
+    return SharedFloor(
+        store,  # type: ignore[arg-type]
+        policy=Unavailable.FAIL_STATIC,
+        replicas=replicas,
+        retry_s=0.5,
+        clock=lambda: 0.0,
+        backoff_s=0.0,
+        **options,
+    )
+
+
+def test_one_failed_call_is_retried_and_does_not_degrade():
+    store = Scripted()
+    shared = floor(store)
+    store.fail_next = 2  # two failures, the third attempt answers
+    assert shared.acquire("acme", 1, 6, WindowSchedule(1.0), 0.1).granted
+    assert not shared.degraded and shared.calls["failed_attempt"] == 2
+    store.fail_next = 3  # every attempt fails: now it is an outage
+    assert not shared.acquire("acme", 1, 6, WindowSchedule(1.0), 0.2).granted
+    assert shared.degraded and shared.calls["redis_error"] == 1
+
+
+def test_fail_static_windows_follow_the_redis_clock_not_the_replicas():
+    """A replica whose clock runs 0.5 s ahead of Redis: its local windows while degraded
+    are Redis's windows (offset measured while shared), so no true window gets more than
+    ⌊B/N⌋ = 3 from it; on its own clock it would straddle the boundary and grant 3 + 3."""
+    store = Scripted(offset_s=-0.5)
+    shared = floor(store)
+    schedule = WindowSchedule(1.0)
+    shared.acquire("acme", 1, 6, schedule, 10.55)  # shared: offset −0.5 measured
+    assert shared.offset_s == pytest.approx(-0.5)
+    store.down = True
+    by_true_window: Counter[int] = Counter()
+    for step in range(200):
+        local_now = 11.0 + step * 0.02  # 11.0 … 15.0 on the replica's clock
+        if shared.acquire("acme", 1, 6, schedule, local_now).granted:
+            by_true_window[int((local_now - 0.5) // 1.0)] += 1
+    assert max(by_true_window.values()) == 3
+    assert set(by_true_window) == {11, 12, 13, 14}  # window 10 (the onset) granted nothing
+
+
+def test_local_grants_are_carried_back_once_before_the_take():
+    store = Scripted()
+    shared = floor(store, replicas=3)
+    schedule = WindowSchedule(1.0)
+    store.down = True
+    shared.acquire("acme", 1, 6, schedule, 0.2)  # onset window: degraded
+    assert [shared.acquire("acme", 1, 6, schedule, 1.1).granted for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    store.down = False
+    assert shared.acquire("acme", 1, 6, schedule, 1.7).granted
+    assert store.carries[-1] == Carry(1, 0, 2)  # the 2 local grants, in the same call
+    assert store.used["acme", 1] == 3
+    assert shared.acquire("acme", 1, 6, schedule, 1.8).granted
+    assert store.carries[-1].local == 0  # handed back once
