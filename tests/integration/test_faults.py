@@ -167,9 +167,16 @@ def test_redis_killed_and_restarted_mid_run(live, tmp_path):
         redis_server.close()
     live.flush_log(app)
     report = check_fleet([list(read_jsonl(str(log)))])
-    # AF is conditional on the shared store: only the three refusals made while Redis was
-    # away (in the window it was lost in) break it; every request has one outcome.
-    assert [v.prop for v in report.violations] == ["AF"] * 3, report.violations
+    # AF is conditional on the shared store: the three refusals made while Redis was away
+    # (in the window it was lost in) are the documented fail-static under-granting, which
+    # the log marks (`store` events) and `verify` reports apart; every request has one
+    # outcome.
+    assert report.ok(), report.violations
+    assert sum("store fail-static" in v.message for v in report.conditional) == 3
+    # Redis came back empty: the window it lost its state in is closed to fresh takes, so
+    # a refusal there (if the last request fell in it) is conditional too
+    assert len(report.conditional) <= 4
+    assert report.degraded_s[0] > 0
     assert report.num_requests == sum(report.counts.values()) == 6
 
 

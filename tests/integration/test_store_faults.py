@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from floorguard.core.contract import WindowSchedule
+from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
@@ -193,3 +194,35 @@ def test_the_redis_clock_offset_is_measured_while_shared(server, floors, loop):
     take(loop, skewed, "acme", 1, schedule, now=time.time() + 0.5)
     assert skewed.offset_s == pytest.approx(-0.5, abs=0.05)
     assert skewed.status()["clock_offset_s"] == skewed.offset_s
+
+
+@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+def test_cluster_and_sentinel_urls_share_the_floor(kind, loop):
+    """`redis+cluster://` (a one-node Redis Cluster: the script's two keys must share a
+    hash slot, or Redis refuses it) and `redis+sentinel://` (the master a Sentinel names)
+    share one floor across two replicas like a plain URL."""
+    probe = RedisServer()  # skips without redis-server
+    probe.close()
+    master = LocalRedis(probe.binary, cluster=kind == "cluster").start()
+    sentinel = LocalSentinel(master).start() if kind == "sentinel" else None
+    url = sentinel.url if sentinel else master.url
+    stores = [RedisCreditStore(url, timeout_s=0.5) for _ in range(2)]
+    try:
+        floors = [
+            SharedFloor(s, policy=Unavailable.FAIL_STATIC, replicas=2, retry_s=1, clock=time.time)
+            for s in stores
+        ]
+        with redis.Redis(port=master.port) as client:
+            seconds, micros = client.time()
+        schedule = WindowSchedule(3600.0, origin_at=seconds + micros / 1e6 - 1800)
+        grants = [take(loop, floors[i % 2], "acme", 1, schedule)[0] for i in range(8)]
+        assert grants == [True] * 6 + [False] * 2
+        assert not any(f.degraded for f in floors)
+        with redis.Redis(port=master.port) as client:
+            assert int(client.hget("floorguard:{acme}", "used")) == 6
+    finally:
+        for s in stores:
+            loop.run_until_complete(s.aclose())
+        if sentinel:
+            sentinel.close()
+        master.close()

@@ -144,8 +144,10 @@ class LearnerOptionsSpec(_Strict):
 
 
 class StoreSpec(_Strict):
-    url: str = Field(pattern=r"^rediss?://")
-    """The Redis every replica shares (`redis://host:port/db`)."""
+    url: str = Field(pattern=r"^(rediss?|redis\+cluster|redis\+sentinel)://")
+    """The Redis every replica shares: `redis://host:port/db` (or `rediss://`), a Cluster
+    `redis+cluster://host:port[,host:port…]`, or the master a Sentinel names
+    `redis+sentinel://host:port[,host:port…]/service[/db]`."""
     replicas: int = Field(default=1, ge=1, le=1024)
     """N: how many guard replicas share this floor (fail-static grants ⌊B/N⌋ each)."""
     on_unavailable: Unavailable = Unavailable.FAIL_STATIC

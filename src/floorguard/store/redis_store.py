@@ -32,7 +32,12 @@ from typing import Any, Literal, NamedTuple
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
 
+from floorguard.errors import ConfigError
 from floorguard.store.base import CreditStore, Grant
 from floorguard.windows import WindowSchedule
 
@@ -83,14 +88,10 @@ class RedisCreditStore(CreditStore):
         self.clock = clock
         options: dict[str, Any] = {
             "max_connections": max_connections,
-            "timeout": pool_timeout_s,
             "socket_timeout": timeout_s,
             "socket_connect_timeout": connect_timeout_s if connect_timeout_s else timeout_s,
         }
-        self._client = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
-        self._async_client = redis.asyncio.Redis.from_pool(
-            redis.asyncio.BlockingConnectionPool.from_url(url, **options)
-        )
+        self._client, self._async_client, self._sentinels = _clients(url, options, pool_timeout_s)
         self._script = self._client.register_script(SCRIPT)
         self._async_script = self._async_client.register_script(SCRIPT)
         self._tokens = itertools.count()
@@ -169,11 +170,71 @@ class RedisCreditStore(CreditStore):
     def close(self) -> None:
         """Close the blocking client (a store never used asynchronously needs no more)."""
         self._client.close()
+        for client in self._sentinels[0].sentinels if self._sentinels else ():
+            client.close()
 
     async def aclose(self) -> None:
         """Close both clients, on the event loop the asyncio client ran on."""
         await self._async_client.aclose()
-        self._client.close()
+        for client in self._sentinels[1].sentinels if self._sentinels else ():
+            await client.aclose()
+        self.close()
+
+
+def _nodes(hosts: str) -> list[tuple[str, int]]:
+    out = []
+    for node in hosts.split(","):
+        host, _, port = node.rpartition(":")
+        out.append((host or "127.0.0.1", int(port)))
+    return out
+
+
+def _clients(
+    url: str, options: dict[str, Any], pool_timeout_s: float
+) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The blocking and asyncio clients for `url`: `redis://` or `rediss://` (one server,
+    over a bounded blocking pool), `redis+cluster://host:port[,host:port…]` (a Redis
+    Cluster: a tenant's two keys share one hash slot), or
+    `redis+sentinel://host:port[,host:port…]/service[/db]` (the master Sentinel names);
+    then the (blocking, asyncio) Sentinel objects whose own connections need closing."""
+    scheme, _, rest = url.partition("://")
+    if scheme == "redis+cluster":
+        nodes = _nodes(rest.split("/", 1)[0])
+        return (
+            redis.cluster.RedisCluster(
+                startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
+                **options,
+            ),
+            redis.asyncio.cluster.RedisCluster(
+                startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in nodes],
+                **options,
+            ),
+            (),
+        )
+    if scheme == "redis+sentinel":
+        hosts, _, path = rest.partition("/")
+        service, _, db = path.partition("/")
+        if not service:
+            raise ConfigError("store.url", url, "a Sentinel URL names its service: …/service[/db]")
+        sentinels = _nodes(hosts)
+        timeouts = {k: v for k, v in options.items() if k != "max_connections"}
+        node = {**options, "db": int(db or 0)}
+        blocking: Any = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+        asynchronous: Any = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+        return (
+            blocking.master_for(service, **node),
+            asynchronous.master_for(service, **node),
+            (blocking, asynchronous),
+        )
+    return (
+        redis.Redis.from_pool(
+            redis.BlockingConnectionPool.from_url(url, timeout=pool_timeout_s, **options)
+        ),
+        redis.asyncio.Redis.from_pool(
+            redis.asyncio.BlockingConnectionPool.from_url(url, timeout=pool_timeout_s, **options)
+        ),
+        (),
+    )
 
 
 def _text(value: Any) -> str:

@@ -14,12 +14,12 @@ outage. When every attempt fails the floor is *degraded* and follows `on_unavail
 * `fail-closed`: no floor grants while Redis is away (assured requests meet their excess
   policy).
 
-While degraded, Redis is probed at most every `retry_s`, on the request path; the first call
-that succeeds ends the degradation. What the replica granted locally in the current window
-is handed back *inside* the next call for that tenant, before its take (atomically, in the
-script), and once only: the count leaves the ledger when a call carries it and returns only
-if that call fails. Other tenants' local grants are handed back right after the first
-success.
+While degraded, Redis is probed (two tries) at most every `retry_s`, on the request path;
+the first call that succeeds ends the degradation. What the replica granted locally in the
+current window is handed back *inside* the next call for that tenant, before its take
+(atomically, in the script), and once only: the count leaves the ledger when a call
+carries it and returns only if that call fails. Other tenants' local grants are handed back
+right after the first success.
 
 A Redis that lost its state (restarted without persistence, a failover to an empty replica)
 is detected by the tenant's generation marker: a new one means the count restarted from
@@ -233,8 +233,10 @@ class SharedFloor(CreditStore):
         return not self.degraded or now >= self._retry_at
 
     def _attempts(self) -> int:
-        """Shared: `attempts` (a single failed call is not an outage); degraded: one probe."""
-        return 1 if self.degraded else self.attempts
+        """Shared: `attempts` (a single failed call is not an outage); degraded: a probe of
+        at most two (the first call after an outage often meets a pooled connection the
+        outage broke)."""
+        return min(2, self.attempts) if self.degraded else self.attempts
 
     def _carry(self, key: str, schedule: WindowSchedule, now: float) -> Carry:
         """What a call for `key` carries back, for the current window (on the Redis clock):
