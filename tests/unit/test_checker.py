@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
@@ -250,3 +252,41 @@ def test_a_lost_state_makes_its_window_conditional():
     assert report.conditional
     assert all(f"window {lost.window}" in v.message for v in report.conditional)
     assert report.failed() and all(f"window {later.window}" in v.message for v in report.failed())
+
+
+def _two_replicas_on_one_backend(slots: int, capacity: int = 4):
+    """Two replicas in front of one backend of `capacity` slots, each keeping `slots`, each
+    given 4 requests at once that complete together a second later."""
+    config = dataclasses.replace(
+        make_config(floor=8, slots=(slots,)),
+        backend_ids=("http://vllm:8000",),
+        backend_capacity=(capacity,),
+    )
+    store = MemoryCreditStore()
+    logs = [[], []]
+    for n, log in enumerate(logs):
+        guard = Guard(config, learner=AlwaysAdmit(), sink=log.append, store=store)
+        started = []
+        for i in range(4):
+            guard.on_arrival(make_request(request_id=f"r{n}-{i}", at=0.0, tenant="a95"), 0.0)
+            started += [d.request.request_id for d in guard.poll(0.0)]
+        now = 1.0
+        while guard.num_in_flight:
+            for rid in list(started):
+                if rid in guard._in_flight:
+                    guard.on_complete(rid, now)
+                    started += [d.request.request_id for d in guard.poll(now)]
+            now += 1.0
+    return logs
+
+
+def test_the_fleet_check_counts_slots_per_backend_across_replicas():
+    """Each replica keeps its own C, but 2 × 3 > the backend's 4: fleet SLOTS says so; a
+    partition of 2 + 2 fits, and the fleet's peak in flight is reported."""
+    over = check_fleet(_two_replicas_on_one_backend(slots=3))
+    assert all(check_trace(log).ok() for log in _two_replicas_on_one_backend(slots=3))
+    assert "SLOTS" in props(over)
+    assert any("> its capacity 4" in v.message for v in over.violations)
+    fits = check_fleet(_two_replicas_on_one_backend(slots=2))
+    assert fits.ok(), fits.violations[:3]
+    assert fits.fleet_peak_in_flight == {"http://vllm:8000": 4}

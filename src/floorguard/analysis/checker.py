@@ -11,7 +11,8 @@ violation's position is reported:
 * ORDER    assured-first: no surplus request starts while a floor-entitled one waits;
            FIFO: requests start in admission order (a doomed one may leave whenever it
            is doomed: SPEC §12);
-* SLOTS    no backend ever has more than its `C` in flight;
+* SLOTS    no backend ever has more than its `C` in flight (and, across a fleet's logs, no
+           backend more than its own capacity summed over the replicas);
 * REQUEUE  (not a property) a request whose backend was unreachable frees its slot and waits
            again at the front of its queue;
 * TERMINAL every arrival ends in exactly one terminal outcome (reject, drop, complete, fail,
@@ -90,6 +91,9 @@ class CheckReport:
     there, as SF is on capacity; reported, never a failure."""
     degraded_s: list[float] = field(default_factory=list)
     """Per log (`check_fleet`): seconds its shared floor spent degraded."""
+    fleet_peak_in_flight: dict[str, int] = field(default_factory=dict)
+    """Per backend with a recorded capacity (`check_fleet`): the most requests the fleet
+    had in flight there at once."""
     counts: Counter[str] = field(default_factory=Counter)
 
     def failed(self, strict_sf: bool = False) -> list[Violation]:
@@ -346,7 +350,62 @@ def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = Fals
             raise TraceError("the logs' configs give different floors: not one fleet")
     if configs:
         _fleet_af(logs, configs[0], floors, report)
+        _fleet_slots(logs, configs, report)
     return report
+
+
+_RELEASES = frozenset({EventKind.COMPLETE, EventKind.FAIL, EventKind.ABORT, EventKind.REQUEUE})
+
+
+def _fleet_slots(
+    logs: Sequence[Sequence[TraceEvent]], configs: Sequence[GuardConfig], report: CheckReport
+) -> None:
+    """SLOTS per backend across the fleet: requests in flight at a backend (dispatched,
+    not yet ended or requeued), summed over every replica's log on one time line, never
+    more than the backend's own capacity as the logs record it (`backend_capacity`, keyed
+    by `backend_ids`). Backends without a recorded capacity are not judged fleet-wide
+    (each log's own SLOTS check still holds). The logs' clocks are the replicas': a
+    release and a start at one instant count the release first."""
+    capacity: dict[str, int] = {}
+    for config in configs:
+        for i, c in enumerate(config.backend_capacity):
+            if c is not None and config.backend_ids:
+                capacity[config.backend_ids[i]] = min(c, capacity.get(config.backend_ids[i], c))
+    if not capacity:
+        return
+    changes: list[tuple[float, int, str, int, int, RequestId | None]] = []
+    for number, (events, config) in enumerate(zip(logs, configs, strict=True)):
+        if not config.backend_ids:
+            continue
+        at_backend: dict[RequestId, str] = {}
+        for index, e in enumerate(events):
+            if e.request_id is None:
+                continue
+            if e.kind is EventKind.DISPATCH and e.backend is not None:
+                backend = config.backend_ids[e.backend]
+                at_backend[e.request_id] = backend
+                changes.append((e.at, 1, backend, number, index, e.request_id))
+            elif e.kind in _RELEASES and e.request_id in at_backend:
+                backend = at_backend.pop(e.request_id)
+                changes.append((e.at, -1, backend, number, index, e.request_id))
+    in_flight: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    for at, delta, backend, number, index, rid in sorted(changes, key=lambda c: (c[0], c[1])):
+        in_flight[backend] += delta
+        peak[backend] = max(peak[backend], in_flight[backend])
+        limit = capacity.get(backend)
+        if delta > 0 and limit is not None and in_flight[backend] > limit:
+            report.violations.append(
+                Violation(
+                    "SLOTS",
+                    index,
+                    rid,
+                    f"fleet: {backend} had {in_flight[backend]} in flight across the "
+                    f"replicas at t = {at:.3f} > its capacity {limit}",
+                    log=number,
+                )
+            )
+    report.fleet_peak_in_flight = dict(peak)
 
 
 @dataclass

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     "violations": [asdict(v) for v in report.violations[:100]],
                     "conditional": [asdict(v) for v in report.conditional[:100]],
                     "store_degraded_s": report.degraded_s,
+                    "fleet_peak_in_flight": report.fleet_peak_in_flight,
                 },
                 indent=2,
             )
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 f"store: {path} decided on its store's fallback for {seconds:.1f} s",
                 markup=False,
             )
+        for backend, peak in report.fleet_peak_in_flight.items():
+            console.print(f"fleet: at most {peak} in flight at {backend}", markup=False)
         if report.conditional:
             console.print(
                 f"AF conditional on the store: {len(report.conditional)} finding(s) in windows "

@@ -206,6 +206,12 @@ class GuardConfig:
     """`s_max(ℓ)` (the service ceiling) for the monitors and the §6 report."""
     capacity_action: CapacityAction = CapacityAction.ALARM
     queue_limits: QueueLimits = field(default_factory=QueueLimits)
+    backend_ids: tuple[str, ...] = ()
+    """Each backend's identity (its URL) across a fleet's logs; empty: by position."""
+    backend_capacity: tuple[int | None, ...] = ()
+    """Each backend's own slot count, shared by every replica in front of it (SPEC §13):
+    this replica's `slots` are its partition of it. Recorded so the fleet checker can count
+    SLOTS per backend across replicas; the guard itself dispatches within `slots`."""
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")
@@ -215,6 +221,16 @@ class GuardConfig:
         require(len(self.slots) > 0, "slots", self.slots, "needs at least one backend")
         for i, c in enumerate(self.slots):
             require(isinstance(c, int) and c >= 1, f"slots[{i}]", c, "must be an integer C ≥ 1")
+        for name, given in (
+            ("backend_ids", self.backend_ids),
+            ("backend_capacity", self.backend_capacity),
+        ):
+            require(
+                not given or len(given) == len(self.slots),
+                name,
+                given,
+                f"needs one entry per backend ({len(self.slots)})",
+            )
         require(
             isinstance(self.dispatch, DispatchOrder),
             "dispatch",

@@ -201,6 +201,13 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "lower_envelope": envelope(config.lower_envelope),
         "upper_envelope": envelope(config.upper_envelope),
         "capacity_action": config.capacity_action.value,
+        "backends": [
+            {
+                "id": config.backend_ids[i] if config.backend_ids else None,
+                "capacity": config.backend_capacity[i] if config.backend_capacity else None,
+            }
+            for i in range(len(config.slots))
+        ],
         "contracts": [
             {
                 "tenant": c.tenant,
@@ -211,6 +218,19 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
             }
             for c in config.contracts
         ],
+    }
+
+
+def _backends_from(backends: Any, num_slots: int) -> dict[str, Any]:
+    """`backend_ids` / `backend_capacity` from a config event's `backends` (older logs have
+    none: by position, no capacity)."""
+    if not isinstance(backends, list) or len(backends) != num_slots:
+        return {}
+    ids = tuple(str(b.get("id")) if b.get("id") is not None else "" for b in backends)
+    capacity = tuple(b.get("capacity") for b in backends)
+    return {
+        "backend_ids": ids if any(ids) else (),
+        "backend_capacity": capacity if any(c is not None for c in capacity) else (),
     }
 
 
@@ -239,6 +259,7 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             lower_envelope=envelope(data.get("lower_envelope")),
             upper_envelope=envelope(data.get("upper_envelope")),
             capacity_action=CapacityAction(data.get("capacity_action", "alarm")),
+            **_backends_from(data.get("backends"), len(data["slots"])),
         )
     except (KeyError, TypeError) as exc:
         raise TraceError(f"config event is missing or mistypes {exc}") from exc

@@ -55,7 +55,7 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.decision_log import DecisionLog
-from floorguard.proxy.health import BackendHealth
+from floorguard.proxy.health import BackendHealth, reported_slots
 from floorguard.proxy.identity import AuthError, create_identity, peer_address
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
@@ -247,12 +247,45 @@ class GuardServer:
             connector=aiohttp.TCPConnector(limit=self.guard.config.total_slots + 32),
         )
         await self.health.probe_all(self._session)
+        await self._check_partition(self._session)
         interval_s = self.config.health_interval_s
         self._background.append(
             asyncio.create_task(self.health.probe_every(self._session, interval_s))
         )
         if self._log is not None:
             self._background.append(asyncio.create_task(self._flush_every(self._log)))
+
+    async def _check_partition(self, session: aiohttp.ClientSession) -> None:
+        """Each backend's slots against what it reports as its own slot count (the gauge
+        `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
+        a replica's partition must fit. A mismatch refuses to start."""
+        replicas = self.config.store.replicas if self.config.store is not None else 1
+        for i, backend in enumerate(self.config.backends):
+            reported = await reported_slots(session, backend.url)
+            declared = backend.capacity
+            if reported is not None and declared is not None and reported != declared:
+                raise ConfigError(
+                    f"backends[{i}].capacity",
+                    declared,
+                    f"{backend.url} reports {reported} slots of its own",
+                )
+            capacity = declared if declared is not None else reported
+            if capacity is not None and backend.slots * replicas > capacity:
+                raise ConfigError(
+                    f"backends[{i}].slots",
+                    backend.slots,
+                    f"{replicas} replica(s) × {backend.slots} = {backend.slots * replicas} > "
+                    f"the {capacity} slots {backend.url} reports: each replica's slots must "
+                    "be its share (docs/replicas.md)",
+                )
+            if capacity is None and replicas > 1:
+                log.warning(
+                    "backends[%d] (%s): %d replicas share it, but neither its capacity nor a "
+                    "reported slot count bounds the partition (set backends[].capacity)",
+                    i,
+                    backend.url,
+                    replicas,
+                )
 
     async def _flush_every(self, log: DecisionLog) -> None:
         while True:

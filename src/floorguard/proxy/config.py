@@ -57,6 +57,12 @@ class ContractSpec(_Strict):
 class BackendSpec(_Strict):
     url: str = Field(pattern=r"^https?://")
     slots: int = Field(ge=1, le=4096)
+    """`C` this guard may have in flight there: the whole backend's slot count for one
+    guard, this replica's partition of it in a fleet (docs/replicas.md)."""
+    capacity: int | None = Field(default=None, ge=1, le=1_000_000)
+    """The backend's own slot count (vLLM's `--max-num-seqs`), shared by every replica in
+    front of it: checked against `slots × store.replicas` here, and at start against what
+    the backend reports (`floorguard_backend_slots` on its /metrics, where it reports it)."""
     health_path: str = Field(default="/health", pattern=r"^/")
     """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
 
@@ -308,6 +314,19 @@ class GuardServerConfig(_Strict):
         return {"url": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
+    def _slots_partition_the_backend(self) -> GuardServerConfig:
+        replicas = self.store.replicas if self.store is not None else 1
+        for i, backend in enumerate(self.backends):
+            if backend.capacity is not None and backend.slots * replicas > backend.capacity:
+                raise ValueError(
+                    f"backends[{i}] ({backend.url}): {replicas} replica(s) × slots "
+                    f"{backend.slots} = {backend.slots * replicas} in flight > its capacity "
+                    f"{backend.capacity}: each replica's slots must be its share of the "
+                    "backend (docs/replicas.md)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _http_learner_needs_a_url(self) -> GuardServerConfig:
         if (self.learner == "http") != (self.learner_http is not None):
             raise ValueError("learner: http and a learner_http section go together")
@@ -362,6 +381,10 @@ class GuardServerConfig(_Strict):
             ),
             schedule=WindowSchedule(self.window_s, self.origin_at),
             slots=tuple(b.slots for b in self.backends),
+            backend_ids=tuple(b.url.rstrip("/") for b in self.backends),
+            backend_capacity=tuple(b.capacity for b in self.backends)
+            if any(b.capacity is not None for b in self.backends)
+            else (),
             lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,

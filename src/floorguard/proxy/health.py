@@ -12,11 +12,37 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.core.surface import Stack
 from floorguard.proxy.config import BackendSpec
 
-__all__ = ["BackendHealth"]
+__all__ = ["BackendHealth", "reported_slots"]
+
+SLOTS_GAUGE = "floorguard_backend_slots"
+
+
+async def reported_slots(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0
+) -> int | None:
+    """The slot count a backend reports of itself (`floorguard_backend_slots` on its
+    /metrics), or None where it reports none or cannot be read."""
+    try:
+        async with session.get(
+            url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return None
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name == SLOTS_GAUGE and family.samples:
+                return int(family.samples[0].value)
+    except ValueError:
+        return None
+    return None
 
 
 class BackendHealth:

@@ -81,6 +81,19 @@ class Emulator:
         Gauge("vllm:num_requests_waiting", "Requests waiting", registry=self.registry).set_function(
             lambda: sum(not j.cancelled for *_, j in self._waiting)
         )
+        Gauge(
+            "floorguard_backend_slots",
+            "The backend's own slot count (a guard checks its slots partition against it)",
+            registry=self.registry,
+        ).set(slots)
+        self.in_flight_max = 0
+        """The most requests this backend ever held at once, running or waiting: the
+        fleet's SLOTS bound is at most `slots` here."""
+        Gauge(
+            "floorguard_backend_in_flight_max",
+            "High-water mark of requests held at once (running + waiting)",
+            registry=self.registry,
+        ).set_function(lambda: self.in_flight_max)
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -97,6 +110,8 @@ class Emulator:
         job = _Job(Request(seq, "emulated", self._now(), tokens, prompt_tokens), priority)
         key = priority if self.priority_scheduling else 0.0
         heapq.heappush(self._waiting, (key, seq, job))
+        held = len(self._running) + sum(not j.cancelled for *_, j in self._waiting)
+        self.in_flight_max = max(self.in_flight_max, held)
         self._wake.set()
         return job
 
