@@ -13,6 +13,7 @@ import redis
 
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
+from floorguard.store.leases import SlotLeases
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
@@ -226,3 +227,63 @@ def test_cluster_and_sentinel_urls_share_the_floor(kind, loop):
         if sentinel:
             sentinel.close()
         master.close()
+
+
+def _leases(url, replica, capacity=2, ttl_s=2.0, waiting=lambda: 0):
+    store = RedisCreditStore(url, timeout_s=0.2)
+    return store, SlotLeases(
+        store,
+        backends=["http://vllm:8000"],
+        capacity=[capacity],
+        replica=replica,
+        replicas=2,
+        ttl_s=ttl_s,
+        waiting=waiting,
+    )
+
+
+def test_slot_leases_bound_the_fleet_and_keep_it_assured_first(server, loop):
+    """C = 2 leases fleet-wide: a third start waits (`full`); while replica A has a
+    floor-entitled request waiting, replica B may not start an opportunistic request there
+    (`order`) but may start an entitled one; leases come back on release."""
+    (sa, a), (sb, b) = _leases(server.url, "A"), _leases(server.url, "B")
+    run = loop.run_until_complete
+    try:
+        assert run(a.acquire(0, "a1", entitled=False)) == ""
+        assert run(b.acquire(0, "b1", entitled=False)) == ""
+        assert run(a.acquire(0, "a2", entitled=True)) == "full"  # and A now waits
+        assert run(b.acquire(0, "b2", entitled=False)) == "order"  # (it would be full, too)
+        run(b.release(0, "b1"))
+        assert run(b.acquire(0, "b3", entitled=False)) == "order"  # A's entitled waits
+        assert run(b.acquire(0, "b4", entitled=True)) == ""  # entitled is never held back
+        run(b.release(0, "b4"))
+        assert run(a.acquire(0, "a2", entitled=True)) == ""  # A's turn; its board entry → 0
+        run(a.release(0, "a1"))
+        assert run(b.acquire(0, "b5", entitled=False)) == ""
+        assert a.denied == {"full": 1, "order": 0} and b.denied == {"full": 0, "order": 2}
+    finally:
+        run(sa.aclose())
+        run(sb.aclose())
+
+
+def test_a_dead_replicas_leases_expire_within_the_ttl(server, loop):
+    """Replica A takes both leases and dies (no renewal): within ttl_s the slots are free
+    for replica B; a replica that keeps renewing keeps its lease past the ttl."""
+    (sa, a), (sb, b) = _leases(server.url, "A", ttl_s=0.4), _leases(server.url, "B", ttl_s=0.4)
+    run = loop.run_until_complete
+    try:
+        assert run(b.acquire(0, "b0", entitled=False)) == ""
+        assert run(a.acquire(0, "a1", entitled=False)) == ""
+        assert run(a.acquire(0, "a2", entitled=False)) == "full"
+
+        async def renewing_for(seconds):
+            task = asyncio.ensure_future(b.renew_every())
+            await asyncio.sleep(seconds)
+            task.cancel()
+
+        run(renewing_for(0.6))  # A is silent: its lease expires; B renews its own
+        assert run(b.acquire(0, "b1", entitled=False)) == ""  # a1's slot came back
+        assert run(b.acquire(0, "b2", entitled=False)) == "full"  # b0 is still held
+    finally:
+        run(sa.aclose())
+        run(sb.aclose())

@@ -57,12 +57,28 @@ from floorguard.errors import TraceError
 __all__ = ["CheckReport", "Violation", "check_fleet", "check_trace", "format_prefix"]
 
 
+NO_LEASE = "no_lease"
+"""A `requeue` event's reason when the fleet had no slot lease for the request: its
+`dispatch` never reached the backend."""
+
+ORDER_TOLERANCE_S = 0.1
+"""Fleet ORDER's allowance for the replicas' clocks and the lease round trip: an entitled
+request must have waited from before `t − ε` until after `t + ε` for an opportunistic start
+at `t` on another replica to count against it."""
+
 LOST_STATE = "lost-state"
 """A `store` event's reason when Redis lost a tenant's count in a window (`tenant`,
 `window`): that window was closed to fresh takes, so its AF findings are conditional."""
 
 _NOT_PER_REQUEST = frozenset(
-    {EventKind.PROPOSE, EventKind.ENQUEUE, EventKind.FIRST_TOKEN, EventKind.CONFIG, EventKind.STORE}
+    {
+        EventKind.PROPOSE,
+        EventKind.ENQUEUE,
+        EventKind.FIRST_TOKEN,
+        EventKind.CONFIG,
+        EventKind.STORE,
+        EventKind.LEASE,
+    }
 )
 
 
@@ -351,10 +367,112 @@ def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = Fals
     if configs:
         _fleet_af(logs, configs[0], floors, report)
         _fleet_slots(logs, configs, report)
+        if any(c.slot_leases for c in configs):
+            _fleet_order(logs, configs, report)
     return report
 
 
+def _waits_and_starts(
+    events: Sequence[TraceEvent], config: GuardConfig
+) -> tuple[list[tuple[float, float]], list[tuple[float, str, int, RequestId | None]]]:
+    """One log's floor-entitled waits (admitted → started, dropped or ended; a `no_lease`
+    requeue undoes a start, so the wait goes on) and its opportunistic starts per backend
+    (with the same undoing)."""
+    ids = config.backend_ids or tuple(str(i) for i in range(len(config.slots)))
+    start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
+    entitled: set[RequestId] = set()
+    waiting: dict[RequestId, float] = {}
+    started: dict[RequestId, tuple[float, float]] = {}
+    waits: list[tuple[float, float]] = []
+    starts: dict[RequestId, tuple[float, str, int]] = {}
+    for index, e in enumerate(events):
+        rid = e.request_id
+        if rid is None:
+            continue
+        if e.kind is EventKind.ADMIT and e.entitled:
+            entitled.add(rid)
+            waiting[rid] = e.at
+        elif e.kind is start and e.backend is not None:
+            if rid in waiting:
+                started[rid] = (waiting.pop(rid), e.at)
+            elif rid not in entitled:
+                starts[rid] = (e.at, ids[e.backend], index)
+        elif e.kind is EventKind.REQUEUE:
+            if rid in started:
+                since, at = started.pop(rid)
+                if e.reason == NO_LEASE:
+                    waiting[rid] = since
+                else:
+                    waits.append((since, at))
+                    waiting[rid] = e.at
+            elif e.reason == NO_LEASE:
+                starts.pop(rid, None)
+        elif e.kind in TERMINAL_KINDS and rid in waiting:
+            waits.append((waiting.pop(rid), e.at))
+    waits += started.values()
+    waits += [(since, math.inf) for since in waiting.values()]
+    return waits, [(*start, rid) for rid, start in starts.items()]
+
+
+def _fleet_order(
+    logs: Sequence[Sequence[TraceEvent]], configs: Sequence[GuardConfig], report: CheckReport
+) -> None:
+    """Fleet-wide assured-first with slot leases: no opportunistic request starts on a
+    backend while another replica in front of it has a floor-entitled request waiting
+    (from before `t − ε` until after `t + ε`, ε = `ORDER_TOLERANCE_S`)."""
+    per_log = [_waits_and_starts(events, c) for events, c in zip(logs, configs, strict=True)]
+    fronts = [set(c.backend_ids or tuple(str(i) for i in range(len(c.slots)))) for c in configs]
+    eps = ORDER_TOLERANCE_S
+    for number, (_, starts) in enumerate(per_log):
+        for at, backend, index, rid in starts:
+            for other, (waits, _) in enumerate(per_log):
+                if other == number or backend not in fronts[other]:
+                    continue
+                if any(since < at - eps and until > at + eps for since, until in waits):
+                    report.violations.append(
+                        Violation(
+                            "ORDER",
+                            index,
+                            rid,
+                            f"fleet: an opportunistic request started on {backend} at "
+                            f"t = {at:.3f} while log {other} had a floor-entitled request "
+                            "waiting for it",
+                            log=number,
+                        )
+                    )
+                    break
+
+
 _RELEASES = frozenset({EventKind.COMPLETE, EventKind.FAIL, EventKind.ABORT, EventKind.REQUEUE})
+
+
+_Change = tuple[float, int, str, int, int, RequestId | None]
+
+
+def _slot_changes(
+    number: int, events: Sequence[TraceEvent], config: GuardConfig
+) -> list[_Change | None]:
+    """+1 at each start (the `lease` event with fleet-wide leases, else `dispatch`), −1 at
+    each end or requeue, per backend id; a dispatch the fleet gave no lease (`no_lease`
+    requeue) is voided (None): it never reached the backend."""
+    backend_ids = config.backend_ids
+    start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
+    changes: list[_Change | None] = []
+    at_backend: dict[RequestId, tuple[str, int]] = {}
+    for index, e in enumerate(events):
+        if e.request_id is None:
+            continue
+        if e.kind is start and e.backend is not None:
+            backend = backend_ids[e.backend]
+            at_backend[e.request_id] = (backend, len(changes))
+            changes.append((e.at, 1, backend, number, index, e.request_id))
+        elif e.kind in _RELEASES and e.request_id in at_backend:
+            backend, started = at_backend.pop(e.request_id)
+            if e.kind is EventKind.REQUEUE and e.reason == NO_LEASE:
+                changes[started] = None
+                continue
+            changes.append((e.at, -1, backend, number, index, e.request_id))
+    return changes
 
 
 def _fleet_slots(
@@ -373,21 +491,13 @@ def _fleet_slots(
                 capacity[config.backend_ids[i]] = min(c, capacity.get(config.backend_ids[i], c))
     if not capacity:
         return
-    changes: list[tuple[float, int, str, int, int, RequestId | None]] = []
-    for number, (events, config) in enumerate(zip(logs, configs, strict=True)):
-        if not config.backend_ids:
-            continue
-        at_backend: dict[RequestId, str] = {}
-        for index, e in enumerate(events):
-            if e.request_id is None:
-                continue
-            if e.kind is EventKind.DISPATCH and e.backend is not None:
-                backend = config.backend_ids[e.backend]
-                at_backend[e.request_id] = backend
-                changes.append((e.at, 1, backend, number, index, e.request_id))
-            elif e.kind in _RELEASES and e.request_id in at_backend:
-                backend = at_backend.pop(e.request_id)
-                changes.append((e.at, -1, backend, number, index, e.request_id))
+    changes = [
+        change
+        for number, (events, config) in enumerate(zip(logs, configs, strict=True))
+        if config.backend_ids
+        for change in _slot_changes(number, events, config)
+        if change is not None
+    ]
     in_flight: Counter[str] = Counter()
     peak: Counter[str] = Counter()
     for at, delta, backend, number, index, rid in sorted(changes, key=lambda c: (c[0], c[1])):

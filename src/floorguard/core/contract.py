@@ -212,6 +212,10 @@ class GuardConfig:
     """Each backend's own slot count, shared by every replica in front of it (SPEC §13):
     this replica's `slots` are its partition of it. Recorded so the fleet checker can count
     SLOTS per backend across replicas; the guard itself dispatches within `slots`."""
+    slot_leases: bool = False
+    """The replicas lease slots fleet-wide (SPEC §13): `slots` is each backend's whole `C`,
+    a request starts only with a lease, and the fleet checker also checks ORDER across
+    replicas."""
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")

@@ -59,6 +59,9 @@ class EventKind(StrEnum):
     REQUEUE = "requeue"
     """A dispatched request whose backend could not be reached before any byte was sent:
     its slot is freed and it waits again, in its old place (SPEC §12)."""
+    LEASE = "lease"
+    """With fleet-wide slot leases: the fleet granted this dispatched request a slot on
+    `backend`; it reaches the backend from here (the fleet checker counts from it)."""
     STORE = "store"
     """The shared floor's state changed (`reason`: `shared`, or the fallback policy while
     Redis is unreachable): decisions until the next one were made on that state."""
@@ -201,6 +204,7 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "lower_envelope": envelope(config.lower_envelope),
         "upper_envelope": envelope(config.upper_envelope),
         "capacity_action": config.capacity_action.value,
+        "slot_leases": config.slot_leases,
         "backends": [
             {
                 "id": config.backend_ids[i] if config.backend_ids else None,
@@ -260,6 +264,7 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             upper_envelope=envelope(data.get("upper_envelope")),
             capacity_action=CapacityAction(data.get("capacity_action", "alarm")),
             **_backends_from(data.get("backends"), len(data["slots"])),
+            slot_leases=bool(data.get("slot_leases", False)),
         )
     except (KeyError, TypeError) as exc:
         raise TraceError(f"config event is missing or mistypes {exc}") from exc

@@ -272,15 +272,15 @@ class Guard(Ledger):
             out.append(self._drop(ticket, now, "doomed"))
         return out
 
-    def requeue(self, request_id: RequestId, now: float) -> None:
-        """Its backend could not be reached before any byte was sent: free the slot and
-        let the request wait again in its old place (ahead of everything admitted after
-        it), to be placed on a backend that answers."""
+    def requeue(
+        self, request_id: RequestId, now: float, reason: str = "backend_unreachable"
+    ) -> None:
+        """Its backend could not be reached before any byte was sent (or, `no_lease`, the
+        fleet had no slot lease for it): free the slot and let the request wait again in its
+        old place (ahead of everything admitted after it), to be placed again."""
         ticket = self._release(request_id)
         if self._sink is not None:
-            self._emit(
-                EventKind.REQUEUE, ticket, now, backend=ticket.backend, reason="backend_unreachable"
-            )
+            self._emit(EventKind.REQUEUE, ticket, now, backend=ticket.backend, reason=reason)
         ticket.backend = -1
         ticket.dispatched_at = float("nan")
         self._enqueue(ticket, front=True)

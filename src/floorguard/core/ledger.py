@@ -466,7 +466,9 @@ class Ledger:
     def next_doom_at(self) -> float | None:
         return None
 
-    def requeue(self, request_id: RequestId, now: float) -> None:
+    def requeue(
+        self, request_id: RequestId, now: float, reason: str = "backend_unreachable"
+    ) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot place a request again")
 
     def set_backend_available(self, backend: int, available: bool) -> None:

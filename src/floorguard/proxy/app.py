@@ -70,6 +70,7 @@ from floorguard.proxy.normalize import (
 from floorguard.proxy.openai_format import error_body, sse_error
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.status import guard_status
+from floorguard.store.leases import SlotLeases
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
@@ -78,6 +79,9 @@ __all__ = ["SERVER", "FaultHook", "GuardRunner", "GuardServer", "create_admin_ap
 log = logging.getLogger("floorguard.proxy")
 
 FaultHook = Callable[[str], Awaitable[None]]
+
+_LEASE_RETRY_S = 0.005
+"""How long a backend is held off after the fleet had no lease for a start there."""
 """Called at each named await point of the request path (`parse`, `store`, `learner`,
 `queue`, `connect`, `headers`, `stream`): the fault-injection tests raise or cancel there."""
 
@@ -152,6 +156,12 @@ class GuardServer:
             else None
         )
         self._replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
+        self.leases: SlotLeases | None = None
+        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
+        self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
+        """Requests holding (or taking) a lease → its backend, and the call still taking
+        it if the request ended meanwhile."""
+        self._background_tasks: set[asyncio.Task[None]] = set()
         self.guard = Guard(
             guard_config,
             learner=learner,
@@ -159,6 +169,17 @@ class GuardServer:
             sink=self._on_event,
             started_at=self.clock.now(),
         )
+        if config.store is not None and config.store.slots == "leased":
+            assert self.shared_floor is not None
+            self.leases = SlotLeases(
+                self.shared_floor.store,
+                backends=[b.url.rstrip("/") for b in config.backends],
+                capacity=[b.slots for b in config.backends],
+                replica=self._replica,
+                replicas=config.store.replicas,
+                ttl_s=config.store.lease_ttl_s,
+                waiting=lambda: self.guard.num_queued_entitled,
+            )
         self.pump = Pump(self.guard, self.clock)
         """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
         the doom timer."""
@@ -254,12 +275,16 @@ class GuardServer:
         )
         if self._log is not None:
             self._background.append(asyncio.create_task(self._flush_every(self._log)))
+        if self.leases is not None:
+            self._background.append(asyncio.create_task(self.leases.renew_every()))
 
     async def _check_partition(self, session: aiohttp.ClientSession) -> None:
         """Each backend's slots against what it reports as its own slot count (the gauge
         `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
         a replica's partition must fit. A mismatch refuses to start."""
         replicas = self.config.store.replicas if self.config.store is not None else 1
+        if self.leases is not None:
+            replicas = 1  # the whole backend's slots, leased fleet-wide
         for i, backend in enumerate(self.config.backends):
             reported = await reported_slots(session, backend.url)
             declared = backend.capacity
@@ -487,6 +512,7 @@ class GuardServer:
     def _end(self, rid: str, kind: str, reason: str = "") -> None:
         """End the request in the guard if it still holds it (exactly once: the guard's
         state says whether it ended), and hand its slot on."""
+        self._release_lease(rid)
         guard = self.guard
         if not guard.holds(rid):
             return
@@ -513,23 +539,90 @@ class GuardServer:
                 admission.window_index if admission.window_index is not None else ""
             ),
         }
-        for attempt in (1, 2):
+        unreachable = 0
+        while True:
             decision = await self.pump.turn(rid, lambda: self._checkpoint("queue"))
             if isinstance(decision, Drop):
                 return self._doomed(decision)
+            if not await self._leased_slot(rid, decision, admission.entitled):
+                continue  # requeued: the fleet had no slot for it on that backend yet
             try:
                 return await self._forward(
                     request, path, work, decision, headers=headers, exchange=exchange
                 )
             except _UnreachableError:
                 self.health.unreachable(decision.backend)
-                if attempt == 2 or not self.health.any_up():
+                self._release_lease(rid)
+                unreachable += 1
+                if unreachable == 2 or not self.health.any_up():
                     self._end(rid, "fail", "upstream_unreachable")
                     return _error(
                         502, "upstream_unreachable", "no backend could be reached", headers
                     )
                 self.guard.requeue(rid, self.clock.now())
-        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _leased_slot(self, rid: str, decision: Dispatch, entitled: bool) -> bool:
+        """With fleet-wide leases, take one for the slot the guard chose; without one the
+        request waits again (`no_lease`) and the backend is held off for `_LEASE_RETRY_S`,
+        so the pump does not spin on it. True when the request may start."""
+        if self.leases is None:
+            return True
+        taking = asyncio.ensure_future(
+            self.leases.acquire(decision.backend, rid, entitled=entitled)
+        )
+        try:
+            why = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client went away: give back what it may get
+            self._leased[rid] = (decision.backend, taking)
+            raise
+        if not why:
+            self._leased[rid] = (decision.backend, None)
+            request = decision.request
+            self._on_event(
+                TraceEvent(
+                    self.clock.now(),
+                    EventKind.LEASE,
+                    rid,
+                    request.tenant,
+                    self._contracts[request.tenant].cls,
+                    backend=decision.backend,
+                    entitled=entitled,
+                )
+            )
+            return True
+        self.guard.requeue(rid, self.clock.now(), "no_lease")
+        self._hold_off(decision.backend)
+        return False
+
+    def _hold_off(self, backend: int) -> None:
+        self.guard.set_backend_available(backend, False)
+
+        def lift() -> None:
+            if self.health.healthy[backend]:
+                self.guard.set_backend_available(backend, True)
+            self.pump.pump()
+
+        asyncio.get_running_loop().call_later(_LEASE_RETRY_S, lift)
+
+    def _release_lease(self, rid: str) -> None:
+        """Give a request's lease back (it ended, or its backend was unreachable); the
+        pump runs once the lease is free, so the next start can take it."""
+        held = self._leased.pop(rid, None)
+        if held is None or self.leases is None:
+            return
+        backend, taking = held
+        leases = self.leases
+        waiting = leases.waiting()  # before this end lets the queue move on
+
+        async def release() -> None:
+            if taking is not None:
+                await asyncio.wait([taking])  # the lease it was taking, if granted
+            await leases.release(backend, rid, waiting)
+            self.pump.pump()
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
 
     def _doomed(self, drop: Drop) -> web.Response:
         request = drop.request
@@ -676,6 +769,7 @@ class GuardServer:
         return response
 
     def _complete(self, rid: str) -> None:
+        self._release_lease(rid)
         guard = self.guard
         request = guard.in_flight_request(rid)
         if request is None:

@@ -173,6 +173,14 @@ class StoreSpec(_Strict):
     retry_s: float = Field(default=1.0, gt=0, le=300)
     """While Redis is unavailable, try it again at most this often."""
     prefix: str = Field(default="floorguard", min_length=1)
+    slots: Literal["partition", "leased"] = "partition"
+    """How the replicas share each backend's slots (docs/replicas.md): `partition`, each
+    replica's `backends[].slots` is its share; `leased`, `slots` is the backend's whole `C`
+    and every start takes a fleet-wide lease through this Redis (at most `C` in flight per
+    backend across replicas, assured-first across them)."""
+    lease_ttl_s: float = Field(default=2.0, ge=0.2, le=60)
+    """A lease not renewed for this long expires: a dead replica's slots come back within
+    it (renewed every `lease_ttl_s / 4`)."""
 
 
 class LimitsSpec(_Strict):
@@ -316,6 +324,8 @@ class GuardServerConfig(_Strict):
     @model_validator(mode="after")
     def _slots_partition_the_backend(self) -> GuardServerConfig:
         replicas = self.store.replicas if self.store is not None else 1
+        if self.store is not None and self.store.slots == "leased":
+            replicas = 1  # each replica's slots are the whole backend's, leased fleet-wide
         for i, backend in enumerate(self.backends):
             if backend.capacity is not None and backend.slots * replicas > backend.capacity:
                 raise ValueError(
@@ -385,6 +395,7 @@ class GuardServerConfig(_Strict):
             backend_capacity=tuple(b.capacity for b in self.backends)
             if any(b.capacity is not None for b in self.backends)
             else (),
+            slot_leases=self.store is not None and self.store.slots == "leased",
             lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,

@@ -97,6 +97,10 @@ class RedisCreditStore(CreditStore):
         self._tokens = itertools.count()
         self._token_base = uuid.uuid4().hex
 
+    def register_async(self, script: str) -> Any:
+        """Another Lua script on this store's asyncio client (its pool and timeouts)."""
+        return self._async_client.register_script(script)
+
     def keys(self, tenant: str) -> list[str]:
         counter = f"{self.prefix}:{{{tenant}}}"
         return [counter, f"{counter}:gen"]

@@ -1,0 +1,77 @@
+-- floorguard: fleet-wide slot leases for one backend (SPEC §13), atomically.
+--
+-- KEYS[1]  the backend's leases: a sorted set, member = "<replica>|<request>", score = the
+--          instant (Redis clock) the lease expires unless renewed
+-- KEYS[2]  the backend's waiting board: a hash, field = replica, value = "<count>|<expiry>":
+--          how many floor-entitled requests that replica has waiting for a slot here
+--          (both keys share one hash tag: one Redis Cluster slot)
+-- ARGV     1 op: "acquire", "release" or "renew"
+--          2 capacity C (acquire), 3 ttl_s, 4 replica, 5 waiting (this replica's entitled
+--          requests queued, not counting the one acquiring),
+--          6 entitled (0/1, acquire), 7.. members (acquire: one; release, renew: any)
+-- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string)}
+--
+-- acquire grants iff fewer than C leases are live and, for a request that is not
+-- floor-entitled, no *other* replica has an entitled request waiting for this backend
+-- (fleet-wide assured-first). A denied entitled request counts itself as waiting, in the
+-- same call, so the others stop starting opportunistic requests here at once. Leases not
+-- renewed within ttl_s expire: a dead replica's slots come back within ttl_s of its last
+-- renewal.
+
+local op = ARGV[1]
+local capacity = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local replica = ARGV[4]
+local waiting = tonumber(ARGV[5])
+local entitled = ARGV[6] == '1'
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+
+local granted, reason = 0, ''
+if op == 'acquire' then
+  if not entitled then
+    local board = redis.call('HGETALL', KEYS[2])
+    for i = 1, #board, 2 do
+      if board[i] ~= replica then
+        local sep = string.find(board[i + 1], '|', 1, true)
+        local count = tonumber(string.sub(board[i + 1], 1, sep - 1))
+        local expiry = tonumber(string.sub(board[i + 1], sep + 1))
+        if expiry <= now then
+          redis.call('HDEL', KEYS[2], board[i])
+        elseif count > 0 then
+          reason = 'order'
+        end
+      end
+    end
+  end
+  if reason == '' then
+    if redis.call('ZCARD', KEYS[1]) < capacity then
+      redis.call('ZADD', KEYS[1], now + ttl, ARGV[7])
+      granted = 1
+    else
+      reason = 'full'
+    end
+  end
+  if granted == 0 and entitled then
+    waiting = waiting + 1
+  end
+elseif op == 'release' then
+  for i = 7, #ARGV do
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+elseif op == 'renew' then
+  for i = 7, #ARGV do
+    redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
+  end
+end
+
+if waiting > 0 then
+  redis.call('HSET', KEYS[2], replica, waiting .. '|' .. (now + ttl))
+else
+  redis.call('HDEL', KEYS[2], replica)
+end
+redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
+redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+return {granted, reason, redis.call('ZCARD', KEYS[1]), tostring(now)}
