@@ -6,8 +6,10 @@ Both sides run `concurrency` asyncio tasks on one event loop against the same
 task loops on the floor's Lua script (`EVALSHA`). Guard: each task loops on one admission —
 `Guard.begin_arrival` (its store call), the awaited EVALSHA through `SharedFloor`,
 `continue_arrival` with the grant,
-then dispatch and completion so the queue stays empty. Sides alternate `repeats` times; the
-best of each is reported.
+then dispatch and completion so the queue stays empty. Leased: each task loops on one
+fleet slot lease taken and given back (`SlotLeases.acquire` + `release`, two EVALSHA of
+`lease.lua`), what `store.slots: leased` adds to each start. Sides alternate `repeats`
+times; the best of each is reported.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from floorguard.core.request import Request
 from floorguard.core.surface import StoreCall
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.rig.local_redis import LocalRedis
+from floorguard.store.leases import SlotLeases
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 
@@ -61,6 +64,20 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
     return (n // tasks) * tasks / (time.perf_counter() - started)
 
 
+async def _leased(leases: SlotLeases, n: int, tasks: int) -> float:
+    ids = itertools.count()
+
+    async def worker() -> None:
+        for _ in range(n // tasks):
+            rid = str(next(ids))
+            assert await leases.acquire(0, rid, entitled=True) == ""
+            await leases.release(0, rid)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    return (n // tasks) * tasks / (time.perf_counter() - started)
+
+
 async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[str, Any]:
     schedule = WindowSchedule(1.0)
     config = GuardConfig(
@@ -74,16 +91,28 @@ async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[
         store, policy=Unavailable.FAIL_STATIC, replicas=1, retry_s=1.0, clock=time.time
     )
     guard = Guard(config, learner=AlwaysAdmit(), store=floor)
-    raw, guarded = [], []
+    lease_store = RedisCreditStore(url, prefix="bench-lease")
+    leases = SlotLeases(
+        lease_store,
+        backends=["http://bench"],
+        capacity=[concurrency],
+        replica="bench",
+        replicas=1,
+        waiting=lambda: 0,
+    )
+    raw, guarded, leased = [], [], []
     try:
         await _raw(raw_store, schedule, 200, concurrency)  # warm up: connections, scripts
         await _guarded(guard, floor, 200, concurrency)
+        await _leased(leases, 200, concurrency)
         for _ in range(repeats):
             raw.append(await _raw(raw_store, schedule, requests, concurrency))
             guarded.append(await _guarded(guard, floor, requests, concurrency))
+            leased.append(await _leased(leases, requests, concurrency))
     finally:
         await raw_store.aclose()
         await store.aclose()
+        await lease_store.aclose()
     if floor.calls["redis_error"]:
         raise RuntimeError(f"Redis failed {floor.calls['redis_error']} calls during the bench")
     return {
@@ -93,6 +122,9 @@ async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[
         "decisions_per_s_runs": guarded,
         "raw_evalsha_per_s_runs": raw,
         "median_ratio": float(np.median(np.array(guarded) / np.array(raw))),
+        "leased_starts_per_s": max(leased),
+        "leased_ratio": max(leased) / max(raw),
+        "leased_starts_per_s_runs": leased,
         "concurrency": concurrency,
         "requests_per_run": requests,
         "repeats": repeats,
