@@ -459,9 +459,17 @@ def _slot_changes(
     start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
     changes: list[_Change | None] = []
     at_backend: dict[RequestId, tuple[str, int]] = {}
+    unleased: dict[RequestId, int] = {}
     for index, e in enumerate(events):
         if e.request_id is None:
             continue
+        if config.slot_leases and e.kind is EventKind.DISPATCH:
+            unleased[e.request_id] = index
+        elif e.kind is EventKind.LEASE or (e.kind is EventKind.REQUEUE and e.reason == NO_LEASE):
+            unleased.pop(e.request_id, None)
+        elif e.kind in TERMINAL_KINDS and e.request_id in unleased:
+            at = unleased.pop(e.request_id)
+            changes.append((e.at, 0, "", number, at, e.request_id))  # reported below
         if e.kind is start and e.backend is not None:
             backend = backend_ids[e.backend]
             at_backend[e.request_id] = (backend, len(changes))
@@ -501,6 +509,17 @@ def _fleet_slots(
     in_flight: Counter[str] = Counter()
     peak: Counter[str] = Counter()
     for at, delta, backend, number, index, rid in sorted(changes, key=lambda c: (c[0], c[1])):
+        if delta == 0:
+            report.violations.append(
+                Violation(
+                    "SLOTS",
+                    index,
+                    rid,
+                    "fleet: dispatched with leased slots but no lease was logged for it",
+                    log=number,
+                )
+            )
+            continue
         in_flight[backend] += delta
         peak[backend] = max(peak[backend], in_flight[backend])
         limit = capacity.get(backend)

@@ -22,7 +22,7 @@ from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import Scenario, marquee
 from floorguard.sim.workloads import build_requests
 
-__all__ = ["bench_sim"]
+__all__ = ["bench_fleet", "bench_sim"]
 
 
 def _best(fn: Callable[[], float], repeats: int) -> float:
@@ -102,5 +102,38 @@ def bench_sim(*, duration_s: float = 600.0, repeats: int = 3) -> dict[str, Any]:
         "decision_us": decision / n * 1e6,
         "reference_decision_us": bare / n * 1e6,
         "decision_over_reference": decision / bare,
+        "repeats": repeats,
+    }
+
+
+def bench_fleet(*, repeats: int = 3, **fleet: Any) -> dict[str, Any]:
+    """Simulated requests per wall second at fleet scale (default 16 replicas × 256 backends
+    × 200 assured tenants, leased slots), beside the single-backend marquee in the same run
+    (both record their decision logs): the cost per request must not grow with the fleet."""
+    from floorguard.sim.fleet import Fleet, simulate_fleet  # noqa: PLC0415  # sim.fleet is heavy
+
+    scale = Fleet(**{"replicas": 16, "backends": 256, "tenants": 200, "floor": 2, **fleet})
+    one = Fleet(
+        **{**fleet, "replicas": 1, "backends": 1, "tenants": 1, "floor": 2},
+        duration_s=scale.duration_s * 100,
+    )  # the same simulator, one backend carrying the same per-backend load, as long
+    single = marquee(duration_s=scale.duration_s * 10)
+    n_single = simulate_once(single, seed=0, record=False).num_requests
+    single_s = _best(lambda: simulate_once(single, seed=0, record=True).wall_s, repeats)
+
+    def best(f: Fleet) -> Any:
+        return min((simulate_fleet(f, seed=0, verify=False) for _ in range(repeats)),
+                   key=lambda r: r.wall_s)  # fmt: skip
+
+    big, small = best(scale), best(one)
+    return {
+        "fleet": f"{scale.replicas} replicas × {scale.backends} backends (C = {scale.slots}) × "
+        f"{scale.tenants} assured tenants, {scale.slot_mode} slots, {scale.duration_s:g} s",
+        "fleet_requests": big.num_requests,
+        "fleet_requests_per_s": big.requests_per_wall_s,
+        "one_backend_fleet_requests_per_s": small.requests_per_wall_s,
+        "fleet_over_one_backend": big.requests_per_wall_s / small.requests_per_wall_s,
+        "single_backend_simulator_requests_per_s": n_single / single_s,
+        "fleet_over_single_backend_simulator": big.requests_per_wall_s / (n_single / single_s),
         "repeats": repeats,
     }

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from floorguard.bench.calibration import bench_calibration, render_calibration
 from floorguard.bench.proxy import bench_proxy
-from floorguard.bench.sim import bench_sim
+from floorguard.bench.sim import bench_fleet, bench_sim
 from floorguard.bench.soak import bench_soak
 from floorguard.bench.store import bench_store
 from floorguard.cli._common import print_result
@@ -24,6 +24,12 @@ def register(commands: Any) -> None:
     bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
     bench_sim.add_argument("--duration-s", type=float, default=600.0)
     bench_sim.add_argument("--repeats", type=int, default=3)
+    bench_sim.add_argument(
+        "--fleet",
+        action="store_true",
+        help="requests per wall second at fleet scale (16 replicas × 256 backends × 200 "
+        "tenants) beside the single-backend figure",
+    )
     bench_sim.add_argument("--json", action="store_true")
     bench_proxy_cmd = kinds.add_parser("proxy", help="latency and throughput the guard adds")
     bench_proxy_cmd.add_argument("--requests", type=int, default=400)
@@ -58,7 +64,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    if args.bench == "sim":
+    if args.bench == "sim" and args.fleet:
+        result = bench_fleet(repeats=args.repeats)
+    elif args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
     elif args.bench == "proxy":
         result = bench_proxy(requests=args.requests, repeats=args.repeats)

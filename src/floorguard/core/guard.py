@@ -19,7 +19,7 @@ from floorguard.core.contract import (
     ExcessPolicy,
     GuardConfig,
 )
-from floorguard.core.dispatcher import Ticket, create_dispatcher
+from floorguard.core.dispatcher import SlotPool, Ticket, create_dispatcher
 from floorguard.core.doom import DoomVerdict
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, consult
@@ -66,14 +66,17 @@ class Guard(Ledger):
         store: CreditStore | None = None,
         sink: Sink | None = None,
         started_at: float = 0.0,
+        slot_pool: SlotPool | None = None,
     ) -> None:
-        """`learner` None: the driver answers every learner ask itself (an HTTP callout)."""
+        """`learner` None: the driver answers every learner ask itself (an HTTP callout).
+        `slot_pool`: the slots to dispatch into (default: `config.slots` of its own)."""
         super().__init__(
             config,
             learner=learner,
             store=store if store is not None else MemoryCreditStore(),
             sink=sink,
             started_at=started_at,
+            slot_pool=slot_pool,
         )
         self._meter = ReservationMeter(config.meter)
         self._queue = create_dispatcher(config.dispatch)

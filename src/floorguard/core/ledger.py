@@ -99,6 +99,7 @@ class Ledger:
         sink: Sink | None = None,
         started_at: float = 0.0,
         backlog_counts_class: bool = False,
+        slot_pool: SlotPool | None = None,
     ) -> None:
         self.config = config
         self.stats = GuardStats()
@@ -112,7 +113,9 @@ class Ledger:
         self._contracts = {c.tenant: c for c in config.contracts}
         self._learner = learner
         self._store = store
-        self._slots = SlotPool(config.slots)
+        self._slots = slot_pool if slot_pool is not None else SlotPool(config.slots)
+        """This guard's slots; a fleet simulation hands replicas views of one shared pool
+        (leased slots, `sim.fleet`)."""
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
         """`L` and `s_max` of each admitted request (its ticket keeps them); the guard's
         doom gate."""

@@ -1,0 +1,106 @@
+"""The datacenter simulation (SPEC §13): replicas of the shipped Guard sharing one
+simulated floor store and the backends, checked by `check_fleet`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from floorguard.cli import main
+from floorguard.sim import fleet as fleet_module
+from floorguard.sim.fleet import Fleet, FleetSlots, LeasedSlots, simulate_fleet
+
+SMALL = {"replicas": 3, "backends": 6, "tenants": 12, "duration_s": 6.0}
+
+
+@pytest.mark.parametrize("mode", ["leased", "partition"])
+def test_a_fleet_keeps_the_floor_and_the_slots(mode):
+    """Every floor-entitled request of every tenant is admitted fleet-wide, no backend ever
+    holds more than C, and the replicas' logs pass check_fleet (AF, SLOTS per backend,
+    ORDER across replicas when leased)."""
+    result = simulate_fleet(Fleet(**SMALL, slot_mode=mode), seed=3)
+    assert result.verify_ok, result.violations
+    assert result.floor_admitted == result.floor_entitled == 12 * 6
+    assert result.peak_in_flight == 4  # the flood fills every slot, never more
+    assert result.checked_peak == 4  # and the checker counted the same from the logs
+    assert result.assured_late == 0
+    assert result.opportunistic_completed > 0
+
+
+def test_partitioned_slots_cost_utilization_under_a_skewed_balancer():
+    """The same skewed load balancer: leased slots keep the fleet busy; a partition leaves
+    the lightly loaded replicas' backends idle while the heavy ones queue."""
+    skewed = {**SMALL, "skew": 1.5}
+    leased = simulate_fleet(Fleet(**skewed, slot_mode="leased"), seed=0)
+    partition = simulate_fleet(Fleet(**skewed, slot_mode="partition"), seed=0)
+    assert leased.verify_ok and partition.verify_ok
+    assert leased.utilization > partition.utilization + 0.05
+    assert leased.opportunistic_completed > partition.opportunistic_completed
+
+
+def test_a_store_outage_under_grants_and_is_conditional_not_a_violation():
+    """Redis down for 3 s: the replicas fall back to fail-static (⌊B/N⌋ each), so some
+    entitled requests are refused; the logs mark the degraded periods and check_fleet
+    reports those refusals as conditional on the store, not as AF violations."""
+    result = simulate_fleet(
+        Fleet(**{**SMALL, "duration_s": 8.0}, floor=3, store_outage=(2.0, 5.0)), seed=0
+    )
+    assert result.verify_ok, result.violations
+    assert result.floor_admitted < result.floor_entitled
+    assert result.conditional > 0
+
+
+def test_the_fleet_check_catches_a_fleet_that_ignores_the_waiting_board(monkeypatch):
+    """Attack the simulated leases: replicas that take freed slots in a fixed order and
+    start opportunistic requests whatever the others have waiting (no waiting board) break
+    fleet ORDER, and check_fleet says so."""
+
+    def in_index_order(self, replicas, now):
+        for replica in range(len(self.guards)):
+            self._poll(replica, now)
+
+    monkeypatch.setattr(fleet_module._FleetSimulation, "_dispatch", in_index_order)
+    monkeypatch.setattr(LeasedSlots, "num_free", property(lambda self: self._fleet.total_free))
+    result = simulate_fleet(Fleet(**SMALL, floor=2, skew=1.0), seed=0)
+    assert not result.verify_ok
+    assert any(v.startswith("ORDER: fleet") for v in result.violations)
+
+
+def test_a_leased_view_gives_free_slots_to_entitled_starts_first():
+    pool = FleetSlots([1, 1])
+    own = {"waiting": 0}
+    others = {"waiting": True}
+    view = LeasedSlots(pool, lambda: own["waiting"], lambda: others["waiting"])
+    assert view.num_free == 0  # another replica's entitled request waits: not for surplus
+    own["waiting"] = 1
+    assert view.num_free == 2  # this replica's next start is its own entitled one
+    backend = view.acquire()
+    assert view.in_flight(backend) == 1 and pool.total_free == 1
+    view.release(backend)
+    assert pool.total_free == 2
+
+
+def test_a_partition_must_give_each_replica_whole_backends():
+    with pytest.raises(ValueError, match="do not divide"):
+        Fleet(replicas=4, backends=6, slot_mode="partition")
+
+
+def test_simulate_fleet_cli(capsys, tmp_path):
+    args = ["simulate", "--replicas", "2", "--backends", "2", "--tenants", "2", "--json"]
+    assert main(args) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert len(results) == 1 and results[0]["verify_ok"]
+    assert results[0]["fleet"]["slot_mode"] == "leased"
+    figure = tmp_path / "fleet.png"
+    assert main([*args, "--skew", "0,1", "--figure", str(figure)]) == 0
+    sweep = json.loads(capsys.readouterr().out)
+    assert [(r["fleet"]["skew"], r["fleet"]["slot_mode"]) for r in sweep] == [
+        (0.0, "partition"),
+        (0.0, "leased"),
+        (1.0, "partition"),
+        (1.0, "leased"),
+    ]
+    assert figure.stat().st_size > 10_000
+    assert main([*args[:-1], "--slot-mode", "partition", "--backends", "3"]) == 2
+    assert "do not divide" in capsys.readouterr().err
