@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.integration.live import Live
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -13,3 +16,19 @@ def live():
     servers = Live()
     yield servers
     servers.close()
+
+
+@pytest.fixture
+def redis_server():
+    """A throw-away redis-server on loopback, without persistence (a restart is empty)."""
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def loop():
+    """One event loop per test: the asyncio Redis client belongs to the loop it ran on."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

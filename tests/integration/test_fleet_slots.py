@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.live import ISSUER, SECRET, token
 from tests.integration.processes import emulate, serve, stop
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import free_port
 
 BACKEND_SLOTS, REPLICAS = 6, 3
 
@@ -46,13 +46,16 @@ def _config(backend, redis_url, n, log, slots):
     }  # fmt: skip
 
 
-@pytest.fixture
-def backend():
-    redis_server = RedisServer().start()
-    url, emulator = emulate(slots=BACKEND_SLOTS)
+def _emulated(redis_server, slots):
+    """(the emulated backend's URL, Redis's URL), the emulator stopped after the test."""
+    url, emulator = emulate(slots=slots)
     yield url, redis_server.url
     stop(emulator)
-    redis_server.close()
+
+
+@pytest.fixture
+def backend(redis_server):
+    yield from _emulated(redis_server, BACKEND_SLOTS)
 
 
 async def _flood(urls, n):
@@ -152,12 +155,8 @@ def _leased(backend, redis_url, n, log, ttl_s=1.0):
 
 
 @pytest.fixture
-def small_backend():
-    redis_server = RedisServer().start()
-    url, emulator = emulate(slots=LEASED_SLOTS)
-    yield url, redis_server.url
-    stop(emulator)
-    redis_server.close()
+def small_backend(redis_server):
+    yield from _emulated(redis_server, LEASED_SLOTS)
 
 
 def _start(configs, tmp_path):

@@ -16,22 +16,11 @@ from floorguard.bench.store import bench_store
 from floorguard.core.contract import WindowSchedule
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
-from tests.redis_server import RedisServer
 
 
 @pytest.fixture
-def server():
-    server = RedisServer().start()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def loop():
-    """One event loop per test: the asyncio Redis client belongs to the loop it ran on."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+def server(redis_server):
+    return redis_server
 
 
 @pytest.fixture

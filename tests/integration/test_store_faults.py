@@ -20,10 +20,8 @@ from tests.redis_server import RedisServer
 
 
 @pytest.fixture
-def server():
-    server = RedisServer().start()
-    yield server
-    server.close()
+def server(redis_server):
+    return redis_server
 
 
 @pytest.fixture
@@ -32,13 +30,6 @@ def kept():
     server = RedisServer(persistent=True).start()
     yield server
     server.close()
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture
