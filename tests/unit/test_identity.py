@@ -94,6 +94,20 @@ def test_algorithm_confusion_and_short_secrets_are_refused_at_start():
         hs256(secret="short")
 
 
+def test_a_secret_from_the_environment_names_the_variable_when_it_is_missing_or_short():
+    spec = IdentitySpec.model_validate(
+        {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "secret_env": "FLOORGUARD_JWT_SECRET"}}
+    )
+    with pytest.raises(ConfigError) as missing:
+        create_identity(spec, environ={})
+    assert "FLOORGUARD_JWT_SECRET is not set" in str(missing.value)
+    with pytest.raises(ConfigError) as short:
+        create_identity(spec, environ={"FLOORGUARD_JWT_SECRET": "x" * 10})
+    assert "FLOORGUARD_JWT_SECRET has 10" in str(short.value)
+    assert "x" * 10 not in str(short.value)  # never the secret itself
+    assert create_identity(spec, environ={"FLOORGUARD_JWT_SECRET": SECRET}) is not None
+
+
 CERT = {
     "subject": ((("organizationName", "Acme"),), (("commonName", "acme"),)),
     "subjectAltName": (("DNS", "acme.tenants.internal"), ("URI", "spiffe://fleet/acme")),

@@ -191,12 +191,22 @@ def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None
             "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
         )
     if algorithms == {"HS256"}:
-        secret = spec.jwt.secret or (
-            environ.get(spec.jwt.secret_env, "") if spec.jwt.secret_env else ""
-        )
-        if len(secret) < 32:
+        env = spec.jwt.secret_env
+        secret = spec.jwt.secret or (environ.get(env, "") if env else "")
+        if not spec.jwt.secret and env and env not in environ:
             raise ConfigError(
-                "identity.jwt.secret", "<hidden>", "HS256 needs a secret of at least 32 characters"
+                "identity.jwt.secret_env",
+                env,
+                f"the environment variable {env} is not set: export it (HS256 needs a shared "
+                "secret of at least 32 characters)",
+            )
+        if len(secret) < 32:
+            from_env = not spec.jwt.secret and env is not None
+            raise ConfigError(
+                "identity.jwt.secret_env" if from_env else "identity.jwt.secret",
+                env if from_env else "<hidden>",
+                "HS256 needs a secret of at least 32 characters; "
+                f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
             )
         return Identity(spec, (secret, "HS256"))
     if spec.jwt.jwks_file is not None:
