@@ -222,3 +222,18 @@ def test_emulate_on_a_taken_port_is_a_clear_error(capsys):
         assert main(["emulate", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_token_mints_a_jwt_the_guard_of_that_config_accepts(monkeypatch, capsys):
+    """`floorguard token` signs with the config's HS256 secret and the claims it checks; the
+    guard's own identity names the tenant from it. An unknown tenant is a usage error."""
+    from floorguard.proxy.config import load_config  # noqa: PLC0415
+    from floorguard.proxy.identity import create_identity  # noqa: PLC0415
+
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    assert main(["token", "--config", "examples/guard.yaml", "--tenant", "acme"]) == 0
+    token = capsys.readouterr().out.strip()
+    identity = create_identity(load_config("examples/guard.yaml").identity)
+    assert identity.tenant_of({"Authorization": f"Bearer {token}"}) == "acme"
+    assert main(["token", "--config", "examples/guard.yaml", "--tenant", "mallory"]) == 2
+    assert "no contract for it" in capsys.readouterr().err

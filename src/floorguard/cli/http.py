@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jwt
 import numpy as np
 from aiohttp import web
 from rich.console import Console
@@ -21,6 +23,7 @@ from floorguard.cli._common import fmt, port, print_result
 from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
+from floorguard.proxy.identity import create_identity
 from floorguard.proxy.serve import run_guard
 from floorguard.rig.demo import run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
@@ -58,6 +61,15 @@ def register(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
     serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
     serve.set_defaults(run=run_serve)
+    token = commands.add_parser(
+        "token", help="mint a tenant's JWT for an HS256 guard config (a test or a trial)"
+    )
+    token.add_argument("--config", type=Path, required=True, help="the guard's YAML")
+    token.add_argument("--tenant", required=True, help="a tenant with a contract there")
+    token.add_argument(
+        "--ttl-s", type=float, default=3600.0, help="seconds until it expires (default 1 h)"
+    )
+    token.set_defaults(run=run_token)
     cal = commands.add_parser(
         "calibrate", help="probe an OpenAI-compatible backend and fit a service profile"
     )
@@ -140,6 +152,35 @@ def run_load(args: argparse.Namespace, console: Console) -> int:
     summary = pool_runs([measure_client(results, scenario.guard_config())])
     summary["num_requests"] = len(requests)
     print_result(summary, args.json, console)
+    return 0
+
+
+def run_token(args: argparse.Namespace, console: Console) -> int:
+    """Print a JWT the guard of `--config` accepts for `--tenant`: signed HS256 with its
+    secret, the claims it checks (`exp`, `iss` and `aud` where configured, the tenant in
+    `tenant_claim`). Public-key configs are signed by the identity provider, not here."""
+    if not args.ttl_s > 0:
+        raise FloorguardError(f"--ttl-s = {args.ttl_s}: must be > 0")
+    config = load_config(args.config)
+    identity = config.identity
+    if identity.mode != "jwt" or identity.jwt is None or identity.jwt.algorithms != ["HS256"]:
+        raise FloorguardError(
+            f"--config {args.config}: only an HS256 JWT config can be signed here (its "
+            "identity provider signs RS256/ES256 tokens; mtls and header need none)"
+        )
+    tenants = sorted(c.tenant for c in config.contracts)
+    if args.tenant not in tenants:
+        raise FloorguardError(f"--tenant {args.tenant}: no contract for it; tenants: {tenants}")
+    spec = identity.jwt
+    key = create_identity(identity).key  # HS256: (the secret, "HS256")
+    assert isinstance(key, tuple)
+    secret = key[0]
+    claims: dict[str, Any] = {spec.tenant_claim: args.tenant, "exp": int(time.time() + args.ttl_s)}
+    if spec.issuer is not None:
+        claims["iss"] = spec.issuer
+    if spec.audience is not None:
+        claims["aud"] = spec.audience
+    print(jwt.encode(claims, secret, algorithm="HS256"))
     return 0
 
 
