@@ -88,3 +88,21 @@ def test_an_admin_token_env_that_is_not_set_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match=r"admin\.token_env"):
         GuardServer(config, environ={})
     assert GuardServer(config, environ={"FG_ADMIN": "x" * 16}).admin_token == "x" * 16
+
+
+def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
+    """The shipped example is outside SPEC §6 (d < s_max·(1 + ⌈B/C⌉)): `serve` says so
+    before it guards; a deadline below the fastest service is named per tenant."""
+    from floorguard.proxy.config import GuardServerConfig, load_config  # noqa: PLC0415
+    from floorguard.proxy.serve import start_warnings  # noqa: PLC0415
+
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    example = load_config("examples/guard.yaml")
+    warnings = start_warnings(example)
+    assert len(warnings) == 1 and "outside SPEC §6" in warnings[0] and "SF" in warnings[0]
+    data = example.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for contract in data["contracts"]:
+        contract["deadline_ms"] = 50
+    tight = start_warnings(GuardServerConfig.model_validate(data))
+    fate = "dropped as doomed" if example.doom_gate else "late, every one"
+    assert any("tenant acme: deadline 50 ms" in w and fate in w for w in tight)

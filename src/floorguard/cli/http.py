@@ -24,7 +24,7 @@ from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.identity import create_identity
-from floorguard.proxy.serve import run_guard
+from floorguard.proxy.serve import run_guard, start_warnings
 from floorguard.rig.demo import run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, replay
@@ -187,6 +187,8 @@ def run_token(args: argparse.Namespace, console: Console) -> int:
 def run_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
     backends = [b.url for b in config.backends]
+    for warning in start_warnings(config):
+        console.print(f"warning: {warning}", markup=False, style="yellow")
 
     def listening(url: str) -> None:
         console.print(f"floorguard guarding {backends} on {url}", markup=False)

@@ -9,10 +9,38 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from floorguard.core.monitors import assumption_report
+from floorguard.profiles import get_profile
 from floorguard.proxy.app import SERVER, GuardRunner, create_admin_app, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 
-__all__ = ["run_guard", "serve_guard"]
+__all__ = ["run_guard", "serve_guard", "start_warnings"]
+
+
+def start_warnings(config: GuardServerConfig) -> list[str]:
+    """What an operator should read before trusting this configuration: SPEC §6's
+    conditional bound outside its region (for ℓ = `limits.default_max_tokens`), and deadline
+    budgets that even the fastest service of that ℓ cannot meet."""
+    guard_config = config.guard_config()
+    tokens = config.limits.default_max_tokens
+    out = []
+    report = assumption_report(guard_config, num_output_tokens=tokens)
+    if not report.inside:
+        out.append(
+            f"outside SPEC §6's region at ℓ = {tokens} ({'; '.join(report.reasons)}): the floor "
+            "(AF) is enforced, but on-time service of the floor (SF) is not promised here"
+        )
+    if config.profile is not None:
+        fastest = get_profile(config.profile).lower.at(tokens)
+        fate = "dropped as doomed on arrival" if config.doom_gate else "late, every one"
+        for c in guard_config.contracts:
+            if c.deadline_budget_s < fastest:
+                out.append(
+                    f"tenant {c.tenant}: deadline {c.deadline_budget_s * 1e3:.0f} ms < the "
+                    f"fastest service of ℓ = {tokens} on {config.profile} "
+                    f"({fastest * 1e3:.0f} ms): its requests will be {fate}"
+                )
+    return out
 
 
 async def serve_guard(
