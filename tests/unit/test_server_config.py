@@ -106,3 +106,25 @@ def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
     tight = start_warnings(GuardServerConfig.model_validate(data))
     fate = "dropped as doomed" if example.doom_gate else "late, every one"
     assert any("tenant acme: deadline 50 ms" in w and fate in w for w in tight)
+
+
+def test_a_typo_names_the_allowed_keys_and_a_missing_key_does_not_dump_its_parent(tmp_path):
+    from floorguard.errors import ConfigError  # noqa: PLC0415
+    from floorguard.proxy.config import load_config  # noqa: PLC0415
+
+    path = tmp_path / "g.yaml"
+    body = (
+        "contracts: [{tenant: acme, class: assured, floor: 2, deadline_ms: 1000}]\n"
+        "identity: {mode: header, header: x-tenant, trusted_upstreams: [127.0.0.1/32]}\n"
+    )
+    path.write_text(body + "backends: [{url: 'http://127.0.0.1:8001', slot: 4}]\n")
+    with pytest.raises(ConfigError) as typo:
+        load_config(path)
+    message = str(typo.value)
+    assert "backends.0.slot" in message and "unknown key" in message
+    assert "'slots'" in message and "'capacity'" in message  # the keys allowed there
+    path.write_text(body + "backends: [{url: 'http://127.0.0.1:8001'}]\n")
+    with pytest.raises(ConfigError) as missing:
+        load_config(path)
+    assert "backends.0.slots" in str(missing.value) and "required" in str(missing.value)
+    assert "8001" not in str(missing.value)  # not the whole parent object

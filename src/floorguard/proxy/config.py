@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -408,9 +408,41 @@ class GuardServerConfig(_Strict):
         )
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The config model that holds the key at `loc` (through lists and optionals)."""
+    model: Any = GuardServerConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return None
+        annotation = fields[part].annotation
+        while get_origin(annotation) is not None:  # list[X], X | None, dict[str, X]
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = args[-1] if args else None
+        model = annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
 def _first_error(exc: ValidationError) -> ConfigError:
-    error = exc.errors()[0]
+    """The error an operator should fix first: an unknown key (a typo is also why a key
+    then looks missing) with the keys allowed there; a missing key without dumping its
+    parent; else the first error, naming key and value."""
+    errors = exc.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    error = unknown[0] if unknown else errors[0]
     key = ".".join(str(p) for p in error["loc"]) or "config"
+    if error["type"] == "extra_forbidden":
+        model = _model_at(tuple(error["loc"]))
+        allowed = (
+            sorted(f.alias or name for name, f in model.model_fields.items())
+            if model is not None
+            else []
+        )
+        return ConfigError(key, error.get("input"), f"unknown key; allowed here: {allowed}")
+    if error["type"] == "missing":
+        return ConfigError(key, None, "required, and missing")
     return ConfigError(key, error.get("input"), error["msg"])
 
 
