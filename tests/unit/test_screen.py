@@ -264,3 +264,18 @@ def test_screen_cli(tmp_path, capsys):
     path.write_text("floor: 6\nslots: 4\nwarp: 9\n")
     assert main(["screen", "--config", str(path), "--deadline-ms", "1000"]) == 2
     assert "unknown keys" in capsys.readouterr().err
+
+
+def test_screen_reads_a_serve_config(monkeypatch, capsys, tmp_path):
+    """`floorguard screen --config examples/guard.yaml`: B, C, W and dispatch from the serve
+    config, ŝ from its profile (or --service-samples), the same verdict as the screen's own
+    format with those values."""
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    samples = tmp_path / "s.txt"
+    samples.write_text("0.5\n")
+    args = ["screen", "--config", "examples/guard.yaml", "--deadline-ms", "1820", "--json"]
+    assert main([*args, "--service-samples", str(samples), "--opportunistic-per-s", "16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    own = screen(config(service_s=0.5, opportunistic_rate_per_s=16.0), 1.82, MAKESPAN)
+    assert out["predicted_sojourn_s"] == pytest.approx(own.predicted_sojourn_s)
+    assert out["accept"] == own.accept and out["ahead"] == own.ahead == 6

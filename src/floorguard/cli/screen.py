@@ -11,6 +11,8 @@ import yaml
 from rich.console import Console
 
 from floorguard.errors import FloorguardError
+from floorguard.profiles import get_profile
+from floorguard.proxy.config import load_config
 from floorguard.screen.model import (
     AGGREGATIONS,
     DEFAULT_MODEL,
@@ -20,6 +22,7 @@ from floorguard.screen.model import (
     read_service_samples,
     screen,
 )
+from floorguard.sim.targets import flood_services
 
 __all__ = ["register", "run"]
 
@@ -31,7 +34,14 @@ def register(commands: Any) -> None:
         type=Path,
         required=True,
         help="YAML or JSON: floor, slots, window_s, dispatch, admission, "
-        "assured_rate_per_s, opportunistic_rate_per_s, service_s, s_max_s",
+        "assured_rate_per_s, opportunistic_rate_per_s, service_s, s_max_s; or a "
+        "`floorguard serve` config (B = its assured floors, C = its slots, ŝ from its profile)",
+    )
+    scr.add_argument(
+        "--opportunistic-per-s",
+        type=float,
+        default=0.0,
+        help="with a serve config: the admitted opportunistic load (default 0)",
     )
     scr.add_argument("--deadline-ms", type=float, required=True)
     scr.add_argument(
@@ -59,6 +69,44 @@ def register(commands: Any) -> None:
     scr.set_defaults(run=run)
 
 
+def _from_serve_config(
+    args: argparse.Namespace, service_s: float | None, console: Console
+) -> ScreenConfig:
+    """The screen's view of a `floorguard serve` config: B = the assured tenants' floors
+    summed, C = its slots summed, its window and dispatch; ŝ from `--service-samples`, else
+    `--aggregation` of its profile's services under a saturating flood (simulated, C = 4);
+    `s_max` its profile's ceiling at `limits.default_max_tokens`."""
+    config = load_config(args.config)
+    if service_s is None and config.profile is None:
+        raise FloorguardError(
+            f"--config {args.config}: no profile to take ŝ from; give --service-samples"
+        )
+    profile = get_profile(config.profile) if config.profile is not None else None
+    if service_s is None:
+        assert profile is not None
+        service_s = aggregate(flood_services(profile), args.aggregation)
+    guard = config.guard_config()
+    tokens = config.limits.default_max_tokens
+    derived = ScreenConfig(
+        floor=max(guard.total_floor, 1),
+        slots=guard.total_slots,
+        service_s=service_s,
+        window_s=guard.schedule.window_s,
+        dispatch=guard.dispatch,
+        opportunistic_rate_per_s=args.opportunistic_per_s,
+        s_max_s=profile.ceiling.at(tokens) if profile is not None else None,
+    )
+    if not args.json:
+        console.print(
+            f"from the serve config: B = {derived.floor} (its assured floors), C = "
+            f"{derived.slots}, W = {derived.window_s:g} s, {derived.dispatch.value} dispatch, "
+            f"ŝ = {service_s * 1e3:.0f} ms ({args.aggregation}), opportunistic "
+            f"{derived.opportunistic_rate_per_s:g}/s",
+            markup=False,
+        )
+    return derived
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         data = yaml.safe_load(args.config.read_text())
@@ -70,7 +118,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.service_samples is not None:
         samples = read_service_samples(str(args.service_samples))
         service_s = aggregate(samples, args.aggregation)
-    verdict = screen(ScreenConfig.from_dict(data, service_s), args.deadline_ms / 1e3, args.model)
+    if "contracts" in data and "backends" in data:
+        config = _from_serve_config(args, service_s, console)
+    else:
+        config = ScreenConfig.from_dict(data, service_s)
+    verdict = screen(config, args.deadline_ms / 1e3, args.model)
     if args.json:
         print(json.dumps(verdict.as_dict(), indent=2))
     else:
