@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from enum import StrEnum
 from typing import Any
 
@@ -52,6 +52,9 @@ from floorguard.windows import WindowSchedule
 __all__ = ["SharedFloor", "Unavailable"]
 
 _UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
+
+_Step = float | tuple[str, int, int, dict[str, Any]]
+"""What the decision asks its shell for: a backoff (seconds), or one store call."""
 
 
 class Unavailable(StrEnum):
@@ -126,95 +129,47 @@ class SharedFloor(CreditStore):
     def state(self) -> str:
         return self.policy.value if self.degraded else "shared"
 
-    # -- two thin shells over one policy: the async one (the server's request path) and the
-    # -- synchronous `CreditStore` interface (the core's own calls) ------------------------
+    # -- two thin shells over one policy (`_plan`): the async one (the server's request
+    # -- path) and the synchronous `CreditStore` interface (the core's own calls) ----------
 
     async def acquire_async(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
     ) -> Grant:
         """The grant for one admission: from Redis, else by the fallback policy."""
-        if self._should_try(now):
-            carry = self._carry(key, schedule, now)
-            for attempt in range(self._attempts()):
-                if attempt:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                try:
-                    reply = await self.store.call_async(
-                        key,
-                        weight,
-                        capacity,
-                        schedule,
-                        now,
-                        seen=self._seen.get(key, ""),
-                        carry=carry,
-                    )
-                except _UNREACHABLE:
-                    self.calls["failed_attempt"] += 1
-                    continue
-                grant = self._answered(key, weight, reply, now)
-                for other, owed in self._hand_backs(schedule, now):
-                    try:
-                        back = await self.store.call_async(
-                            other,
-                            0,
-                            0,
-                            schedule,
-                            now,
-                            mode="peek",
-                            seen=self._seen.get(other, ""),
-                            carry=owed,
-                        )
-                    except _UNREACHABLE:
-                        self._owe_again(other, owed)
-                    else:
-                        self._seen[other] = back.generation
-                return grant
-            self._owe_again(key, carry)
-            self._lost(schedule, now)
-        return self._fallback(key, weight, capacity, schedule, now)
+        plan = self._plan(key, weight, capacity, schedule, now)
+        answer: Reply | BaseException | None = None
+        while True:
+            try:
+                step = plan.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(step, float):
+                await asyncio.sleep(step)
+                answer = None
+                continue
+            try:
+                answer = await self.store.call_async(*step[:3], schedule, now, **step[3])
+            except _UNREACHABLE as exc:
+                answer = exc
 
     def acquire(
         self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
     ) -> Grant:
-        if self._should_try(now):
-            carry = self._carry(key, schedule, now)
-            for attempt in range(self._attempts()):
-                if attempt:
-                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
-                try:
-                    reply = self.store.call(
-                        key,
-                        weight,
-                        capacity,
-                        schedule,
-                        now,
-                        seen=self._seen.get(key, ""),
-                        carry=carry,
-                    )
-                except _UNREACHABLE:
-                    self.calls["failed_attempt"] += 1
-                    continue
-                grant = self._answered(key, weight, reply, now)
-                for other, owed in self._hand_backs(schedule, now):
-                    try:
-                        back = self.store.call(
-                            other,
-                            0,
-                            0,
-                            schedule,
-                            now,
-                            mode="peek",
-                            seen=self._seen.get(other, ""),
-                            carry=owed,
-                        )
-                    except _UNREACHABLE:
-                        self._owe_again(other, owed)
-                    else:
-                        self._seen[other] = back.generation
-                return grant
-            self._owe_again(key, carry)
-            self._lost(schedule, now)
-        return self._fallback(key, weight, capacity, schedule, now)
+        plan = self._plan(key, weight, capacity, schedule, now)
+        answer: Reply | BaseException | None = None
+        while True:
+            try:
+                step = plan.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(step, float):
+                time.sleep(step)
+                answer = None
+                continue
+            try:
+                answer = self.store.call(*step[:3], schedule, now, **step[3])
+            except _UNREACHABLE as exc:
+                answer = exc
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         """As last seen by this replica (no round trip): the shared count after its latest
@@ -228,6 +183,40 @@ class SharedFloor(CreditStore):
         return last.remaining
 
     # -- the policy -------------------------------------------------------------------------
+
+    def _plan(
+        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+    ) -> Generator[_Step, Reply | BaseException | None, Grant]:
+        """The whole decision, without I/O: it yields each store call (`key, weight,
+        capacity, options`) and is sent the reply or the exception, or yields a backoff
+        (seconds) and is sent None; it returns the grant. The two shells above only run
+        the I/O it asks for."""
+        if self._should_try(now):
+            carry = self._carry(key, schedule, now)
+            for attempt in range(self._attempts()):
+                if attempt:
+                    yield self.backoff_s * 2 ** (attempt - 1)
+                reply = yield (
+                    key,
+                    weight,
+                    capacity,
+                    {"seen": self._seen.get(key, ""), "carry": carry},
+                )
+                if isinstance(reply, BaseException) or reply is None:
+                    self.calls["failed_attempt"] += 1
+                    continue
+                grant = self._answered(key, weight, reply, now)
+                for other, owed in self._hand_backs(schedule, now):
+                    seen = self._seen.get(other, "")
+                    back = yield (other, 0, 0, {"mode": "peek", "seen": seen, "carry": owed})
+                    if isinstance(back, Reply):
+                        self._seen[other] = back.generation
+                    else:
+                        self._owe_again(other, owed)
+                return grant
+            self._owe_again(key, carry)
+            self._lost(schedule, now)
+        return self._fallback(key, weight, capacity, schedule, now)
 
     def _should_try(self, now: float) -> bool:
         return not self.degraded or now >= self._retry_at
