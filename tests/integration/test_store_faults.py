@@ -278,3 +278,29 @@ def test_a_dead_replicas_leases_expire_within_the_ttl(server, loop):
     finally:
         run(sa.aclose())
         run(sb.aclose())
+
+
+def test_leases_fall_back_to_the_partition_while_redis_is_down(server, loop):
+    """Redis killed: a replica leases at most ⌊C/N⌋ = 2 of C = 4 slots locally (the fleet
+    of N = 2 stays within C), gives them back locally, and leases through Redis again once
+    it answers."""
+    store, leases = _leases(server.url, "A", capacity=4)
+    run = loop.run_until_complete
+    try:
+        server.kill()
+        assert [run(leases.acquire(0, f"a{i}", entitled=True)) for i in range(3)] == [
+            "",
+            "",
+            "full",
+        ]
+        assert leases.local_grants == 2
+        run(leases.release(0, "a0"))  # Redis still down: released locally, no hang
+        assert run(leases.acquire(0, "a3", entitled=False)) == ""
+        server.start()
+        run(leases.release(0, "a1"))
+        run(leases.release(0, "a3"))
+        assert run(leases.acquire(0, "b0", entitled=False)) == ""
+        with redis.Redis.from_url(server.url) as client:
+            assert client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1) == [b"A|b0"]
+    finally:
+        run(store.aclose())
