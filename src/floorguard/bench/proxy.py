@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -176,17 +177,18 @@ def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
 @contextmanager
 def serving_in_child(
     serve: Callable[[list[int], str], None], ports: list[int]
-) -> Iterator[multiprocessing.process.BaseProcess]:
+) -> Iterator[tuple[multiprocessing.process.BaseProcess, Path]]:
     """Run `serve(ports, decision_log_path)` in a spawned child until every port listens;
-    the child is terminated on exit."""
+    yields the child and its decision log's path; the child is terminated on exit."""
     with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "decisions.jsonl"
         child = multiprocessing.get_context("spawn").Process(
-            target=serve, args=(ports, f"{tmp}/decisions.jsonl"), daemon=True
+            target=serve, args=(ports, str(log)), daemon=True
         )
         child.start()
         try:
             _wait_listening(ports)
-            yield child
+            yield child, log
         finally:
             child.terminate()
             child.join(5)

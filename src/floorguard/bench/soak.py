@@ -4,14 +4,21 @@ A child process serves the emulated backend (v100-moe, `C` = 4) and the guard in
 it. The parent fires, open-loop, one assured tenant at its floor rate (`B` per window) and
 an opportunistic flood at `overload`× the backend's saturated capacity, for `minutes`; it
 measures every request from the client side and samples the guard process's resident
-memory and open file descriptors every second. Reported: per window, the assured requests
-offered, admitted from the floor and completed by their deadline; p50/p99 latencies per
-class; RSS and descriptor counts over time, and their growth after the warm-up.
+memory and open file descriptors every second. Reported: per window *of the guard's clock*
+(read from its decision log, which is also checked with `floorguard verify`'s checker), the
+assured requests that arrived and were admitted from the floor; per client-side second, the
+assured requests completed by their deadline; p50/p99 latencies per class; RSS and
+descriptor counts over time, and their growth after the warm-up.
+
+The floor is counted in the guard's windows, not the client's: under load a request sent
+at x.99 s can arrive at x+1.01 s, so a client-side second may hold four arrivals of a
+three-per-second stream and another two, though the guard's windows each hold three.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections import Counter
@@ -24,7 +31,9 @@ import numpy as np
 from aiohttp import web
 from rich.progress import Progress
 
+from floorguard.analysis.checker import check_trace
 from floorguard.bench.proxy import serving_in_child
+from floorguard.core.events import EventKind, TraceEvent, read_jsonl
 from floorguard.profiles import get_profile
 from floorguard.proxy.app import create_app
 from floorguard.proxy.config import GuardServerConfig
@@ -130,20 +139,29 @@ async def _load(url: str, pid: int, seconds: float, opportunistic_per_s: float) 
     return {"records": records, "samples": samples, "started": started}
 
 
+def _floor_windows(events: list[TraceEvent]) -> list[dict[str, int]]:
+    """Per window of the guard's clock: the assured tenant's arrivals and floor admissions."""
+    window_of: dict[object, int] = {}
+    windows: dict[int, Counter[str]] = {}
+    for e in events:
+        if e.tenant != "acme":
+            continue
+        if e.kind is EventKind.ARRIVE:
+            window_of[e.request_id] = k = math.floor(e.at / WINDOW_S)  # origin_at = 0
+            windows.setdefault(k, Counter())["arrived"] += 1
+        elif e.kind is EventKind.ADMIT and e.entitled:
+            windows[window_of[e.request_id]]["entitled"] += 1
+    return [{"window": k, "arrived": 0, "entitled": 0, **v} for k, v in sorted(windows.items())]
+
+
 def _report(
     run: dict[str, Any], seconds: float, overload: float, capacity: float
 ) -> dict[str, Any]:
-    records, samples = run["records"], run["samples"]
-    windows: dict[int, Counter[str]] = {}
-    for tenant, sent, latency, status, decision in records:
-        if tenant != "acme":
-            continue
-        w = windows.setdefault(int(sent // WINDOW_S), Counter())
-        w["offered"] += 1
-        w["entitled"] += decision == "entitled"
-        w["on_time"] += status == 200 and latency * 1e3 <= DEADLINE_MS
-    per_window = [{"window": k, **v} for k, v in sorted(windows.items())]
-    held = [w["entitled"] == min(FLOOR, w["offered"]) for w in per_window]
+    records, samples, events = run["records"], run["samples"], run["events"]
+    per_window = _floor_windows(events)
+    held = [w["entitled"] == min(FLOOR, w["arrived"]) for w in per_window]
+    check = check_trace(events)
+    on_time = sum(r[0] == "acme" and r[3] == 200 and r[2] * 1e3 <= DEADLINE_MS for r in records)
     latency = {}
     for cls, tenant in (("assured", "acme"), ("opportunistic", "free")):
         done = [r[2] * 1e3 for r in records if r[0] == tenant and r[3] == 200]
@@ -161,8 +179,10 @@ def _report(
         "floor_per_window": FLOOR,
         "windows_floor_held": sum(held),
         "windows": len(per_window),
-        "assured_on_time": sum(w["on_time"] for w in per_window),
+        "assured_on_time": on_time,
         "assured_entitled": sum(w["entitled"] for w in per_window),
+        "verify_ok": check.ok(),
+        "verify_violations": [f"{v.prop}: {v.message}" for v in check.failed()[:10]],
         "latency": latency,
         "statuses": dict(Counter(str(r[3]) for r in records)),
         "rss_mib": [round(s[1], 1) for s in samples],
@@ -177,8 +197,10 @@ def bench_soak(*, minutes: float = 5.0, overload: float = 10.0) -> dict[str, Any
     seconds = minutes * 60
     capacity, _ = saturated_capacity(get_profile("v100-moe"), TOKENS, SLOTS)
     ports = free_ports(2)
-    with serving_in_child(_serve, ports) as child:
+    with serving_in_child(_serve, ports) as (child, log):
         assert child.pid is not None
         url = f"http://127.0.0.1:{ports[1]}/v1/completions"
         run = asyncio.run(_load(url, child.pid, seconds, overload * capacity))
+        time.sleep(3 * 0.2)  # the guard flushes its log every 0.2 s (decision_log_flush_s)
+        run["events"] = list(read_jsonl(str(log)))
     return _report(run, seconds, overload, capacity)
