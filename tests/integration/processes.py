@@ -32,9 +32,10 @@ def floorguard(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "floorguard", *args])
 
 
-def emulate(slots: int = 4) -> tuple[str, subprocess.Popen]:
+def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    process = floorguard("emulate", "--slots", str(slots), "--port", str(port))
+    named = ("--model", model) if model else ()
+    process = floorguard("emulate", "--slots", str(slots), "--port", str(port), *named)
     wait_listening(port, process)
     return f"http://127.0.0.1:{port}", process
 

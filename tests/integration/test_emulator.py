@@ -104,3 +104,26 @@ def test_the_emulator_reads_the_fields_vllm_reads(live):
     assert [c.choices[0].text for c in chunks[:-1]] == [" tok"] * 3
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
     assert chunks[-1].usage.prompt_tokens == 1 + 2
+
+
+def test_with_a_model_name_the_emulator_answers_404_for_another_as_vllm_does(live):
+    """`--model NAME`: a request naming another model is a 404 `model_not_found`, and
+    /v1/models lists NAME; a prompt it cannot count is a 400. Without a name, any model is
+    served."""
+    named, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4, model="llama")))
+    client = openai.OpenAI(base_url=named + "/v1", api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["llama"]
+    assert client.completions.create(model="llama", prompt="x", max_tokens=2).usage
+    try:
+        client.completions.create(model="qwen", prompt="x", max_tokens=2)
+        raise AssertionError("a model it does not serve was served")
+    except openai.NotFoundError as exc:
+        assert exc.body["code"] == "model_not_found"
+    try:
+        client.completions.create(model="llama", prompt=[{"not": "a prompt"}], max_tokens=2)
+        raise AssertionError("an uncountable prompt was served")
+    except openai.BadRequestError as exc:
+        assert exc.status_code == 400
+    anyname, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
+    client = openai.OpenAI(base_url=anyname + "/v1", api_key="x", max_retries=0)
+    assert client.completions.create(model="whatever", prompt="x", max_tokens=2).usage

@@ -11,6 +11,7 @@ import aiohttp
 import jwt as pyjwt
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.analysis.checker import check_trace
 from floorguard.core.contract import ContractClass
@@ -284,10 +285,23 @@ def test_dead_backend_is_503_and_nothing_hangs(live):
 
 
 def test_health_metrics_and_models(live, backend):
-    """healthz/readyz answer; /metrics is Prometheus text with the guard's series; /v1/models
-    is the backend's list."""
+    """healthz/readyz answer; /metrics is Prometheus text with the guard's series — counts,
+    the latency histograms (one observation per request: queue wait, TTFT, service by
+    backend; inter-token gaps of the streamed one), process metrics; /v1/models is the
+    backend's list."""
     url, _ = live.guard(guard_config(backend))
     _call(live, url, GOOD, _bearer(token("acme")))
+
+    async def stream():
+        body = {"model": "m", "prompt": "x", "max_tokens": 6, "stream": True}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + "/v1/completions", json=body, headers=_bearer(token("free"))) as r,
+        ):
+            return r.status, await r.read()
+
+    status, sse = live.run(stream())
+    assert status == 200 and sse.count(b"data: ") >= 6
 
     async def go():
         async with aiohttp.ClientSession() as s:
@@ -299,11 +313,28 @@ def test_health_metrics_and_models(live, backend):
 
     out = live.run(go())
     assert all(status == 200 for status, _ in out.values())
-    assert (
-        'floorguard_admitted_total{cls="assured",entitled="true",tenant="acme"} 1.0'
-        in (out["/metrics"][1])
-    )
-    assert "floorguard_credits_left" in out["/metrics"][1]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(out["/metrics"][1])
+        for s in family.samples
+    }
+
+    def value(name, **labels):
+        return samples.get((name, tuple(sorted(labels.items()))))
+
+    acme = {"model": "default", "cls": "assured", "tenant": "acme"}
+    free = {"model": "default", "cls": "opportunistic", "tenant": "free"}
+    assert value("floorguard_admitted_total", entitled="true", **acme) == 1.0
+    assert value("floorguard_credits_left", model="default", tenant="acme") is not None
+    for name in ("floorguard_queue_wait_seconds_count", "floorguard_ttft_seconds_count"):
+        assert value(name, **acme) == 1.0 and value(name, **free) == 1.0, name
+    by_backend = {"model": "default", "backend": backend.rstrip("/")}
+    assert value("floorguard_service_seconds_count", cls="assured", **by_backend) == 1.0
+    gaps = value("floorguard_inter_token_seconds_count", model="default", cls="opportunistic")
+    assert gaps is not None and gaps >= 3  # six tokens streamed: a gap between each chunk
+    assert value("floorguard_inter_token_seconds_count", model="default", cls="assured") is None
+    assert value("process_resident_memory_bytes") > 0
+    assert value("process_open_fds") > 0
     assert json.loads(out["/v1/models"][1])["data"][0]["id"]
 
 

@@ -290,3 +290,33 @@ def test_the_fleet_check_counts_slots_per_backend_across_replicas():
     fits = check_fleet(_two_replicas_on_one_backend(slots=2))
     assert fits.ok(), fits.violations[:3]
     assert fits.fleet_peak_in_flight == {"http://vllm:8000": 4}
+
+
+def _two_pools(events):
+    """The same run logged by two pools' guards into one file, interleaved by time."""
+    a = [e._replace(pool="a") for e in events]
+    b = [
+        e._replace(pool="b", request_id=f"b-{e.request_id}" if e.request_id is not None else None)
+        for e in events
+    ]
+    return sorted(a + b, key=lambda e: (e.at, e.pool))
+
+
+def test_a_log_of_two_pools_is_checked_pool_by_pool(marquee_events):
+    """Each pool against its own config: the two pools' slots and queues never mix (merged
+    as one pool the same lines break SLOTS and ORDER); a violation in one pool is found at
+    its place in the whole file."""
+    merged = _two_pools(marquee_events)
+    report = check_trace(merged)
+    assert report.ok(), report.violations[:3]
+    assert report.num_requests == 2 * check_trace(marquee_events).num_requests
+    untagged = [
+        e._replace(pool=None) for e in merged if not (e.kind is EventKind.CONFIG and e.pool == "b")
+    ]
+    assert {"SLOTS", "ORDER"} & set(props(check_trace(untagged)))
+    i = first(merged, EventKind.ADMIT, entitled=True, pool="b")
+    merged[i] = merged[i]._replace(entitled=False)
+    report = check_trace(merged)
+    assert (report.violations[0].prop, report.violations[0].index) == ("AF", i)
+    fleet = check_fleet([_two_pools(marquee_events), _two_pools(marquee_events)])
+    assert fleet.num_requests == 4 * check_trace(marquee_events).num_requests

@@ -152,7 +152,7 @@ def test_mtls_needs_a_client_ca_and_readable_files(tmp_path):
 def test_the_example_configs_validate(path, monkeypatch):
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "x" * 32)
     config = load_config(path)
-    assert config.contracts and config.backends
+    assert config.contracts and all(pool.backends for pool in config.pools().values())
 
 
 def _jwks_identity(tmp_path, keys):

@@ -279,3 +279,16 @@ def test_screen_reads_a_serve_config(monkeypatch, capsys, tmp_path):
     own = screen(config(service_s=0.5, opportunistic_rate_per_s=16.0), 1.82, MAKESPAN)
     assert out["predicted_sojourn_s"] == pytest.approx(own.predicted_sojourn_s)
     assert out["accept"] == own.accept and out["ahead"] == own.ahead == 6
+
+
+def test_screen_gives_one_verdict_per_model_of_a_pooled_serve_config(monkeypatch, capsys):
+    """`models:` pools: each model screened with its own floors and slots."""
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    args = ["screen", "--config", "examples/guard-models.yaml", "--deadline-ms", "1820"]
+    assert main([*args, "--json"]) == 0
+    pools = json.loads(capsys.readouterr().out)["pools"]
+    assert set(pools) == {"llama", "qwen"}
+    assert (pools["llama"]["ahead"], pools["qwen"]["ahead"]) == (3, 2)  # B of each pool
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "model llama: " in text and "model qwen: " in text

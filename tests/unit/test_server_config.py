@@ -128,3 +128,81 @@ def test_a_typo_names_the_allowed_keys_and_a_missing_key_does_not_dump_its_paren
         load_config(path)
     assert "backends.0.slots" in str(missing.value) and "required" in str(missing.value)
     assert "8001" not in str(missing.value)  # not the whole parent object
+
+
+def _pooled(**changes):
+    config = {
+        **{k: v for k, v in BASE.items() if k != "backends"},
+        "models": {
+            "llama": {"backends": [{"url": "http://127.0.0.1:8001", "slots": 4}]},
+            "qwen": {"backends": [{"url": "http://127.0.0.1:8002", "slots": 2}]},
+        },
+        "contracts": [
+            {"tenant": "acme", "class": "assured", "floor": 3, "deadline_ms": 1820,
+             "models": ["llama"]},
+            {"tenant": "acme", "class": "opportunistic", "deadline_ms": 900, "models": ["qwen"]},
+            {"tenant": "free", "class": "opportunistic", "deadline_ms": 900},
+        ],
+        "store": {"url": "redis://127.0.0.1:6379/0", "prefix": "fg"},
+    }  # fmt: skip
+    return {**config, **changes}
+
+
+def test_models_make_one_pool_each_with_the_contracts_that_cover_it():
+    """A tenant may be assured on one model and opportunistic on another; a contract
+    without `models` covers them all; each pool's floor keys live under its name."""
+    pools = GuardServerConfig.model_validate(_pooled()).pools()
+    assert list(pools) == ["llama", "qwen"]
+    llama, qwen = pools["llama"].guard_config(), pools["qwen"].guard_config()
+    assert [(c.tenant, c.cls.value) for c in llama.contracts] == [
+        ("acme", "assured"),
+        ("free", "opportunistic"),
+    ]
+    assert [(c.tenant, c.cls.value) for c in qwen.contracts] == [
+        ("acme", "opportunistic"),
+        ("free", "opportunistic"),
+    ]
+    assert (llama.slots, qwen.slots) == ((4,), (2,))
+    assert pools["qwen"].store is not None and pools["qwen"].store.prefix == "fg:qwen"
+    one = GuardServerConfig.model_validate(BASE).pools()
+    assert list(one) == [None] and one[None].store is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backends": BASE["backends"]}, "exactly one of them"),
+        ({"models": {}}, "at least one model"),
+        (
+            {"models": {"a": {"backends": BASE["backends"]}, "b": {"backends": BASE["backends"]}}},
+            "is in two pools",
+        ),
+        (
+            {"contracts": [{"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 900,
+                            "models": ["mistral"]}]},
+            "names model 'mistral'",
+        ),
+        (
+            {"contracts": [{"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 900},
+                           {"tenant": "acme", "class": "opportunistic", "deadline_ms": 900,
+                            "models": ["qwen"]}]},
+            "two contracts covering model 'qwen'",
+        ),
+        (
+            {"contracts": [{"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 900,
+                            "models": ["llama"]}]},
+            "model 'qwen': no contract covers it",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_models_section_is_refused_saying_why(tmp_path, changes, message):
+    path = tmp_path / "guard.yaml"
+    path.write_text(yaml.safe_dump(_pooled(**changes)))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_contract_models_need_a_models_section(tmp_path):
+    contracts = [{**BASE["contracts"][0], "models": ["llama"]}, BASE["contracts"][1]]
+    with pytest.raises(ConfigError, match="needs a `models:` section"):
+        _load(tmp_path, contracts=contracts)

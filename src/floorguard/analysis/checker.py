@@ -353,7 +353,47 @@ def check_trace(events: Iterable[TraceEvent], *, allow_open: bool = False) -> Ch
 
 def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = False) -> CheckReport:
     """Check the logs of replicas sharing one floor; each violation names its log
-    (`Violation.log`, the position in `logs`)."""
+    (`Violation.log`, the position in `logs`). Logs of several pools are checked pool by
+    pool (each pool is a fleet of its own)."""
+    pools = {e.pool for events in logs for e in events}
+    if pools == {None}:
+        return _check_fleet_pool(logs, allow_open)
+    report = CheckReport()
+    for pool in sorted(pools, key=str):
+        positions = [[i for i, e in enumerate(events) if e.pool == pool] for events in logs]
+        part = _check_fleet_pool(
+            [[events[i] for i in at] for events, at in zip(logs, positions, strict=True)],
+            allow_open,
+        )
+        for name in ("num_events", "num_requests", "num_entitled", "num_drops", "num_sf_late"):
+            setattr(report, name, getattr(report, name) + getattr(part, name))
+        for found, into in (
+            (part.violations, report.violations),
+            (part.conditional, report.conditional),
+        ):
+            into.extend(
+                replace(
+                    v,
+                    index=positions[v.log][v.index]
+                    if v.index < len(positions[v.log])
+                    else len(logs[v.log]),
+                )
+                for v in found
+            )
+        report.degraded_s = [
+            a + b
+            for a, b in zip(
+                report.degraded_s or [0.0] * len(logs),
+                part.degraded_s or [0.0] * len(logs),
+                strict=True,
+            )
+        ]
+        report.fleet_peak_in_flight |= part.fleet_peak_in_flight
+        report.counts.update(part.counts)
+    return report
+
+
+def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) -> CheckReport:
     report = CheckReport()
     configs = []
     for number, events in enumerate(logs):
@@ -662,26 +702,35 @@ def _fleet_af(
 def _check_one(
     events: Iterable[TraceEvent], report: CheckReport, *, allow_open: bool, shared_floor: bool
 ) -> GuardConfig:
-    checker: _Checker | None = None
+    """Check one log; a log of several pools (`models:`, events tagged with `pool`) is
+    checked per pool, each against its own config event. Returns the (first) config."""
+    checkers: dict[str | None, _Checker] = {}
+    index = -1
     for index, event in enumerate(events):
         report.num_events += 1
         if event.kind is EventKind.CONFIG:
             if event.data is None:
                 raise TraceError("config event without a configuration")
-            checker = _Checker(config_from_dict(event.data), report, shared_floor=shared_floor)
+            checkers[event.pool] = _Checker(
+                config_from_dict(event.data), report, shared_floor=shared_floor
+            )
             continue
+        checker = checkers.get(event.pool)
         if checker is None:
-            raise TraceError("the trace must start with a config event")
+            if not checkers:
+                raise TraceError("the trace must start with a config event")
+            raise TraceError(f"event {index} of pool {event.pool!r} before its config event")
         checker.index = index
         checker.on_event(event)
-    if checker is None:
+    if not checkers:
         raise TraceError("the trace has no config event")
     if not allow_open:
-        checker.index = index + 1
-        for rid, state in checker.requests.items():
-            if not state.ended:
-                checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
-    return checker.config
+        for checker in checkers.values():
+            checker.index = index + 1
+            for rid, state in checker.requests.items():
+                if not state.ended:
+                    checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
+    return next(iter(checkers.values())).config
 
 
 def format_prefix(events: Sequence[TraceEvent], violation: Violation, context: int = 8) -> str:

@@ -89,6 +89,11 @@ def register(commands: Any) -> None:
         help=f"{', '.join(sorted(PROFILES))} or a calibrated profile .yaml",
     )
     emulate.add_argument("--slots", type=int, default=4)
+    emulate.add_argument(
+        "--model",
+        help="the model name it serves; a request naming another gets 404, as from vLLM "
+        "(default: any name is served)",
+    )
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=port, default=8001)
     emulate.add_argument(
@@ -186,7 +191,11 @@ def run_token(args: argparse.Namespace, console: Console) -> int:
 
 def run_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
-    backends = [b.url for b in config.backends]
+    backends = (
+        {name: [b.url for b in spec.backends] for name, spec in config.models.items()}
+        if config.models is not None
+        else [b.url for b in config.backends]
+    )
     for warning in start_warnings(config):
         console.print(f"warning: {warning}", markup=False, style="yellow")
 
@@ -234,7 +243,10 @@ def run_emulate(args: argparse.Namespace, console: Console) -> int:
     if args.slots < 1:
         raise FloorguardError(f"--slots = {args.slots}: must be ≥ 1")
     emulator = Emulator(
-        args.profile, args.slots, priority_scheduling=args.scheduling_policy == "priority"
+        args.profile,
+        args.slots,
+        priority_scheduling=args.scheduling_policy == "priority",
+        model=args.model,
     )
     console.print(
         f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",

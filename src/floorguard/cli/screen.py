@@ -12,7 +12,7 @@ from rich.console import Console
 
 from floorguard.errors import FloorguardError
 from floorguard.profiles import get_profile
-from floorguard.proxy.config import load_config
+from floorguard.proxy.config import GuardServerConfig, load_config
 from floorguard.screen.model import (
     AGGREGATIONS,
     DEFAULT_MODEL,
@@ -71,12 +71,26 @@ def register(commands: Any) -> None:
 
 def _from_serve_config(
     args: argparse.Namespace, service_s: float | None, console: Console
-) -> ScreenConfig:
-    """The screen's view of a `floorguard serve` config: B = the assured tenants' floors
-    summed, C = its slots summed, its window and dispatch; ŝ from `--service-samples`, else
-    `--aggregation` of its profile's services under a saturating flood (simulated, C = 4);
-    `s_max` its profile's ceiling at `limits.default_max_tokens`."""
+) -> dict[str | None, ScreenConfig]:
+    """The screen's view of a `floorguard serve` config, per pool (`models:`; one pool
+    without): B = the assured tenants' floors summed, C = its slots summed, its window and
+    dispatch; ŝ from `--service-samples`, else `--aggregation` of its profile's services
+    under a saturating flood (simulated, C = 4); `s_max` its profile's ceiling at
+    `limits.default_max_tokens`."""
     config = load_config(args.config)
+    return {
+        name: _pool_screen(args, pool, service_s, console, name)
+        for name, pool in config.pools().items()
+    }
+
+
+def _pool_screen(
+    args: argparse.Namespace,
+    config: GuardServerConfig,
+    service_s: float | None,
+    console: Console,
+    name: str | None,
+) -> ScreenConfig:
     if service_s is None and config.profile is None:
         raise FloorguardError(
             f"--config {args.config}: no profile to take ŝ from; give --service-samples"
@@ -98,7 +112,8 @@ def _from_serve_config(
     )
     if not args.json:
         console.print(
-            f"from the serve config: B = {derived.floor} (its assured floors), C = "
+            (f"model {name}: " if name is not None else "")
+            + f"from the serve config: B = {derived.floor} (its assured floors), C = "
             f"{derived.slots}, W = {derived.window_s:g} s, {derived.dispatch.value} dispatch, "
             f"ŝ = {service_s * 1e3:.0f} ms ({args.aggregation}), opportunistic "
             f"{derived.opportunistic_rate_per_s:g}/s",
@@ -118,16 +133,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.service_samples is not None:
         samples = read_service_samples(str(args.service_samples))
         service_s = aggregate(samples, args.aggregation)
-    if "contracts" in data and "backends" in data:
-        config = _from_serve_config(args, service_s, console)
+    if "contracts" in data and ("backends" in data or "models" in data):
+        configs = _from_serve_config(args, service_s, console)
     else:
-        config = ScreenConfig.from_dict(data, service_s)
-    verdict = screen(config, args.deadline_ms / 1e3, args.model)
+        configs = {None: ScreenConfig.from_dict(data, service_s)}
+    verdicts = {name: screen(c, args.deadline_ms / 1e3, args.model) for name, c in configs.items()}
     if args.json:
-        print(json.dumps(verdict.as_dict(), indent=2))
-    else:
+        out = (
+            verdicts[None].as_dict()
+            if None in verdicts
+            else {"pools": {name: v.as_dict() for name, v in verdicts.items()}}
+        )
+        print(json.dumps(out, indent=2))
+        return 0
+    for name, verdict in verdicts.items():
+        of = f"model {name}: " if name is not None else ""
         console.print(
-            ("ACCEPT" if verdict.accept else "REJECT") + ": " + "; ".join(verdict.reasons),
+            of + ("ACCEPT" if verdict.accept else "REJECT") + ": " + "; ".join(verdict.reasons),
             markup=False,
         )
         region = (
@@ -135,10 +157,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if verdict.inside_region
             else ("outside (" + "; ".join(verdict.region_reasons) + ")")
         )
-        console.print(f"SPEC §6 region: {region}", markup=False)
-        console.print(
-            "A screen, not a proof: P95 is an aggregate obligation (SPEC §1); the "
-            "runtime guard enforces the per-request floor.",
-            markup=False,
-        )
+        console.print(f"{of}SPEC §6 region: {region}", markup=False)
+    console.print(
+        "A screen, not a proof: P95 is an aggregate obligation (SPEC §1); the "
+        "runtime guard enforces the per-request floor.",
+        markup=False,
+    )
     return 0

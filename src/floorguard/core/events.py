@@ -92,6 +92,7 @@ class TraceEvent(NamedTuple):
     proposed_cls: str | None = None  # proposed_class: the learner's relabel, if any
     hint: float | None = None  # hint: the learner's priority hint
     data: Mapping[str, Any] | None = None  # config: the guard configuration (config only)
+    pool: str | None = None  # pool: the model whose pool's guard logged it (`models:`)
 
 
 _WIRE_NAMES = {

@@ -52,6 +52,12 @@ class ContractSpec(_Strict):
     deadline_ms: float = Field(gt=0)
     floor: int = Field(default=0, ge=0)
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT
+    models: list[str] | None = Field(default=None, min_length=1)
+    """With `models:` pools: the models this contract covers (default: every one). A floor
+    is reserved in each pool it covers; a tenant has at most one contract per model."""
+
+    def covers(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
 
 class BackendSpec(_Strict):
@@ -65,6 +71,13 @@ class BackendSpec(_Strict):
     the backend reports (`floorguard_backend_slots` on its /metrics, where it reports it)."""
     health_path: str = Field(default="/health", pattern=r"^/")
     """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
+
+
+class ModelSpec(_Strict):
+    """One model's pool: the backends that serve it (each with its own `slots`). A pool is
+    guarded on its own: its queue, its slots, its contracts' floors (docs/http.md)."""
+
+    backends: list[BackendSpec] = Field(min_length=1)
 
 
 class JwtSpec(_Strict):
@@ -267,7 +280,11 @@ class GuardServerConfig(_Strict):
     window_s: float = Field(default=1.0, gt=0)
     origin_at: float = 0.0
     contracts: list[ContractSpec] = Field(min_length=1)
-    backends: list[BackendSpec] = Field(min_length=1)
+    backends: list[BackendSpec] = Field(default_factory=list)
+    """One pool of backends serving whatever model a request names; or `models`."""
+    models: dict[str, ModelSpec] | None = None
+    """Pools by model name: a request is guarded by the pool of its body's `model` (404
+    `model_not_found` for one not listed); `/v1/models` lists these names."""
     identity: IdentitySpec
     tls: TlsSpec | None = None
     store: StoreSpec | None = None
@@ -316,6 +333,65 @@ class GuardServerConfig(_Strict):
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
     """The decision log is written in batches, at least this often (and at shutdown)."""
 
+    @model_validator(mode="after")
+    def _backends_or_models(self) -> GuardServerConfig:
+        if (not self.backends) == (self.models is None):
+            raise ValueError(
+                "give `backends` (one pool, any model) or `models` (a pool per model), "
+                "exactly one of them"
+            )
+        if self.models is None:
+            for i, c in enumerate(self.contracts):
+                if c.models is not None:
+                    raise ValueError(f"contracts[{i}].models needs a `models:` section")
+            return self
+        if not self.models:
+            raise ValueError("models: name at least one model and its backends")
+        urls = [b.url.rstrip("/") for m in self.models.values() for b in m.backends]
+        twice = sorted({u for u in urls if urls.count(u) > 1})
+        if twice:
+            raise ValueError(
+                f"backend {twice[0]} is in two pools: its slots would be counted twice "
+                "(give each model its own backends)"
+            )
+        for i, c in enumerate(self.contracts):
+            unknown = sorted(set(c.models or ()) - set(self.models))
+            if unknown:
+                raise ValueError(
+                    f"contracts[{i}] ({c.tenant}) names model {unknown[0]!r}, not one of "
+                    f"models: {sorted(self.models)}"
+                )
+        for name in self.models:
+            tenants = [c.tenant for c in self.contracts if c.covers(name)]
+            twice = sorted({t for t in tenants if tenants.count(t) > 1})
+            if twice:
+                raise ValueError(
+                    f"tenant {twice[0]!r} has two contracts covering model {name!r}: give "
+                    "each contract the models it covers"
+                )
+            if not tenants:
+                raise ValueError(f"model {name!r}: no contract covers it")
+        return self
+
+    def pools(self) -> dict[str | None, GuardServerConfig]:
+        """One configuration per pool: `{None: self}` without `models`; else per model, its
+        backends, the contracts covering it, and the store's keys under its name."""
+        if self.models is None:
+            return {None: self}
+        return {
+            name: self.model_copy(
+                update={
+                    "backends": spec.backends,
+                    "models": None,
+                    "contracts": [c for c in self.contracts if c.covers(name)],
+                    "store": self.store.model_copy(update={"prefix": f"{self.store.prefix}:{name}"})
+                    if self.store is not None
+                    else None,
+                }
+            )
+            for name, spec in self.models.items()
+        }
+
     @field_validator("store", mode="before")
     @classmethod
     def _store_url_shorthand(cls, value: object) -> object:
@@ -326,15 +402,26 @@ class GuardServerConfig(_Strict):
         replicas = self.store.replicas if self.store is not None else 1
         if self.store is not None and self.store.slots == "leased":
             replicas = 1  # each replica's slots are the whole backend's, leased fleet-wide
-        for i, backend in enumerate(self.backends):
+        for where, backend in self.all_backends():
             if backend.capacity is not None and backend.slots * replicas > backend.capacity:
                 raise ValueError(
-                    f"backends[{i}] ({backend.url}): {replicas} replica(s) × slots "
+                    f"{where} ({backend.url}): {replicas} replica(s) × slots "
                     f"{backend.slots} = {backend.slots * replicas} in flight > its capacity "
                     f"{backend.capacity}: each replica's slots must be its share of the "
                     "backend (docs/replicas.md)"
                 )
         return self
+
+    def all_backends(self) -> list[tuple[str, BackendSpec]]:
+        """Every backend with the key that configures it (`backends[0]`,
+        `models.m.backends[0]`)."""
+        if self.models is None:
+            return [(f"backends[{i}]", b) for i, b in enumerate(self.backends)]
+        return [
+            (f"models.{name}.backends[{i}]", b)
+            for name, spec in self.models.items()
+            for i, b in enumerate(spec.backends)
+        ]
 
     @model_validator(mode="after")
     def _http_learner_needs_a_url(self) -> GuardServerConfig:
@@ -454,7 +541,8 @@ def load_config(path: str | Path) -> GuardServerConfig:
         raise ConfigError("config", str(path), f"cannot be read as YAML ({exc})") from exc
     try:
         config = GuardServerConfig.model_validate(data)
-        config.guard_config()  # the core's own validation (tenants, floors) runs too
+        for pool in config.pools().values():
+            pool.guard_config()  # the core's own validation (tenants, floors) runs too
     except ValidationError as exc:
         raise _first_error(exc) from exc
     return config

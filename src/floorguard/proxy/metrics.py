@@ -1,18 +1,26 @@
 """Prometheus metrics of one guard server (its own registry: no module-level state).
 
-The per-request path only bumps plain counts (`on_event`, `on_complete`); the exposition
-is built when `/metrics` is scraped (a custom collector), so a request pays no metric-library
-locking per event.
+The per-request path only bumps plain counts and bucket tallies (`on_event`, `on_complete`,
+`on_chunk_gap`); the exposition is built when `/metrics` is scraped (a custom collector),
+so a request pays no metric-library locking per event.
+
+Every series carries `model` (the pool: its model name, `default` without `models:`).
+Label values are bounded by the configuration: tenants, classes, models and backends come
+from it, reasons are the guard's own codes (anything else is `other`). Tenant × backend is
+never one series (that product grows with the fleet): latencies are by tenant, service
+also by backend, inter-token gaps by class.
 """
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -21,51 +29,150 @@ from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.store.shared import SharedFloor
 
-__all__ = ["GuardMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "GuardMetrics"]
+
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
+"""Queue wait, time to first token, service: 10 ms to a minute."""
+GAP_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+"""Inter-token gaps of streamed replies: 5 ms to 2.5 s."""
+
+_CODE = re.compile(r"^[a-z0-9_]{1,40}$")
+
+
+class _Histogram:
+    """Bucket tallies per label tuple, rendered at scrape time (cumulative, with +Inf)."""
+
+    __slots__ = ("_bounds", "_series")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = tuple(bounds)
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = ([0] * (len(self._bounds) + 1), [0.0])
+        series[0][bisect.bisect_left(self._bounds, value)] += 1
+        series[1][0] += value
+
+    def family(self, name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=labels)
+        for key, (counts, total) in sorted(self._series.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, self._bounds), "+Inf"), counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            family.add_metric(list(key), buckets, total[0])
+        return family
+
+
+class _Timing:
+    __slots__ = ("admitted_at", "arrived_at", "backend", "dispatched_at", "first_token_at")
+
+    def __init__(self, arrived_at: float) -> None:
+        self.arrived_at = arrived_at
+        self.admitted_at: float | None = None
+        self.dispatched_at: float | None = None
+        self.first_token_at: float | None = None
+        self.backend = ""
 
 
 class GuardMetrics:
+    """`pools`: model label → (its guard, its shared floor or None)."""
+
     def __init__(
         self,
-        guard: Guard,
+        pools: Mapping[str, tuple[Guard, SharedFloor | None]],
         clock_now: Callable[[], float],
         learner_callouts: Tally[str] | None = None,
-        shared_floor: SharedFloor | None = None,
+        *,
+        backend_ids: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.learner_callouts: Tally[str] = (
             Tally() if learner_callouts is None else learner_callouts  # shared, maybe empty
         )
         """HTTP learner callouts by outcome (ok, timeout, error)."""
-        self.admitted: Tally[tuple[str, str, str]] = Tally()
-        """(tenant, class, entitled) → admissions."""
-        self.outcomes: Tally[tuple[str, str, str, str]] = Tally()
-        """(tenant, class, outcome, reason) → terminal outcomes."""
-        self.late: Tally[tuple[str, str]] = Tally()
-        """(tenant, class) → completions after their deadline."""
-        self._service = Histogram(
-            "floorguard_service_seconds",
-            "Dispatch to completion",
-            ["cls"],
-            buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
-            registry=self.registry,
-        )
-        self._service_of = {cls: self._service.labels(cls.value) for cls in ContractClass}
-        self.shared_floor = shared_floor
-        self.registry.register(_GuardCollector(self, guard, clock_now))
+        self.admitted: Tally[tuple[str, str, str, str]] = Tally()
+        """(model, tenant, class, entitled) → admissions."""
+        self.outcomes: Tally[tuple[str, str, str, str, str]] = Tally()
+        """(model, tenant, class, outcome, reason) → terminal outcomes."""
+        self.late: Tally[tuple[str, str, str]] = Tally()
+        """(model, tenant, class) → completions after their deadline."""
+        self.queue_wait = _Histogram(LATENCY_BUCKETS_S)
+        self.ttft = _Histogram(LATENCY_BUCKETS_S)
+        self.service = _Histogram(LATENCY_BUCKETS_S)
+        self.gaps = _Histogram(GAP_BUCKETS_S)
+        self.pools = dict(pools)
+        self._backend_ids = {k: list(v) for k, v in (backend_ids or {}).items()}
+        self._timings: dict[Any, _Timing] = {}
+        self._reasons: dict[str, str] = {}
+        self.registry.register(_GuardCollector(self, clock_now))
+        ProcessCollector(registry=self.registry)  # CPU, memory, descriptors (Linux)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+    def _reason(self, reason: str | None) -> str:
+        """A reason as a label value: the guard's own codes, anything else `other`."""
+        if not reason:
+            return ""
+        label = self._reasons.get(reason)
+        if label is None:
+            label = reason if _CODE.match(reason) and len(self._reasons) < 256 else "other"
+            self._reasons[reason] = label
+        return label
+
+    def _backend(self, model: str, backend: int | None) -> str:
+        ids = self._backend_ids.get(model)
+        if backend is None or backend < 0:
+            return ""
+        return ids[backend] if ids and backend < len(ids) else str(backend)
 
     def on_event(self, event: TraceEvent) -> None:
-        kind = event.kind
+        kind, model = event.kind, event.pool or "default"
+        rid = event.request_id
+        if kind is EventKind.ARRIVE:
+            self._timings[rid] = _Timing(event.at)
+            return
+        timing = self._timings.get(rid)
         if kind is EventKind.ADMIT:
             entitled = "true" if event.entitled else "false"
-            self.admitted[event.tenant or "", _cls(event), entitled] += 1
+            self.admitted[model, event.tenant or "", _cls(event), entitled] += 1
+            if timing is not None:
+                timing.admitted_at = event.at
+        elif kind is EventKind.DISPATCH and timing is not None:
+            timing.dispatched_at = event.at
+            timing.backend = self._backend(model, event.backend)
+            if timing.admitted_at is not None:
+                labels = (model, _cls(event), event.tenant or "")
+                self.queue_wait.observe(labels, event.at - timing.admitted_at)
+        elif kind is EventKind.REQUEUE and timing is not None:
+            timing.dispatched_at = None  # waits again; its wait so far was observed
+            timing.admitted_at = event.at
+        elif kind is EventKind.FIRST_TOKEN and timing is not None:
+            timing.first_token_at = event.at
+            labels = (model, _cls(event), event.tenant or "")
+            self.ttft.observe(labels, event.at - timing.arrived_at)
         elif kind in TERMINAL_KINDS:
-            self.outcomes[event.tenant or "", _cls(event), kind.value, event.reason or ""] += 1
+            reason = self._reason(event.reason)
+            self.outcomes[model, event.tenant or "", _cls(event), kind.value, reason] += 1
+            self._timings.pop(rid, None)
+            if kind is EventKind.COMPLETE and timing is not None:
+                if timing.dispatched_at is not None:
+                    labels = (model, _cls(event), timing.backend)
+                    self.service.observe(labels, event.at - timing.dispatched_at)
+                if timing.first_token_at is None:  # not streamed: its first token is its end
+                    labels = (model, _cls(event), event.tenant or "")
+                    self.ttft.observe(labels, event.at - timing.arrived_at)
 
-    def on_complete(self, tenant: str, cls: ContractClass, service_s: float, late: bool) -> None:
-        self._service_of[cls].observe(service_s)
+    def on_complete(self, model: str, tenant: str, cls: ContractClass, late: bool) -> None:
         if late:
-            self.late[tenant, cls.value] += 1
+            self.late[model, tenant, cls.value] += 1
+
+    def on_chunk_gap(self, model: str, cls: ContractClass, gap_s: float) -> None:
+        """The silence between two chunks of a streamed reply (one token per chunk, as
+        vLLM streams by default): the inter-token latency."""
+        self.gaps.observe((model, cls.value), gap_s)
 
 
 def _cls(event: TraceEvent) -> str:
@@ -100,26 +207,31 @@ _GAUGES: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
 
 
 class _GuardCollector(Collector):
-    """Reads the counts and the guard's state at scrape time."""
+    """Reads the counts and the pools' state at scrape time."""
 
-    def __init__(self, metrics: GuardMetrics, guard: Guard, now: Callable[[], float]) -> None:
+    def __init__(self, metrics: GuardMetrics, now: Callable[[], float]) -> None:
         self._metrics = metrics
-        self._guard = guard
         self._now = now
 
     def collect(self) -> Iterator[Metric]:
-        m, guard = self._metrics, self._guard
+        m = self._metrics
         yield _counter(
             "floorguard_requests",
-            "Terminal outcomes by tenant, class, reason",
-            ["tenant", "cls", "outcome", "reason"],
+            "Terminal outcomes by model, tenant, class, reason",
+            ["model", "tenant", "cls", "outcome", "reason"],
             m.outcomes,
         )
         yield _counter(
-            "floorguard_admitted", "Admissions", ["tenant", "cls", "entitled"], m.admitted
+            "floorguard_admitted",
+            "Admissions",
+            ["model", "tenant", "cls", "entitled"],
+            m.admitted,
         )
         yield _counter(
-            "floorguard_late", "Completions after their deadline", ["tenant", "cls"], m.late
+            "floorguard_late",
+            "Completions after their deadline",
+            ["model", "tenant", "cls"],
+            m.late,
         )
         yield _counter(
             "floorguard_learner_callouts",
@@ -127,29 +239,58 @@ class _GuardCollector(Collector):
             ["outcome"],
             {(k,): v for k, v in m.learner_callouts.items()},
         )
-        if m.shared_floor is not None:
-            floor = m.shared_floor
-            yield _counter(
-                "floorguard_store_calls",
-                "Shared-floor store calls by outcome (docs/replicas.md)",
-                ["outcome"],
-                {(k,): v for k, v in floor.calls.items()},
-            )
-            yield GaugeMetricFamily(
-                "floorguard_store_degraded",
-                "1 while Redis is unreachable and the fallback policy grants the floor",
-                value=float(floor.degraded),
-            )
-        for name, doc, read in _GAUGES:
-            yield GaugeMetricFamily(name, doc, value=read(guard))
+        yield m.queue_wait.family(
+            "floorguard_queue_wait_seconds",
+            "Admission to dispatch (the guard's queue)",
+            ["model", "cls", "tenant"],
+        )
+        yield m.ttft.family(
+            "floorguard_ttft_seconds",
+            "Arrival to the first byte of the reply (streamed: the first token; else the end)",
+            ["model", "cls", "tenant"],
+        )
+        yield m.service.family(
+            "floorguard_service_seconds", "Dispatch to completion", ["model", "cls", "backend"]
+        )
+        yield m.gaps.family(
+            "floorguard_inter_token_seconds",
+            "Gaps between chunks of streamed replies",
+            ["model", "cls"],
+        )
+        store_calls = CounterMetricFamily(
+            "floorguard_store_calls",
+            "Shared-floor store calls by outcome (docs/replicas.md)",
+            labels=["model", "outcome"],
+        )
+        degraded = GaugeMetricFamily(
+            "floorguard_store_degraded",
+            "1 while Redis is unreachable and the fallback policy grants the floor",
+            labels=["model"],
+        )
+        gauges = [GaugeMetricFamily(name, doc, labels=["model"]) for name, doc, _ in _GAUGES]
         credits = GaugeMetricFamily(
-            "floorguard_credits_left", "Floor credits left in the current window", labels=["tenant"]
+            "floorguard_credits_left",
+            "Floor credits left in the current window",
+            labels=["model", "tenant"],
         )
         now = self._now()
-        for contract in guard.config.contracts:
-            if contract.cls is ContractClass.ASSURED:
-                left = guard.credits_left(contract.tenant, now)
-                credits.add_metric([contract.tenant], float(left or 0))
+        shared = False
+        for model, (guard, floor) in m.pools.items():
+            if floor is not None:
+                shared = True
+                for outcome, count in sorted(floor.calls.items()):
+                    store_calls.add_metric([model, outcome], count)
+                degraded.add_metric([model], float(floor.degraded))
+            for family, (_, _, read) in zip(gauges, _GAUGES, strict=True):
+                family.add_metric([model], read(guard))
+            for contract in guard.config.contracts:
+                if contract.cls is ContractClass.ASSURED:
+                    left = guard.credits_left(contract.tenant, now)
+                    credits.add_metric([model, contract.tenant], float(left or 0))
+        if shared:
+            yield store_calls
+            yield degraded
+        yield from gauges
         yield credits
 
 

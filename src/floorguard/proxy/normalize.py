@@ -28,7 +28,7 @@ wrong is a `BadRequestError` naming the field; nothing else is ever raised.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -115,6 +115,13 @@ class Work:
     min_prompt_tokens: int | None
     """A lower bound where `num_prompt_tokens` is not exact (None: exact)."""
     stream: bool
+    model: str | None = None
+    """The body's `model` (None when it names none)."""
+
+
+Priority = int | None | Callable[[str | None], int | None]
+"""The backend `priority` to write into the forwarded body: none, one value, or one per
+model (a callable of the body's `model`, which may refuse it with a BadRequestError)."""
 
 
 def prompt_tokens(
@@ -138,7 +145,7 @@ def normalize(
     *,
     chat: bool,
     limits: EdgeLimits,
-    priority: int | None = None,
+    priority: Priority = None,
     tokenizer: TokenCounter | None = None,
 ) -> Work:
     """The forwarded body and metered sizes of one request (module docstring)."""
@@ -150,6 +157,11 @@ def normalize(
         raise BadRequestError(400, "invalid_request", "the body must be a JSON object")
     if not isinstance(body.get("stream", False), bool):
         raise BadRequestError(400, "invalid_request", "stream must be true or false", "stream")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequestError(400, "invalid_request", "model must be a string", "model")
+    if callable(priority):
+        priority = priority(model)
     forwarded = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, limits)
     _one_sequence(body)
     num_output_tokens = _output_cap(body, limits)
@@ -183,6 +195,7 @@ def normalize(
         upper,
         None if lower == upper else lower,
         body.get("stream") is True,
+        model,
     )
 
 

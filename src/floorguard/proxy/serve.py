@@ -18,9 +18,17 @@ __all__ = ["run_guard", "serve_guard", "start_warnings"]
 
 
 def start_warnings(config: GuardServerConfig) -> list[str]:
-    """What an operator should read before trusting this configuration: SPEC §6's
-    conditional bound outside its region (for ℓ = `limits.default_max_tokens`), and deadline
-    budgets that even the fastest service of that ℓ cannot meet."""
+    """What an operator should read before trusting this configuration, per pool: SPEC
+    §6's conditional bound outside its region (for ℓ = `limits.default_max_tokens`), and
+    deadline budgets that even the fastest service of that ℓ cannot meet."""
+    return [
+        (f"model {name}: " if name is not None else "") + warning
+        for name, pool in config.pools().items()
+        for warning in _pool_warnings(pool)
+    ]
+
+
+def _pool_warnings(config: GuardServerConfig) -> list[str]:
     guard_config = config.guard_config()
     tokens = config.limits.default_max_tokens
     out = []

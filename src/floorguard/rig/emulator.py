@@ -58,10 +58,13 @@ class Emulator:
         slots: int,
         *,
         priority_scheduling: bool = False,
-        model: str = "floorguard-emulated",
+        model: str | None = None,
         seed: int = 0,
     ) -> None:
-        self.model = model
+        self.model = model or "floorguard-emulated"
+        """The name it serves; with `model` given, a request naming another is a 404 (as
+        vLLM answers); without, any name is served (the name in replies is this one)."""
+        self.check_model = model is not None
         self.slots = slots
         self.priority_scheduling = priority_scheduling
         service = get_profile(profile)
@@ -189,6 +192,13 @@ class Emulator:
             options = body.get("stream_options") or {}
             include_usage = stream and bool(options.get("include_usage", False))
             prompt = prompt_tokens(body, chat=chat)
+            if self.check_model and body.get("model") != self.model:
+                return web.json_response(
+                    error_body(
+                        "model_not_found", f"The model `{body.get('model')!s:.80}` does not exist."
+                    ),
+                    status=404,
+                )
         except BadRequestError as exc:
             return web.json_response(error_body(exc.kind, str(exc)), status=400)
         except (ValueError, TypeError, AttributeError) as exc:

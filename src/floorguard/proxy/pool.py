@@ -1,0 +1,648 @@
+"""One pool of the HTTP guard: the backends that serve one model (or every model, without
+`models:`), guarded by its own `Guard` core — its queue, its slots, its contracts' floors
+— and the request path from admission on (SPEC §12):
+
+    admission (429, `Retry-After`) → the queue (503 the moment it is doomed) → forward to a
+    healthy backend (placed again, once, if it cannot be reached) → relay (connect /
+    first-byte / idle timeouts; a stream that fails after it started ends with an SSE error
+    event) → complete / fail / abort.
+
+**One owner.** `handle` owns the request from admission on; whatever happens — an
+exception, a cancellation (the client went away), a timeout — its `finally` ends the
+request in the guard if the guard still holds it. The guard's own state says whether it
+does, so a request ends exactly once and its slot is released exactly once, on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from floorguard.clock import Clock
+from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.guard import Guard
+from floorguard.core.request import Request
+from floorguard.core.surface import (
+    AUTO_RETRY,
+    WINDOW_BOUND,
+    Admission,
+    Answer,
+    Dispatch,
+    Drop,
+    LearnerAsk,
+    Need,
+    RejectReason,
+    StoreCall,
+)
+from floorguard.errors import ConfigError
+from floorguard.learners.registry import create_learner
+from floorguard.proxy.config import GuardServerConfig, StoreSpec
+from floorguard.proxy.health import BackendHealth, reported_slots
+from floorguard.proxy.normalize import Work
+from floorguard.proxy.pump import Pump
+from floorguard.proxy.replies import (
+    JSON,
+    NO_RETRY,
+    Exchange,
+    end_stream,
+    json_error,
+    next_chunk,
+)
+from floorguard.proxy.status import guard_status
+from floorguard.store.leases import SlotLeases
+from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor
+
+if TYPE_CHECKING:
+    from floorguard.proxy.app import GuardServer
+
+__all__ = ["Pool"]
+
+log = logging.getLogger("floorguard.proxy")
+
+_LEASE_RETRY_S = 0.005
+"""How long a backend is held off after the fleet had no lease for a start there."""
+
+
+class _UnreachableError(Exception):
+    """The backend could not be reached before any byte was sent: place the request again."""
+
+
+class Pool:
+    """One pool's guard and request path; the edge (`GuardServer`) owns identity, bodies,
+    the decision log, metrics and the upstream session, and hands each request here."""
+
+    def __init__(
+        self,
+        edge: GuardServer,
+        name: str | None,
+        config: GuardServerConfig,
+        *,
+        seed: int = 0,
+    ) -> None:
+        self.edge = edge
+        self.name = name
+        """The model this pool serves (None: the one pool, any model)."""
+        self.config = config
+        self.clock: Clock = edge.clock
+        guard_config = config.guard_config()
+        learner = (
+            None  # the callout answers every learner ask (`_answer`)
+            if edge.http_learner is not None
+            else create_learner(
+                config.learner, np.random.default_rng(seed), config.learner_config()
+            )
+        )
+        self.shared_floor = (
+            _shared_floor(config.store, self.clock, self._on_store_change, self._on_lost_state)
+            if config.store
+            else None
+        )
+        self.leases: SlotLeases | None = None
+        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
+        self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
+        """Requests holding (or taking) a lease → its backend, and the call still taking
+        it if the request ended meanwhile."""
+        self._background_tasks: set[asyncio.Task[None]] = set()
+        self.guard = Guard(
+            guard_config,
+            learner=learner,
+            store=self.shared_floor,
+            sink=self._on_event,
+            started_at=self.clock.now(),
+        )
+        if config.store is not None and config.store.slots == "leased":
+            assert self.shared_floor is not None
+            self.leases = SlotLeases(
+                self.shared_floor.store,
+                backends=[b.url.rstrip("/") for b in config.backends],
+                capacity=[b.slots for b in config.backends],
+                replica=edge.replica,
+                replicas=config.store.replicas,
+                ttl_s=config.store.lease_ttl_s,
+                waiting=lambda: self.guard.num_queued_entitled,
+            )
+        self.pump = Pump(self.guard, self.clock)
+        """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
+        the doom timer."""
+        self.health = BackendHealth(
+            config.backends,
+            self.guard,
+            timeout_s=config.health_timeout_s,
+            failures_to_down=config.health_failures_to_down,
+            on_change=self.pump.pump,
+        )
+        self.contracts: dict[str, Contract] = {c.tenant: c for c in guard_config.contracts}
+
+    @property
+    def label(self) -> str:
+        """Its metric label value: the model, or `default` for the one pool."""
+        return self.name if self.name is not None else "default"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _on_event(self, event: TraceEvent) -> None:
+        self.edge.on_event(event if self.name is None else event._replace(pool=self.name))
+
+    def _on_store_change(self, state: str, now: float) -> None:
+        """The decision log marks the shared floor's degraded periods (`verify` judges AF
+        in them as conditional on the store)."""
+        self._on_event(TraceEvent(now, EventKind.STORE, reason=state))
+        log.warning("shared floor%s: %s", self._of(), state)
+
+    def _on_lost_state(self, tenant: str, window: int, now: float) -> None:
+        """Redis lost `tenant`'s count in `window` (it restarted empty): the window is
+        closed to fresh takes fleet-wide; the log says so (AF there is conditional)."""
+        self._on_event(
+            TraceEvent(now, EventKind.STORE, tenant=tenant, window=window, reason="lost-state")
+        )
+        log.warning(
+            "shared floor%s: Redis lost %s's count in window %d", self._of(), tenant, window
+        )
+
+    def _of(self) -> str:
+        return f" (model {self.name})" if self.name is not None else ""
+
+    async def start(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+        """Probe the backends, check the partition; the pool's background tasks."""
+        await self.health.probe_all(session)
+        await self._check_partition(session)
+        tasks = [
+            asyncio.create_task(self.health.probe_every(session, self.config.health_interval_s))
+        ]
+        if self.leases is not None:
+            tasks.append(asyncio.create_task(self.leases.renew_every()))
+        return tasks
+
+    async def stop(self) -> None:
+        self.pump.close()
+        if self.shared_floor is not None:
+            await self.shared_floor.store.aclose()
+
+    async def _check_partition(self, session: aiohttp.ClientSession) -> None:
+        """Each backend's slots against what it reports as its own slot count (the gauge
+        `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
+        a replica's partition must fit. A mismatch refuses to start."""
+        replicas = self.config.store.replicas if self.config.store is not None else 1
+        if self.leases is not None:
+            replicas = 1  # the whole backend's slots, leased fleet-wide
+        for i, backend in enumerate(self.config.backends):
+            reported = await reported_slots(session, backend.url)
+            declared = backend.capacity
+            if reported is not None and declared is not None and reported != declared:
+                raise ConfigError(
+                    f"{self._key(i)}.capacity",
+                    declared,
+                    f"{backend.url} reports {reported} slots of its own",
+                )
+            capacity = declared if declared is not None else reported
+            if capacity is not None and backend.slots * replicas > capacity:
+                raise ConfigError(
+                    f"{self._key(i)}.slots",
+                    backend.slots,
+                    f"{replicas} replica(s) × {backend.slots} = {backend.slots * replicas} > "
+                    f"the {capacity} slots {backend.url} reports: each replica's slots must "
+                    "be its share (docs/replicas.md)",
+                )
+            if capacity is None and replicas > 1:
+                log.warning(
+                    "%s (%s): %d replicas share it, but neither its capacity nor a "
+                    "reported slot count bounds the partition (set backends[].capacity)",
+                    self._key(i),
+                    backend.url,
+                    replicas,
+                )
+
+    def _key(self, i: int) -> str:
+        return f"backends[{i}]" if self.name is None else f"models.{self.name}.backends[{i}]"
+
+    async def _admit(self, offered: Request) -> Admission:
+        """The guard's arrival, its needs answered here: the shared floor and the learner
+        service awaited, anything local at once. If the client leaves (or the guard fails)
+        while a need is outstanding, the arrival ends as aborted (one terminal outcome)."""
+        guard = self.guard
+        pending = guard.begin_arrival(offered, self.clock.now())
+        try:
+            while (need := pending.need) is not None:
+                answer = await self._answer(need)
+                pending = guard.continue_arrival(pending, self.clock.now(), answer)
+        except asyncio.CancelledError:
+            guard.abandon_arrival(pending, self.clock.now(), "client_disconnected")
+            raise
+        except Exception:
+            guard.abandon_arrival(pending, self.clock.now(), "internal_error")
+            raise
+        assert pending.admission is not None
+        return pending.admission
+
+    async def _answer(self, need: Need) -> Answer:
+        if type(need) is StoreCall:
+            if self.shared_floor is None:
+                return self.guard.answer(need, self.clock.now())
+            # Sent at once and shielded: a client that leaves (or a failure here) does not
+            # cut a Redis call in half, and the call is made whatever happens next, so the
+            # credit an arrival within B takes is always taken — what the decision log's
+            # checker assumes of an arrival that ends before its decision.
+            charge = asyncio.ensure_future(
+                self.shared_floor.acquire_async(*need, self.guard.config.schedule, self.clock.now())
+            )
+            charge.add_done_callback(_retrieve)
+            await self.edge.checkpoint("store")
+            return await asyncio.shield(charge)
+        assert type(need) is LearnerAsk
+        if self.edge.http_learner is None:
+            return self.guard.answer(need, self.clock.now())
+        await self.edge.checkpoint("learner")
+        return await self.edge.http_learner.ask(self.edge.session, need)
+
+    def _refusal(self, admission: Admission, now: float) -> web.Response:
+        reason = admission.reason or "rejected"
+        retry_s = 1
+        if admission.retry_at is not None:
+            retry_s = max(1, math.ceil(admission.retry_at - now))
+        headers = {"x-floorguard-decision": "rejected", "Retry-After": str(retry_s)}
+        if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
+            headers |= NO_RETRY
+        if reason in WINDOW_BOUND:
+            message = f"refused: {reason}; the next window starts in {retry_s} s"
+        elif reason == RejectReason.QUEUE_FULL:
+            message = "refused: the guard's queue for this class or tenant is full"
+        else:
+            message = f"refused: {reason}"
+        return json_error(429, reason, message, headers)
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def handle(
+        self, request: web.Request, path: str, tenant: str, work: Work, rid: str
+    ) -> web.StreamResponse:
+        offered = Request(
+            rid,
+            tenant,
+            self.clock.now(),
+            work.num_output_tokens,
+            work.num_prompt_tokens,
+            work.min_prompt_tokens,
+        )
+        exchange = Exchange()
+        try:
+            admission = await self._admit(offered)
+            if not admission.admitted:
+                return self._refusal(admission, self.clock.now())
+            return await self._serve(request, path, work, admission, exchange)
+        except asyncio.CancelledError:
+            self._end(rid, "abort", "client_disconnected")
+            raise
+        except Exception:
+            log.exception("request %s failed inside the guard", rid)
+            self._end(rid, "fail", "internal_error")
+            if exchange.response is not None:  # the stream started: end it, never a 2nd reply
+                await end_stream(exchange.response, "internal_error", "the guard failed")
+                return exchange.response
+            return json_error(500, "internal_error", "the guard failed on this request")
+        finally:
+            self._end(rid, "abort", "abandoned")  # a no-op when the request has ended
+
+    def _end(self, rid: str, kind: str, reason: str = "") -> None:
+        """End the request in the guard if it still holds it (exactly once: the guard's
+        state says whether it ended), and hand its slot on."""
+        self._release_lease(rid)
+        guard = self.guard
+        if not guard.holds(rid):
+            return
+        now = self.clock.now()
+        if kind == "fail" and guard.in_flight_request(rid) is not None:
+            guard.on_fail(rid, now, reason)
+        else:
+            guard.on_abort(rid, now, reason)
+        self.pump.pump()
+
+    async def _serve(
+        self,
+        request: web.Request,
+        path: str,
+        work: Work,
+        admission: Admission,
+        exchange: Exchange,
+    ) -> web.StreamResponse:
+        rid = str(admission.request_id)
+        headers = {
+            "x-floorguard-decision": "entitled" if admission.entitled else "surplus",
+            "x-floorguard-class": str(admission.cls),
+            "x-floorguard-window": str(
+                admission.window_index if admission.window_index is not None else ""
+            ),
+        }
+        unreachable = 0
+        while True:
+            decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
+            if isinstance(decision, Drop):
+                return self._doomed(decision)
+            if not await self._leased_slot(rid, decision, admission.entitled):
+                continue  # requeued: the fleet had no slot for it on that backend yet
+            try:
+                return await self._forward(
+                    request, path, work, decision, headers=headers, exchange=exchange
+                )
+            except _UnreachableError:
+                self.health.unreachable(decision.backend)
+                self._release_lease(rid)
+                unreachable += 1
+                if unreachable == 2 or not self.health.any_up():
+                    self._end(rid, "fail", "upstream_unreachable")
+                    return json_error(
+                        502, "upstream_unreachable", "no backend could be reached", headers
+                    )
+                self.guard.requeue(rid, self.clock.now())
+
+    async def _leased_slot(self, rid: str, decision: Dispatch, entitled: bool) -> bool:
+        """With fleet-wide leases, take one for the slot the guard chose; without one the
+        request waits again (`no_lease`) and the backend is held off for `_LEASE_RETRY_S`,
+        so the pump does not spin on it. True when the request may start."""
+        if self.leases is None:
+            return True
+        taking = asyncio.ensure_future(
+            self.leases.acquire(decision.backend, rid, entitled=entitled)
+        )
+        try:
+            why = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client went away: give back what it may get
+            self._leased[rid] = (decision.backend, taking)
+            raise
+        if not why:
+            self._leased[rid] = (decision.backend, None)
+            request = decision.request
+            self._on_event(
+                TraceEvent(
+                    self.clock.now(),
+                    EventKind.LEASE,
+                    rid,
+                    request.tenant,
+                    self.contracts[request.tenant].cls,
+                    backend=decision.backend,
+                    entitled=entitled,
+                )
+            )
+            return True
+        self.guard.requeue(rid, self.clock.now(), "no_lease")
+        self._hold_off(decision.backend)
+        return False
+
+    def _hold_off(self, backend: int) -> None:
+        self.guard.set_backend_available(backend, False)
+
+        def lift() -> None:
+            if self.health.healthy[backend]:
+                self.guard.set_backend_available(backend, True)
+            self.pump.pump()
+
+        asyncio.get_running_loop().call_later(_LEASE_RETRY_S, lift)
+
+    def _release_lease(self, rid: str) -> None:
+        """Give a request's lease back (it ended, or its backend was unreachable); the
+        pump runs once the lease is free, so the next start can take it."""
+        held = self._leased.pop(rid, None)
+        if held is None or self.leases is None:
+            return
+        backend, taking = held
+        leases = self.leases
+        waiting = leases.waiting()  # before this end lets the queue move on
+
+        async def release() -> None:
+            if taking is not None:
+                await asyncio.wait([taking])  # the lease it was taking, if granted
+            await leases.release(backend, rid, waiting)
+            self.pump.pump()
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
+
+    def _doomed(self, drop: Drop) -> web.Response:
+        request = drop.request
+        lower = self.guard.config.lower_envelope
+        contract = self.contracts[request.tenant]
+        deadline_at = request.arrival_at + contract.deadline_budget_s
+        fit = (
+            lower.max_output_tokens(deadline_at - drop.at, request.prompt_tokens_lower)
+            if lower is not None
+            else 0
+        )
+        return json_error(
+            503,
+            "doomed",
+            f"dropped: it could not finish by its deadline; at most max_tokens = {fit} "
+            f"would have fit when it was dropped",
+            {"x-floorguard-decision": "dropped", "Retry-After": "1", **NO_RETRY},
+            param="max_tokens",
+            max_tokens_that_fit=fit,
+        )
+
+    # -- the backend ----------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        work: Work,
+        decision: Dispatch,
+        *,
+        headers: dict[str, str],
+        exchange: Exchange,
+    ) -> web.StreamResponse:
+        rid = str(decision.request.request_id)
+        backend = self.config.backends[decision.backend]
+        upstream_config = self.config.upstream
+        await self.edge.checkpoint("connect")
+        try:
+            async with asyncio.timeout(upstream_config.first_byte_timeout_s):
+                upstream = await self.edge.session.post(
+                    backend.url.rstrip("/") + path,
+                    data=work.body,
+                    headers=JSON,
+                    allow_redirects=False,
+                )
+        except aiohttp.ClientConnectorError as exc:
+            raise _UnreachableError from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
+        async with upstream:
+            await self.edge.checkpoint("headers")
+            if upstream.status >= 300:
+                self._end(rid, "fail", f"upstream_{upstream.status}")
+                return json_error(
+                    502,
+                    "upstream_error",
+                    f"the backend answered {upstream.status}",
+                    headers,
+                    upstream_status=upstream.status,
+                )
+            if work.stream:
+                return await self._relay(request, rid, upstream, headers, exchange)
+            return await self._reply(rid, upstream, headers)
+
+    def _upstream_failed(
+        self, rid: str, exc: BaseException, headers: dict[str, str]
+    ) -> web.Response:
+        """Before the response started: end the request as failed and answer 504 (the backend
+        timed out) or 502 (its connection failed) — never with its text or address."""
+        if isinstance(exc, TimeoutError):
+            self._end(rid, "fail", "upstream_timeout")
+            return json_error(
+                504, "upstream_timeout", "the backend did not answer in time", headers
+            )
+        self._end(rid, "fail", "upstream_error")
+        return json_error(502, "upstream_error", "the backend connection failed", headers)
+
+    async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
+        return await next_chunk(upstream.content, timeout_s)
+
+    async def _reply(
+        self, rid: str, upstream: aiohttp.ClientResponse, headers: dict[str, str]
+    ) -> web.Response:
+        """A non-streamed reply, read whole up to `limits.max_response_bytes`."""
+        cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while chunk := await self._read_chunk(upstream, idle):
+                await self.edge.checkpoint("stream")
+                size += len(chunk)
+                if size > cap:
+                    self._end(rid, "fail", "upstream_reply_too_large")
+                    return json_error(
+                        502, "upstream_reply_too_large", f"the reply exceeds {cap} bytes", headers
+                    )
+                chunks.append(chunk)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
+        self._complete(rid)
+        return web.Response(body=b"".join(chunks), status=200, headers={**headers, **JSON})
+
+    async def _relay(
+        self,
+        request: web.Request,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        exchange: Exchange,
+    ) -> web.StreamResponse:
+        """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
+        it, the stream ends with an SSE error event (never a second response)."""
+        timeouts = self.config.upstream
+        try:
+            first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
+        response = web.StreamResponse(
+            status=200,
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
+        exchange.response = response
+        await response.prepare(request)
+        self.guard.on_first_token(rid, self.clock.now())
+        chunk = first
+        metrics, cls = self.edge.metrics, self._class_of(rid)
+        last = self.clock.now()
+        try:
+            while chunk:
+                await self.edge.checkpoint("stream")
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("the client went away mid-stream")
+                await response.write(chunk)
+                chunk = await self._read_chunk(upstream, timeouts.idle_timeout_s)
+                if chunk:
+                    now = self.clock.now()
+                    metrics.on_chunk_gap(self.label, cls, now - last)
+                    last = now
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            reason = (
+                "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_broke_mid_stream"
+            )
+            self._end(rid, "fail", reason)
+            await end_stream(response, reason, "the backend stream failed mid-way")
+            return response
+        except ConnectionResetError:
+            self._end(rid, "abort", "client_disconnected")
+            return response
+        self._complete(rid)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    def _class_of(self, rid: str) -> ContractClass:
+        request = self.guard.in_flight_request(rid)
+        return (
+            self.contracts[request.tenant].cls
+            if request is not None
+            else ContractClass.OPPORTUNISTIC
+        )
+
+    def _complete(self, rid: str) -> None:
+        self._release_lease(rid)
+        guard = self.guard
+        request = guard.in_flight_request(rid)
+        if request is None:
+            return
+        tenant = request.tenant
+        done = guard.on_complete(rid, self.clock.now())
+        self.edge.metrics.on_complete(self.label, tenant, self.contracts[tenant].cls, done.late)
+        self.pump.pump()
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The pool's window, queues, monitors, §6 report, and the store."""
+        floor = self.shared_floor
+        return guard_status(
+            self.guard,
+            self.clock.now(),
+            backends_healthy=self.health.healthy,
+            store=floor.status() if floor is not None else None,
+        )
+
+    def store_status(self) -> dict[str, Any]:
+        """The shared floor's state: `shared`, or degraded under its fallback policy."""
+        assert self.shared_floor is not None
+        return self.shared_floor.status()
+
+
+def _retrieve(done: asyncio.Future[Any]) -> None:
+    """Observe a background call's outcome (its caller may have gone)."""
+    if not done.cancelled():
+        done.exception()
+
+
+def _shared_floor(
+    spec: StoreSpec,
+    clock: Clock,
+    on_change: Callable[[str, float], None],
+    on_lost_state: Callable[[str, int, float], None],
+) -> SharedFloor:
+    store = RedisCreditStore(
+        spec.url,
+        prefix=spec.prefix,
+        timeout_s=spec.timeout_ms / 1e3,
+        connect_timeout_s=spec.connect_timeout_ms / 1e3,
+        max_connections=spec.max_connections,
+        pool_timeout_s=spec.pool_timeout_ms / 1e3,
+    )
+    return SharedFloor(
+        store,
+        policy=spec.on_unavailable,
+        replicas=spec.replicas,
+        retry_s=spec.retry_s,
+        clock=clock.now,
+        attempts=spec.attempts,
+        on_change=on_change,
+        on_lost_state=on_lost_state,
+    )
