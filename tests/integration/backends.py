@@ -19,6 +19,8 @@ class ScriptedBackend:
         """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
         for 2 s) | error (500 with an internal detail) | redirect | big (a 5 MB reply)."""
         self.bodies: list[dict[str, Any]] = []
+        self.request_ids: list[str | None] = []
+        """Each forwarded request's `x-request-id` header."""
         self.hits: dict[str, int] = {}
 
     def app(self) -> web.Application:
@@ -41,6 +43,7 @@ class ScriptedBackend:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.bodies.append(body)
+        self.request_ids.append(request.headers.get("x-request-id"))
         if self.mode == "error":
             return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
         if self.mode == "redirect":

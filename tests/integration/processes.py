@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -28,8 +28,8 @@ def wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0
             time.sleep(0.1)
 
 
-def floorguard(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "floorguard", *args])
+def floorguard(*args: str, stderr: IO[bytes] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "floorguard", *args], stderr=stderr)
 
 
 def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.Popen]:
@@ -40,11 +40,13 @@ def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.P
     return f"http://127.0.0.1:{port}", process
 
 
-def serve(config: dict[str, Any], path: Path) -> tuple[str, subprocess.Popen]:
+def serve(
+    config: dict[str, Any], path: Path, stderr: IO[bytes] | None = None
+) -> tuple[str, subprocess.Popen]:
     """`floorguard serve` on a free port with `config` (written to `path`)."""
     port = free_port()
     path.write_text(yaml.safe_dump({**config, "port": port}))
-    process = floorguard("serve", "--config", str(path))
+    process = floorguard("serve", "--config", str(path), stderr=stderr)
     wait_listening(port, process)
     return f"http://127.0.0.1:{port}", process
 

@@ -718,7 +718,10 @@ def _check_one(
         checker = checkers.get(event.pool)
         if checker is None:
             if not checkers:
-                raise TraceError("the trace must start with a config event")
+                raise TraceError(
+                    "the trace must start with a config event (a rotated segment after the "
+                    "first? `floorguard verify LOG --rotated` reads them all as one log)"
+                )
             raise TraceError(f"event {index} of pool {event.pool!r} before its config event")
         checker.index = index
         checker.on_event(event)

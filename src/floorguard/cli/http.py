@@ -4,6 +4,7 @@ live rig's `emulate`, `load` and `demo`."""
 from __future__ import annotations
 
 import argparse
+import logging
 import asyncio
 import json
 import time
@@ -191,6 +192,9 @@ def run_token(args: argparse.Namespace, console: Console) -> int:
 
 def run_serve(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     backends = (
         {name: [b.url for b in spec.backends] for name, spec in config.models.items()}
         if config.models is not None

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
 from floorguard.core.events import read_jsonl
+from floorguard.proxy.decision_log import rotated_segments
 
 __all__ = ["register", "run"]
 
@@ -39,13 +40,25 @@ def register(commands: Any) -> None:
         action="store_true",
         help="accept requests with no terminal outcome yet (a live log)",
     )
+    verify.add_argument(
+        "--rotated",
+        action="store_true",
+        help="each log was rotated (decision_log_rotate): read its segments LOG.<time>-<n> "
+        "in order, then LOG, as one log",
+    )
     verify.add_argument("--json", action="store_true")
 
     verify.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    logs = [list(read_jsonl(str(path))) for path in args.trace]
+    if args.rotated:
+        logs = [
+            [e for segment in rotated_segments(path) for e in read_jsonl(str(segment))]
+            for path in args.trace
+        ]
+    else:
+        logs = [list(read_jsonl(str(path))) for path in args.trace]
     if args.fleet or len(logs) > 1:
         report = check_fleet(logs, allow_open=args.allow_open)
     else:

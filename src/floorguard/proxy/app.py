@@ -13,16 +13,21 @@ Without `models:` there is one pool and the body's `model` is forwarded as it is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import itertools
 import logging
 import math
 import os
+import re
 import socket
+import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import generate_latest
@@ -32,7 +37,7 @@ from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.decision_log import DecisionLog
+from floorguard.proxy.decision_log import DecisionLog, LineLog
 from floorguard.proxy.health import BackendHealth
 from floorguard.proxy.identity import AuthError, create_identity, peer_address
 from floorguard.proxy.learner_http import HttpLearner
@@ -61,6 +66,10 @@ FaultHook = Callable[[str], Awaitable[None]]
 `queue`, `connect`, `headers`, `stream`): the fault-injection tests raise or cancel there."""
 
 
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+"""A client's `x-request-id` that is kept (anything else is replaced by a fresh one)."""
+
+
 class GuardServer:
     """The edge and its pools: identity, bodies, the decision log, metrics, the upstream
     session; one `Pool` per model (`models:`), or one for every model."""
@@ -79,7 +88,19 @@ class GuardServer:
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
         self._mtls = config.identity.mode == "mtls"
-        self._log = DecisionLog(config.decision_log) if config.decision_log else None
+        rotate = config.decision_log_rotate
+        self._log = (
+            DecisionLog(
+                config.decision_log,
+                max_bytes=int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
+                max_age_s=rotate.max_age_s if rotate else None,
+            )
+            if config.decision_log
+            else None
+        )
+        self._access = LineLog(config.access_log) if config.access_log else None
+        self.served: Counter[str] = Counter()
+        """Requests answered, by status class (`2xx`, `4xx`, …): said at shutdown."""
         self._background: list[asyncio.Task[None]] = []
         self._fault_hook = fault_hook
         self.draining = False
@@ -105,6 +126,8 @@ class GuardServer:
                 for pool in self.pools.values()
             },
         )
+        if self._access is not None:
+            self._metrics.ended = {}
         limits = config.limits
         self.limits = limits.edge_limits()
         self.tokenizer: TokenCounter | None = (
@@ -196,22 +219,31 @@ class GuardServer:
         )
         for pool in self.pools.values():
             self._background += await pool.start(self._session)
-        if self._log is not None:
-            self._background.append(asyncio.create_task(self._flush_every(self._log)))
+        if self._log is not None or self._access is not None:
+            self._background.append(asyncio.create_task(self._flush_every()))
 
-    async def _flush_every(self, log: DecisionLog) -> None:
+    async def _flush_every(self) -> None:
         while True:
             await asyncio.sleep(self.config.decision_log_flush_s)
-            log.flush()
+            self.flush_log()
 
     def flush_log(self) -> None:
-        """Write every pending decision-log line now (the timer does it every
-        `decision_log_flush_s`; shutdown does it too)."""
-        if self._log is not None:
-            self._log.flush()
+        """Write every pending decision-log (and access-log) line now (the timer does it
+        every `decision_log_flush_s`; shutdown does it too)."""
+        for lines in (self._log, self._access):
+            if lines is not None:
+                lines.flush()
 
     async def drain(self, _: web.Application) -> None:
         self.draining = True
+        in_flight = sum(p.guard.num_in_flight for p in self.pools.values())
+        queued = sum(p.guard.num_queued for p in self.pools.values())
+        log.info(
+            "draining: new requests get 503; %d in flight and %d queued may finish within %g s",
+            in_flight,
+            queued,
+            self.config.drain_timeout_s,
+        )
 
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
@@ -220,8 +252,16 @@ class GuardServer:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
-        if self._log is not None:
-            self._log.close()
+        for lines in (self._log, self._access):
+            if lines is not None:
+                lines.close()
+        left = sum(p.guard.num_in_flight + p.guard.num_queued for p in self.pools.values())
+        log.info(
+            "stopped: answered %s; %d request(s) cut at the drain deadline; decision log %s",
+            dict(sorted(self.served.items())) or "none",
+            left,
+            f"written to {self.config.decision_log}" if self._log is not None else "off",
+        )
 
     # -- before admission -----------------------------------------------------------------
 
@@ -299,9 +339,11 @@ class GuardServer:
                 json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
             ) from exc
 
-    async def _prepare(self, request: web.Request, path: str) -> tuple[str, Work, Pool]:
+    async def _prepare(
+        self, request: web.Request, path: str, seen: dict[str, Any]
+    ) -> tuple[str, Work, Pool]:
         """Everything before admission: the tenant, the whole body, the normalized work,
-        its pool."""
+        its pool (what is known so far is put in `seen`, for the access log)."""
         if self.draining:
             raise RefusedError(
                 json_error(
@@ -311,10 +353,16 @@ class GuardServer:
                     {"Connection": "close", "Retry-After": "1"},
                 )
             )
-        tenant = self._tenant(request)
+        tenant = seen["tenant"] = self._tenant(request)
         raw = await self._read_body(request)
         await self.checkpoint("parse")
         work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
+        seen |= {
+            "model": work.model,
+            "stream": work.stream,
+            "max_tokens": work.num_output_tokens,
+            "prompt_tokens": work.num_prompt_tokens,
+        }
         pool = self.pools.get(None) or self.pools[work.model or ""]
         if not pool.health.any_up():
             retry = str(max(1, math.ceil(self.config.health_interval_s)))
@@ -329,12 +377,78 @@ class GuardServer:
         return tenant, work, pool
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
-        try:
-            tenant, work, pool = await self._prepare(request, path)
-        except RefusedError as refused:
-            return refused.response
+        """One request, end to end: its `x-request-id` (the client's, if well-formed, else
+        a fresh one) goes upstream and back, and it is one access-log line."""
+        given = request.headers.get("x-request-id", "")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         rid = f"{self.replica}-{next(self._ids)}"
-        return await pool.handle(request, path, tenant, work, rid)
+        seen: dict[str, Any] = {}
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                tenant, work, pool = await self._prepare(request, path, seen)
+            except RefusedError as refused:
+                response = refused.response
+            else:
+                response = await pool.handle(
+                    request, path, work, tenant=tenant, rid=rid, request_id=request_id
+                )
+            return response
+        finally:
+            if response is not None and not response.prepared:
+                response.headers["x-request-id"] = request_id
+            status = response.status if response is not None else 499  # the client left
+            self.served[f"{status // 100}xx"] += 1
+            if self._access is not None:
+                self._access.append_line(
+                    self._access_line(
+                        request, path, response, status=status, ids=(request_id, rid), seen=seen
+                    )
+                )
+
+    def _access_line(
+        self,
+        request: web.Request,
+        path: str,
+        response: web.StreamResponse | None,
+        *,
+        status: int,
+        ids: tuple[str, str],
+        seen: dict[str, Any],
+    ) -> str:
+        """The request's access-log line: what the edge saw, and how the guard ended it."""
+        request_id, rid = ids
+        ended = self.metrics.take_ended(rid)
+        line: dict[str, Any] = {
+            "ts": round(self.clock.now(), 6),
+            "request_id": request_id,
+            "id": rid if ended is not None else None,
+            "method": request.method,
+            "path": path,
+            "remote": request.remote,
+            "status": status,
+            **seen,
+            "decision": (response.headers.get("x-floorguard-decision") if response else None)
+            or "refused",
+        }
+        if ended is not None:
+            timing, event = ended
+            line["class"] = event.cls.value if event.cls is not None else None
+            line["outcome"] = event.kind.value
+            line["reason"] = event.reason
+            line["backend"] = timing.backend or None
+
+            def ms(since: float | None, until: float | None) -> float | None:
+                return round((until - since) * 1e3, 3) if since and until else None
+
+            line["queue_ms"] = ms(timing.admitted_at, timing.dispatched_at)
+            line["ttft_ms"] = ms(timing.arrived_at, timing.first_token_at)
+            line["service_ms"] = ms(timing.dispatched_at, event.at)
+            line["total_ms"] = ms(timing.arrived_at, event.at)
+        elif response is not None and response.status >= 400 and isinstance(response, web.Response):
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                line["reason"] = orjson.loads(response.body)["error"]["code"]  # type: ignore[arg-type]
+        return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())
 
     # -- status ---------------------------------------------------------------------------
 

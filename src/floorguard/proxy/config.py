@@ -274,6 +274,14 @@ class AdminSpec(_Strict):
     host: str = "127.0.0.1"
 
 
+class RotateSpec(_Strict):
+    """Start a new decision-log file past a size or an age (`verify FILE --rotated` reads
+    the segments as one log)."""
+
+    max_mb: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_age_s: float | None = Field(default=None, ge=1)
+
+
 class GuardServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -331,7 +339,12 @@ class GuardServerConfig(_Strict):
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
-    """The decision log is written in batches, at least this often (and at shutdown)."""
+    """The decision log (and the access log) is written in batches, at least this often
+    (and at shutdown)."""
+    decision_log_rotate: RotateSpec | None = None
+    access_log: str | None = None
+    """One JSON line per request (request id, tenant, class, model, decision, status,
+    outcome, timings): `-` for stdout, or a file; none: no access log."""
 
     @model_validator(mode="after")
     def _backends_or_models(self) -> GuardServerConfig:

@@ -1,38 +1,123 @@
-"""The guard server's decision log: the simulator's JSONL trace schema, written off the
-request path.
+"""The guard server's decision log (the simulator's JSONL trace schema) and access log (one
+JSON line per request), written off the request path.
 
-Events are kept as tuples while a request is served and serialized in batches: every
-`flush_s` by the server's timer, when `max_pending` pile up, and at shutdown. A crash loses
-at most the last `flush_s` of lines; a clean stop loses none (`floorguard verify` then sees
-every request end).
+Lines are kept while a request is served and written in batches: every `flush_s` by the
+server's timer, when `max_pending` pile up, and at shutdown. A crash loses at most the
+last `flush_s` of lines; a clean stop loses none (`floorguard verify` then sees every
+request end).
+
+Rotation (`decision_log_rotate`): when the file has grown past `max_bytes`, or was opened
+more than `max_age_s` ago, it is renamed `FILE.<UTC time>-<n>` at a batch boundary and a
+new FILE begins. The segments are one log: `floorguard verify FILE --rotated` reads them
+in order, then FILE (only the first segment holds the `config` line).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
+from typing import IO
 
 from floorguard.core.events import TraceEvent, to_json
 
-__all__ = ["DecisionLog"]
+__all__ = ["DecisionLog", "LineLog", "rotated_segments"]
 
 
-class DecisionLog:
-    def __init__(self, path: Path, *, max_pending: int = 4096) -> None:
-        self._file = path.open("a", encoding="utf-8")
-        self._pending: list[TraceEvent] = []
+class LineLog:
+    """Lines to a file (appended) or to stdout (`-`), in batches, optionally rotated."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        max_pending: int = 4096,
+        max_bytes: int | None = None,
+        max_age_s: float | None = None,
+    ) -> None:
+        self._path = None if str(path) == "-" else Path(path)
+        self._pending: list[str] = []
         self._max_pending = max_pending
+        self._max_bytes = max_bytes
+        self._max_age_s = max_age_s
+        self._rotations = 0
+        self._file: IO[str] = sys.stdout
+        self._opened_at = 0.0
+        self._open()
 
-    def append(self, event: TraceEvent) -> None:
-        self._pending.append(event)
+    def _open(self) -> None:
+        if self._path is not None:
+            self._file = self._path.open("a", encoding="utf-8")
+        self._opened_at = time.time()
+
+    def append_line(self, line: str) -> None:
+        self._pending.append(line)
         if len(self._pending) >= self._max_pending:
             self.flush()
 
     def flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            self._file.write("".join(to_json(event) + "\n" for event in pending))
+            self._file.write("".join(line + "\n" for line in pending))
         self._file.flush()
+        if self._path is not None and self._due():
+            self._rotate()
+
+    def _due(self) -> bool:
+        if self._max_bytes is not None and self._file.tell() >= self._max_bytes:
+            return True
+        return self._max_age_s is not None and time.time() - self._opened_at >= self._max_age_s
+
+    def _rotate(self) -> None:
+        assert self._path is not None
+        self._file.close()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        while True:  # never over an older segment (another run's, in the same second)
+            self._rotations += 1
+            target = Path(f"{self._path}.{stamp}-{self._rotations:04d}")
+            if not target.exists():
+                break
+        os.replace(self._path, target)
+        self._open()
 
     def close(self) -> None:
         self.flush()
-        self._file.close()
+        if self._path is not None:
+            self._file.close()
+
+
+class DecisionLog(LineLog):
+    """Trace events, serialized only when a batch is written."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        max_pending: int = 4096,
+        max_bytes: int | None = None,
+        max_age_s: float | None = None,
+    ) -> None:
+        super().__init__(path, max_pending=max_pending, max_bytes=max_bytes, max_age_s=max_age_s)
+        self._events: list[TraceEvent] = []
+
+    def append(self, event: TraceEvent) -> None:
+        self._events.append(event)
+        if len(self._events) >= self._max_pending:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._events:
+            events, self._events = self._events, []
+            self._pending.extend(to_json(event) for event in events)
+        super().flush()
+
+
+def rotated_segments(path: Path | str) -> list[Path]:
+    """The rotated segments of the log at `path`, oldest first (their names sort by time,
+    then by rotation number), then `path` itself if it exists."""
+    path = Path(path)
+    segments = sorted(
+        p for p in path.parent.glob(path.name + ".*") if p.name[len(path.name) + 1 :][:1].isdigit()
+    )
+    return [*segments, *([path] if path.exists() else [])]

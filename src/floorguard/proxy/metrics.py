@@ -29,7 +29,7 @@ from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.store.shared import SharedFloor
 
-__all__ = ["LATENCY_BUCKETS_S", "GuardMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "GuardMetrics", "Timing"]
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
 """Queue wait, time to first token, service: 10 ms to a minute."""
@@ -66,7 +66,7 @@ class _Histogram:
         return family
 
 
-class _Timing:
+class Timing:
     __slots__ = ("admitted_at", "arrived_at", "backend", "dispatched_at", "first_token_at")
 
     def __init__(self, arrived_at: float) -> None:
@@ -105,7 +105,10 @@ class GuardMetrics:
         self.gaps = _Histogram(GAP_BUCKETS_S)
         self.pools = dict(pools)
         self._backend_ids = {k: list(v) for k, v in (backend_ids or {}).items()}
-        self._timings: dict[Any, _Timing] = {}
+        self._timings: dict[Any, Timing] = {}
+        self.ended: dict[Any, tuple[Timing, TraceEvent]] | None = None
+        """With an access log: each ended request's timing and terminal event, until the
+        edge takes it (`take_ended`)."""
         self._reasons: dict[str, str] = {}
         self.registry.register(_GuardCollector(self, clock_now))
         ProcessCollector(registry=self.registry)  # CPU, memory, descriptors (Linux)
@@ -132,7 +135,7 @@ class GuardMetrics:
         kind, model = event.kind, event.pool or "default"
         rid = event.request_id
         if kind is EventKind.ARRIVE:
-            self._timings[rid] = _Timing(event.at)
+            self._timings[rid] = Timing(event.at)
             return
         timing = self._timings.get(rid)
         if kind is EventKind.ADMIT:
@@ -154,16 +157,29 @@ class GuardMetrics:
             labels = (model, _cls(event), event.tenant or "")
             self.ttft.observe(labels, event.at - timing.arrived_at)
         elif kind in TERMINAL_KINDS:
-            reason = self._reason(event.reason)
-            self.outcomes[model, event.tenant or "", _cls(event), kind.value, reason] += 1
-            self._timings.pop(rid, None)
-            if kind is EventKind.COMPLETE and timing is not None:
-                if timing.dispatched_at is not None:
-                    labels = (model, _cls(event), timing.backend)
-                    self.service.observe(labels, event.at - timing.dispatched_at)
-                if timing.first_token_at is None:  # not streamed: its first token is its end
-                    labels = (model, _cls(event), event.tenant or "")
-                    self.ttft.observe(labels, event.at - timing.arrived_at)
+            self._ended(event, model, timing)
+
+    def _ended(self, event: TraceEvent, model: str, timing: Timing | None) -> None:
+        kind = event.kind
+        reason = self._reason(event.reason)
+        self.outcomes[model, event.tenant or "", _cls(event), kind.value, reason] += 1
+        self._timings.pop(event.request_id, None)
+        if timing is None:
+            return
+        if self.ended is not None:
+            if len(self.ended) > 65_536:  # never taken (a bug): stay bounded
+                self.ended.clear()
+            self.ended[event.request_id] = (timing, event)
+        if kind is EventKind.COMPLETE:
+            if timing.dispatched_at is not None:
+                labels = (model, _cls(event), timing.backend)
+                self.service.observe(labels, event.at - timing.dispatched_at)
+            if timing.first_token_at is None:  # not streamed: its first token is its end
+                labels = (model, _cls(event), event.tenant or "")
+                self.ttft.observe(labels, event.at - timing.arrived_at)
+
+    def take_ended(self, rid: Any) -> tuple[Timing, TraceEvent] | None:
+        return self.ended.pop(rid, None) if self.ended is not None else None
 
     def on_complete(self, model: str, tenant: str, cls: ContractClass, late: bool) -> None:
         if late:

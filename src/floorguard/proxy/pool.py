@@ -283,7 +283,7 @@ class Pool:
     # -- one request ----------------------------------------------------------------------
 
     async def handle(
-        self, request: web.Request, path: str, tenant: str, work: Work, rid: str
+        self, request: web.Request, path: str, work: Work, *, tenant: str, rid: str, request_id: str
     ) -> web.StreamResponse:
         offered = Request(
             rid,
@@ -298,7 +298,9 @@ class Pool:
             admission = await self._admit(offered)
             if not admission.admitted:
                 return self._refusal(admission, self.clock.now())
-            return await self._serve(request, path, work, admission, exchange)
+            return await self._serve(
+                request, path, work, admission, exchange=exchange, request_id=request_id
+            )
         except asyncio.CancelledError:
             self._end(rid, "abort", "client_disconnected")
             raise
@@ -332,10 +334,13 @@ class Pool:
         path: str,
         work: Work,
         admission: Admission,
+        *,
         exchange: Exchange,
+        request_id: str,
     ) -> web.StreamResponse:
         rid = str(admission.request_id)
         headers = {
+            "x-request-id": request_id,
             "x-floorguard-decision": "entitled" if admission.entitled else "surplus",
             "x-floorguard-class": str(admission.cls),
             "x-floorguard-window": str(
@@ -468,7 +473,7 @@ class Pool:
                 upstream = await self.edge.session.post(
                     backend.url.rstrip("/") + path,
                     data=work.body,
-                    headers=JSON,
+                    headers={**JSON, "x-request-id": headers["x-request-id"]},
                     allow_redirects=False,
                 )
         except aiohttp.ClientConnectorError as exc:
