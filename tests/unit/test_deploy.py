@@ -1,0 +1,109 @@
+"""The deployment files agree with the guard they deploy: the Kubernetes ConfigMap is a
+valid serve config whose ports, secrets, replicas and drain time match the Deployment and
+the Dockerfile, and every metric the Grafana dashboard queries is one the guard exposes.
+(Schema and static IaC checks of the same files — kubernetes-validate, checkov — run in
+.ci/run.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from floorguard.proxy.app import GuardServer
+from floorguard.proxy.config import load_config
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+
+
+def _manifests() -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            out[doc["kind"], doc["metadata"].get("name", "")] = doc
+    return out
+
+
+def _guard_config(tmp_path, monkeypatch):
+    manifests = _manifests()
+    text = manifests["ConfigMap", "floorguard-config"]["data"]["guard.yaml"]
+    path = tmp_path / "guard.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 32)
+    monkeypatch.setenv("FLOORGUARD_ADMIN_TOKEN", "t" * 16)
+    return load_config(path), manifests
+
+
+def test_the_manifests_match_the_guard_config_they_ship(tmp_path, monkeypatch):
+    config, manifests = _guard_config(tmp_path, monkeypatch)
+    kustomized = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    listed = {p for p in kustomized["resources"]}
+    assert listed == {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {
+        "kustomization.yaml"
+    }
+    deployment = manifests["Deployment", "floorguard"]
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": config.port, "admin": config.admin.port}
+    assert config.host == "0.0.0.0" and config.admin.host == "0.0.0.0"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["terminationGracePeriodSeconds"] > config.drain_timeout_s
+    assert config.store is not None and config.store.replicas == deployment["spec"]["replicas"]
+    secret = manifests["Secret", "floorguard-secrets"]["stringData"]
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert config.identity.jwt is not None
+    assert set(from_secret) == {config.identity.jwt.secret_env, config.admin.token_env}
+    assert set(from_secret.values()) <= set(secret)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert container["args"] == ["--config", f"{mounts['config']}/guard.yaml"]
+    assert str(config.decision_log).startswith(mounts["logs"] + "/")
+    redis = manifests["Service", "floorguard-redis"]
+    assert config.store.url == f"redis://{redis['metadata']['name']}:6379/0"
+
+
+def test_the_dockerfile_runs_the_guard_unprivileged():
+    text = (DEPLOY.parent / "Dockerfile").read_text()
+    assert re.search(r"^USER 10001$", text, re.M)
+    assert 'ENTRYPOINT ["floorguard", "serve"]' in text
+    assert 'CMD ["--config", "/etc/floorguard/guard.yaml"]' in text
+    assert re.search(r"^EXPOSE 8080 9464$", text, re.M)
+    assert "/healthz" in text  # HEALTHCHECK
+
+
+def test_every_metric_on_the_dashboard_is_one_the_guard_exposes(tmp_path, monkeypatch):
+    config, _ = _guard_config(tmp_path, monkeypatch)
+    config = config.model_copy(update={"decision_log": None})
+    server = GuardServer(config)
+    families = {
+        f.name
+        for f in text_string_to_metric_families(generate_latest(server.metrics.registry).decode())
+    }
+    dashboard = json.loads((DEPLOY / "grafana" / "floorguard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 16
+    used = {
+        re.sub(r"_(bucket|total)$", "", name)
+        for expr in exprs
+        for name in re.findall(r"\b((?:floorguard|process)_[a-z_]+)\b", expr)
+    }
+    assert used - families == set(), (
+        f"the dashboard queries metrics the guard lacks: {used - families}"
+    )
+    assert {"floorguard_queue_wait_seconds", "floorguard_ttft_seconds"} <= used
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"$" + v for v in variables} >= {
+        "$" + v for expr in exprs for v in re.findall(r"\$(\w+)", expr)
+    }
