@@ -21,6 +21,8 @@ class ScriptedBackend:
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []
         """Each forwarded request's `x-request-id` header."""
+        self.objectives: list[str | None] = []
+        """… and its `x-gateway-inference-objective`."""
         self.hits: dict[str, int] = {}
 
     def app(self) -> web.Application:
@@ -44,6 +46,7 @@ class ScriptedBackend:
         body = orjson.loads(await request.read())
         self.bodies.append(body)
         self.request_ids.append(request.headers.get("x-request-id"))
+        self.objectives.append(request.headers.get("x-gateway-inference-objective"))
         if self.mode == "error":
             return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
         if self.mode == "redirect":

@@ -59,8 +59,16 @@ class Guard:
         self.url = url
         self.log = log
 
-    def post(self, body: Any, tenant: str = "acme", path: str = "/v1/completions", **kw: Any):
-        return asyncio.run(_post(self.url + path, body, BEARER.get(tenant, {}), **kw))
+    def post(
+        self,
+        body: Any,
+        tenant: str = "acme",
+        path: str = "/v1/completions",
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ):
+        sent = {**BEARER.get(tenant, {}), **(headers or {})}
+        return asyncio.run(_post(self.url + path, body, sent, **kw))
 
     def status(self) -> dict[str, Any]:
         async def go():
@@ -183,6 +191,23 @@ def test_the_forwarded_body_carries_the_metered_cap_and_no_client_priority(tmp_p
                           path="/v1/chat/completions")[0] == 200  # fmt: skip
         forwarded = backend.bodies[-1]
         assert forwarded["priority"] == 1 and "service_tier" not in forwarded
+
+
+def test_the_gaie_objective_upstream_is_the_guards_never_the_clients(tmp_path, scripted):
+    """Behind an Inference Extension pool: each class goes upstream as its configured
+    InferenceObjective; an opportunistic tenant that sends the premium objective's header
+    itself is still sent as sheddable (the guard forwards none of a client's headers)."""
+    backend, url = scripted
+    backend.mode = "ok"
+    objectives = {"assured": "premium", "opportunistic": "sheddable"}
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+    with guard_process(tmp_path, [url], upstream={"inference_objectives": objectives}) as guard:
+        assert guard.post(body)[0] == 200
+        assert (
+            guard.post(body, tenant="free", headers={"x-gateway-inference-objective": "premium"})[0]
+            == 200
+        )
+    assert backend.objectives[-2:] == ["premium", "sheddable"]
 
 
 def test_the_prompt_is_metered(tmp_path, scripted):

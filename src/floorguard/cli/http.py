@@ -4,9 +4,9 @@ live rig's `emulate`, `load` and `demo`."""
 from __future__ import annotations
 
 import argparse
-import logging
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path

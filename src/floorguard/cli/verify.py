@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
-from floorguard.core.events import read_jsonl
+from floorguard.core.events import TraceEvent, read_jsonl
 from floorguard.proxy.decision_log import rotated_segments
 
 __all__ = ["register", "run"]
@@ -51,14 +51,14 @@ def register(commands: Any) -> None:
     verify.set_defaults(run=run)
 
 
+def _read(path: Path, rotated: bool) -> list[TraceEvent]:
+    """One log; `rotated`: its segments in order, then the file itself."""
+    segments = rotated_segments(path) if rotated else [path]
+    return [e for segment in segments for e in read_jsonl(str(segment))]
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
-    if args.rotated:
-        logs = [
-            [e for segment in rotated_segments(path) for e in read_jsonl(str(segment))]
-            for path in args.trace
-        ]
-    else:
-        logs = [list(read_jsonl(str(path))) for path in args.trace]
+    logs = [_read(path, args.rotated) for path in args.trace]
     if args.fleet or len(logs) > 1:
         report = check_fleet(logs, allow_open=args.allow_open)
     else:

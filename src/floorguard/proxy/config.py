@@ -261,6 +261,10 @@ class UpstreamSpec(_Strict):
     non-streamed completion answers only when done: this bounds its service)."""
     idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     """Longest silence between two chunks of a reply."""
+    inference_objectives: dict[ContractClass, str] | None = None
+    """Behind a Gateway API Inference Extension pool (the backend URL is its gateway): the
+    InferenceObjective each class is sent as (`x-gateway-inference-objective`), e.g.
+    `{assured: premium, opportunistic: sheddable}`; a client's own header never passes."""
 
 
 class AdminSpec(_Strict):

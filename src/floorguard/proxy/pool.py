@@ -473,7 +473,7 @@ class Pool:
                 upstream = await self.edge.session.post(
                     backend.url.rstrip("/") + path,
                     data=work.body,
-                    headers={**JSON, "x-request-id": headers["x-request-id"]},
+                    headers=self._upstream_headers(decision, headers["x-request-id"]),
                     allow_redirects=False,
                 )
         except aiohttp.ClientConnectorError as exc:
@@ -494,6 +494,17 @@ class Pool:
             if work.stream:
                 return await self._relay(request, rid, upstream, headers, exchange)
             return await self._reply(rid, upstream, headers)
+
+    def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
+        """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
+        pool) the objective of the request's class. Nothing of the client's headers."""
+        out = {**JSON, "x-request-id": request_id}
+        objectives = self.config.upstream.inference_objectives
+        if objectives is not None:
+            cls = self.contracts[decision.request.tenant].cls
+            if cls in objectives:
+                out["x-gateway-inference-objective"] = objectives[cls]
+        return out
 
     def _upstream_failed(
         self, rid: str, exc: BaseException, headers: dict[str, str]
