@@ -22,8 +22,9 @@ import os
 import re
 import socket
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
 from typing import Any
 
 import aiohttp
@@ -65,6 +66,9 @@ FaultHook = Callable[[str], Awaitable[None]]
 """Called at each named await point of the request path (`parse`, `store`, `learner`,
 `queue`, `connect`, `headers`, `stream`): the fault-injection tests raise or cancel there."""
 
+
+_HISTORY_S = 300
+"""Seconds of per-second history the status page charts."""
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 """A client's `x-request-id` that is kept (anything else is replaced by a fresh one)."""
@@ -143,6 +147,9 @@ class GuardServer:
                     "names an environment variable that must hold a token of ≥ 16 characters",
                 )
         self._ids = itertools.count()
+        self.history: deque[dict[str, float]] = deque(maxlen=_HISTORY_S)
+        """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
+        status page's charts)."""
         self._session: aiohttp.ClientSession | None = None
         self._tenants = {t for pool in self.pools.values() for t in pool.contracts}
 
@@ -221,6 +228,19 @@ class GuardServer:
             self._background += await pool.start(self._session)
         if self._log is not None or self._access is not None:
             self._background.append(asyncio.create_task(self._flush_every()))
+        self._background.append(asyncio.create_task(self._sample_every()))
+
+    async def _sample_every(self) -> None:
+        """Once a second, what happened in it (from the metrics' cumulative counts)."""
+        last = self.metrics.totals()
+        while True:
+            await asyncio.sleep(1.0)
+            now = self.metrics.totals()
+            sample: dict[str, float] = {"t": round(self.clock.now(), 3)}
+            for key in ("entitled", "surplus", "reject", "drop", "late", "complete", "fail"):
+                sample[key] = now.get(key, 0) - last.get(key, 0)
+            self.history.append(sample)
+            last = now
 
     async def _flush_every(self) -> None:
         while True:
@@ -567,8 +587,36 @@ def _admin_routes(server: GuardServer, app: web.Application, *, loopback_only: b
             return refused
         return web.json_response(server.status())
 
+    async def admin_history(request: web.Request) -> web.Response:
+        refused = allowed(request)
+        if refused is not None:
+            return refused
+        return web.json_response({"interval_s": 1.0, "samples": list(server.history)})
+
+    page = resources.files("floorguard.proxy").joinpath("admin.html").read_bytes()
+
+    async def admin_page(request: web.Request) -> web.Response:
+        """The status page: a static shell (no data in it; its script reads `/admin/status`
+        and `/admin/history` with the admin token from the URL's `#token=`)."""
+        if server.admin_token is None and loopback_only and not _is_loopback(request.remote):
+            return json_error(
+                403, "admin_loopback_only", "admin paths answer loopback clients only"
+            )
+        return web.Response(body=page, content_type="text/html", headers=_PAGE_HEADERS)
+
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/status", admin_status)
+    app.router.add_get("/admin/history", admin_history)
+    app.router.add_get("/admin/", admin_page)
+
+
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 def _is_loopback(remote: str | None) -> bool:

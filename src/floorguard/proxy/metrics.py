@@ -178,6 +178,15 @@ class GuardMetrics:
                 labels = (model, _cls(event), event.tenant or "")
                 self.ttft.observe(labels, event.at - timing.arrived_at)
 
+    def totals(self) -> dict[str, int]:
+        """Cumulative counts for the status page's charts (every pool, every tenant)."""
+        out = {"entitled": 0, "surplus": 0, "late": sum(self.late.values())}
+        for (_, _, _, entitled), n in self.admitted.items():
+            out["entitled" if entitled == "true" else "surplus"] += n
+        for (_, _, _, outcome, _), n in self.outcomes.items():
+            out[outcome] = out.get(outcome, 0) + n
+        return out
+
     def take_ended(self, rid: Any) -> tuple[Timing, TraceEvent] | None:
         return self.ended.pop(rid, None) if self.ended is not None else None
 

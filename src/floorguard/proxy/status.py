@@ -32,6 +32,9 @@ def guard_status(
                 for c in guard.config.contracts
                 if c.assured
             },
+            "floors": {
+                c.tenant: guard.effective_floor(c) for c in guard.config.contracts if c.assured
+            },
         },
         "queues": {
             "queued": guard.num_queued,
