@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -40,8 +41,7 @@ MODEL, SLOTS, SECONDS = "mid", 4, 6.0
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory):
-    """A vLLM server (priority scheduling, --max-num-seqs 4) for this module."""
+def vllm_python():
     if os.environ.get("FLOORGUARD_SKIP_VLLM") == "1":
         pytest.skip("FLOORGUARD_SKIP_VLLM=1")
     python = os.environ.get("FLOORGUARD_VLLM_PYTHON")
@@ -50,16 +50,30 @@ def vllm(tmp_path_factory):
         if os.environ.get("FLOORGUARD_REQUIRE_VLLM") == "1":
             pytest.fail(message)
         pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="module")
+def vllm_model(vllm_python, tmp_path_factory):
+    """The model directory (dummy weights, a tokenizer trained here)."""
     directory = tmp_path_factory.mktemp("vllm-model")
-    pid_file = directory / "vllm.pid"
-    subprocess.run([python, str(SCRIPT), "make-model", str(directory), "--size", MODEL], check=True)
+    subprocess.run(
+        [vllm_python, str(SCRIPT), "make-model", str(directory), "--size", MODEL], check=True
+    )
+    return directory
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_python, vllm_model):
+    """A vLLM server (priority scheduling, --max-num-seqs 4) for this module."""
+    pid_file = vllm_model / "vllm.pid"
     started = subprocess.run(
-        [python, str(SCRIPT), "serve", str(directory), "--port", str(free_port()),
+        [vllm_python, str(SCRIPT), "serve", str(vllm_model), "--port", str(free_port()),
          "--pid-file", str(pid_file), "--name", MODEL, "--max-num-seqs", str(SLOTS)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     yield started.stdout.strip().splitlines()[-1]
-    subprocess.run([python, str(SCRIPT), "stop", "--pid-file", str(pid_file)], check=True)
+    subprocess.run([vllm_python, str(SCRIPT), "stop", "--pid-file", str(pid_file)], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +290,51 @@ def test_vllm_gets_only_the_work_the_guard_metered(live, vllm, profile):
     assert fitted.prefill_per_prompt_token_s > 0  # a fresh prompt's prefill costs time
     assert fitted.lower_per_prompt_token_s <= fitted.prefill_per_prompt_token_s  # cache hits
     assert result.residuals["samples_below_L"] == 0
+
+
+_BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_path):
+    """vLLM's own benchmark client (`vllm bench serve`, from the vLLM environment) drives
+    the guard in front of vLLM: random prompts, streamed, at 12 requests/s for one
+    assured tenant with B = 4 per 1-s window (excess refused). Its report and the decision
+    log agree: what it counts completed is what the guard completed — the floor — and what
+    it counts failed is what the guard refused; the log verifies."""
+    log = tmp_path / "decisions.jsonl"
+    config = guard_config(vllm, floor=4, slots=SLOTS, decision_log=str(log))
+    url, process = serve(config.model_dump(mode="json", by_alias=True), tmp_path / "guard.yaml")
+    try:
+        bench = subprocess.run(
+            [vllm_python, "-c", _BENCH, "--backend", "openai", "--base-url", url,
+             "--endpoint", "/v1/completions", "--model", MODEL, "--tokenizer", str(vllm_model),
+             "--dataset-name", "random", "--random-input-len", "24", "--random-output-len", "8",
+             "--num-prompts", "48", "--request-rate", "12", "--seed", "1",
+             "--ignore-eos", "--ready-check-timeout-sec", "0", "--save-result", "--result-dir", str(tmp_path),
+             "--result-filename", "bench.json", "--disable-tqdm"],
+            env={**os.environ, "OPENAI_API_KEY": token("acme")},
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    result = json.loads((tmp_path / "bench.json").read_text())
+    events = list(read_jsonl(str(log)))
+    report = check_trace(events)
+    assert report.ok(), report.violations[:3]
+    assert report.counts["complete"] == result["completed"] > 0
+    assert report.counts["reject"] == result["failed"] > 0  # the excess, refused 429
+    assert result["completed"] + result["failed"] == 48
+    assert report.num_entitled == result["completed"]  # every completion was the floor's
+    assert result["completed"] <= 4 * (math.ceil(48 / 12) + 1)  # B per window, never more
+    assert result["mean_ttft_ms"] > 0 and result["total_output_tokens"] == 8 * result["completed"]
