@@ -110,7 +110,9 @@ def class_metrics(records: Sequence[RequestRecord]) -> ClassMetrics:
 def entitled_ids(trace: TraceRecords, phase_s: float = 0.0) -> set[object]:
     """The floor-entitled requests by the contract's own windows shifted by `phase_s`: in each
     window, the assured arrivals whose weight fits what is left of `B`, in arrival order (for a
-    count meter: the first `min(B, offered)`)."""
+    count meter: the first `min(B, offered)`). At the guard's own origin (`phase_s` 0), a
+    record's `window` — the guard's, as it reported it to a client — wins over its arrival
+    time on the client's clock."""
     config = trace.config
     schedule = config.schedule
     token_meter = config.meter is MeterKind.TOKEN
@@ -122,6 +124,8 @@ def entitled_ids(trace: TraceRecords, phase_s: float = 0.0) -> set[object]:
         if floor is None:
             continue
         window = math.floor((r.arrival_at - schedule.origin_at - phase_s) / schedule.window_s)
+        if phase_s == 0.0 and r.window is not None:
+            window = r.window
         weight = r.num_prompt_tokens + r.num_output_tokens if token_meter else 1
         key = (r.tenant, window)
         if used.get(key, 0) + weight <= floor:

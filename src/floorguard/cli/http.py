@@ -26,7 +26,7 @@ from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.identity import create_identity
 from floorguard.proxy.serve import run_guard, start_warnings
-from floorguard.rig.demo import run_demo
+from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, replay
 from floorguard.sim.scenarios import SCENARIOS, create_scenario, trace_replay
@@ -118,15 +118,17 @@ def run_demo_command(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    table = Table(title=f"floorguard demo · {result['workload']}")
+    table = Table(title="floorguard demo: guarded and not")
     table.add_column("")
     for side in ("guard", "unguarded"):
         table.add_column(side, justify="right")
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("assured offered", lambda s: str(s["assured"]["offered"])),
-        ("assured late", lambda s: str(s["assured"]["late"])),
-        ("assured miss", lambda s: fmt(s["assured"]["miss"], True)),
-        ("assured unmet", lambda s: fmt(s["assured"]["unmet"], True)),
+        ("  refused (beyond B)", lambda s: str(s["assured"]["rejected"])),
+        ("  dropped (doomed)", lambda s: str(s["assured"]["dropped"])),
+        ("  late", lambda s: str(s["assured"]["late"])),
+        ("assured miss (late / admitted)", lambda s: fmt(s["assured"]["miss"], True)),
+        ("assured unmet (not on time / offered)", lambda s: fmt(s["assured"]["unmet"], True)),
         ("floor-entitled attainment", lambda s: fmt(s["assured"]["attainment"], True)),
         ("opportunistic unmet", lambda s: fmt(s["opportunistic"]["unmet"], True)),
         ("on-time goodput /s", lambda s: f"{s['goodput_per_s']:.1f}"),
@@ -134,6 +136,8 @@ def run_demo_command(args: argparse.Namespace, console: Console) -> int:
     for label, cell in rows:
         table.add_row(label, cell(result["guard"]), cell(result["unguarded"]))
     console.print(table)
+    console.print(f"workload: {result['workload']} · seed {result['seed']}", markup=False)
+    console.print(CAPTION, markup=False)
     console.print(
         f"figure: {result['png']} · {result['num_requests']} requests per side · "
         f"{result['wall_s']:.0f} s",

@@ -270,6 +270,8 @@ class Pool:
         if admission.retry_at is not None:
             retry_s = max(1, math.ceil(admission.retry_at - now))
         headers = {"x-floorguard-decision": "rejected", "Retry-After": str(retry_s)}
+        if admission.window_index is not None:
+            headers["x-floorguard-window"] = str(admission.window_index)
         if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
             headers |= NO_RETRY
         if reason in WINDOW_BOUND:

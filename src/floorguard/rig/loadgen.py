@@ -35,6 +35,10 @@ class ClientResult:
     ended_at: float
     status: int
     """HTTP status, or 0 when the connection itself failed."""
+    window: int | None = None
+    """The guard's window for it (`x-floorguard-window`, on admissions and refusals): the
+    floor is counted in the guard's windows where it says, not by the client's clock — a
+    request sent at x.999 s reaches the guard in window x+1."""
 
 
 async def post_completion(
@@ -48,6 +52,20 @@ async def post_completion(
 ) -> int:
     """POST `request` as a completion with its output length pinned (`max_tokens` =
     `min_tokens`, `ignore_eos`); the HTTP status, or 0 when the connection failed."""
+    status, _ = await _post(session, url, request, model=model, headers=headers, extra=extra)
+    return status
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    request: Request,
+    *,
+    model: str,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> tuple[int, int | None]:
+    """`post_completion`, and the guard's window for it when it names one."""
     body = {
         "model": model,
         "prompt": "floorguard load",
@@ -59,9 +77,10 @@ async def post_completion(
     try:
         async with session.post(url, json=body, headers=dict(headers or {})) as response:
             await response.read()
-            return response.status
+            window = response.headers.get("x-floorguard-window", "")
+            return response.status, int(window) if window.lstrip("-").isdigit() else None
     except (aiohttp.ClientError, TimeoutError):
-        return 0
+        return 0, None
 
 
 async def _one(
@@ -76,8 +95,8 @@ async def _one(
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
-    status = await post_completion(session, url, request, model=model, headers=headers, extra=extra)
-    return ClientResult(request, scheduled_at, fired, time.time(), status)
+    status, window = await _post(session, url, request, model=model, headers=headers, extra=extra)
+    return ClientResult(request, scheduled_at, fired, time.time(), status, window)
 
 
 async def replay(
@@ -133,6 +152,7 @@ def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunM
                 res.request.num_output_tokens,
                 0,
                 admitted=res.status == 200,
+                window=res.window,
                 outcome=outcome,
                 ended_at=res.ended_at,
                 dispatched_at=math.nan,
