@@ -237,3 +237,21 @@ def test_token_mints_a_jwt_the_guard_of_that_config_accepts(monkeypatch, capsys)
     assert identity.tenant_of({"Authorization": f"Bearer {token}"}) == "acme"
     assert main(["token", "--config", "examples/guard.yaml", "--tenant", "mallory"]) == 2
     assert "no contract for it" in capsys.readouterr().err
+
+
+def test_simulate_a_serve_config_pool_by_pool(monkeypatch, capsys):
+    """`simulate --config`: each model's pool under its own floors and slots; every assured
+    tenant offers exactly its B per window (so the floor is all it asks for), the flood is
+    2× the pool's capacity; the floor holds in both pools, and the flood is not served on
+    time in full."""
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    assert main(["simulate", "--config", "examples/guard-models.yaml", "--json"]) == 0
+    pools = json.loads(capsys.readouterr().out)["pools"]
+    assert set(pools) == {"llama", "qwen"}
+    assert (pools["llama"]["floor"], pools["qwen"]["floor"]) == (3, 2)
+    for name, floor in (("llama", 3), ("qwen", 2)):
+        assured = pools[name]["assured"]
+        assert assured["offered"] == assured["entitled"] == floor * 12  # B per window, 12 s
+        assert assured["attainment"] == 1.0 and assured["late"] == 0
+        assert pools[name]["opportunistic"]["unmet"] > 0.3
+    assert main(["simulate", "--config", "examples/guard-models.yaml", "--flood", "-1"]) == 2

@@ -16,12 +16,27 @@ from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.cli._common import fmt
 from floorguard.errors import FloorguardError
 from floorguard.learners.registry import LEARNERS
-from floorguard.profiles import PROFILES
+from floorguard.profiles import PROFILES, get_profile
+from floorguard.proxy.config import GuardServerConfig, load_config
 from floorguard.sim.fleet import Fleet, SlotMode, fleet_figure, simulate_fleet
-from floorguard.sim.scenarios import SCENARIOS, Scenario, create_scenario, trace_replay
+from floorguard.sim.scenarios import (
+    PACE_JITTER_S,
+    SCENARIOS,
+    Scenario,
+    create_scenario,
+    trace_replay,
+)
 from floorguard.sim.simulate import simulate
+from floorguard.sim.targets import saturated_capacity
+from floorguard.sim.workloads import (
+    FixedLength,
+    PacedArrivals,
+    PoissonArrivals,
+    Stream,
+    SyntheticStream,
+)
 
-__all__ = ["register", "run", "scenario_from", "stack_options_from"]
+__all__ = ["pool_scenarios", "register", "run", "scenario_from", "stack_options_from"]
 
 
 def register(commands: Any) -> None:
@@ -66,6 +81,22 @@ def register(commands: Any) -> None:
         "named FILE-repN.jsonl",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    serve = sim.add_argument_group(
+        "a serve config (--config): each pool under its own contracts, slots and profile"
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        help="a `floorguard serve` config: simulate each pool (`models:`) with every assured "
+        "tenant offering its floor B per window and the opportunistic tenants a flood",
+    )
+    serve.add_argument(
+        "--flood",
+        type=float,
+        default=2.0,
+        help="with --config: the opportunistic load × the pool's saturated capacity (default 2)",
+    )
+    serve.add_argument("--duration-s", type=float, default=12.0, help="with --config (default 12)")
     stacks = sim.add_argument_group("comparison stacks")
     stacks.add_argument(
         "--mapping-fault",
@@ -166,6 +197,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
     if args.replicas is not None:
         return _run_fleet(args, console)
+    if args.config is not None:
+        return _run_pools(args, console)
     scenario = scenario_from(args)
     with Progress(console=console, transient=True, disable=args.reps == 1) as progress:
         task = progress.add_task(f"{scenario.name} × {args.reps} reps", total=args.reps)
@@ -183,6 +216,76 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
+        _print_summary(summary, console)
+    return 0
+
+
+def pool_scenarios(
+    config: GuardServerConfig, *, duration_s: float, flood: float
+) -> dict[str | None, Scenario]:
+    """Each pool of a serve config as a scenario: its contracts, windows, slots, dispatch,
+    meter, profile and doom gate as the guard would run them; every assured tenant paced at
+    its floor (B per window, SPEC §10's jitter), the opportunistic tenants sharing a Poisson
+    flood of `flood` × the pool's saturated capacity; ℓ = `limits.default_max_tokens`."""
+    tokens = config.limits.default_max_tokens
+    out: dict[str | None, Scenario] = {}
+    for name, pool in config.pools().items():
+        if pool.profile is None:
+            raise FloorguardError(f"--config: pool {name or ''} has no profile to simulate")
+        profile = get_profile(pool.profile)
+        guard = pool.guard_config()
+        capacity = sum(saturated_capacity(profile, tokens, c)[0] for c in guard.slots)
+        window = guard.schedule.window_s
+        lengths = FixedLength(tokens)
+        streams: list[Stream] = [
+            SyntheticStream(
+                c.tenant,
+                PacedArrivals(c.floor / window, min(PACE_JITTER_S, 0.5 * window / c.floor)),
+                lengths,
+                duration_s,
+            )
+            for c in guard.contracts
+            if c.assured and c.floor > 0
+        ]
+        flooders = [c.tenant for c in guard.contracts if not c.assured]
+        streams += [
+            SyntheticStream(
+                t, PoissonArrivals(flood * capacity / len(flooders)), lengths, duration_s
+            )
+            for t in flooders
+            if flood > 0
+        ]
+        out[name] = Scenario(
+            name=f"model {name}" if name is not None else "serve config",
+            contracts=guard.contracts,
+            streams=tuple(streams),
+            profile=profile,
+            slots=guard.slots,
+            schedule=guard.schedule,
+            dispatch=guard.dispatch,
+            meter=guard.meter,
+            doom_gate=pool.doom_gate,
+        )
+    return out
+
+
+def _run_pools(args: argparse.Namespace, console: Console) -> int:
+    if not args.duration_s > 0 or args.flood < 0:
+        raise FloorguardError("--duration-s must be > 0 and --flood ≥ 0")
+    config = load_config(args.config)
+    summaries = {}
+    for name, scenario in pool_scenarios(
+        config, duration_s=args.duration_s, flood=args.flood
+    ).items():
+        summaries[name] = simulate(
+            scenario, policy="guard", learner=args.learner, beta=args.beta, reps=args.reps,
+            seed=args.seed,
+        )  # fmt: skip
+    if args.json:
+        out = summaries.get(None, {"pools": summaries})
+        print(json.dumps(out, indent=2))
+        return 0
+    for summary in summaries.values():
         _print_summary(summary, console)
     return 0
 
