@@ -206,3 +206,22 @@ def test_contract_models_need_a_models_section(tmp_path):
     contracts = [{**BASE["contracts"][0], "models": ["llama"]}, BASE["contracts"][1]]
     with pytest.raises(ConfigError, match="needs a `models:` section"):
         _load(tmp_path, contracts=contracts)
+
+
+def test_config_values_may_name_environment_variables(tmp_path):
+    """`${NAME}` and `${NAME:-default}` in any string value; `$$` is a `$`; an unset variable
+    is named in the error with the key that needs it."""
+    path = tmp_path / "guard.yaml"
+    config = {
+        **BASE,
+        "backends": [{"url": "${VLLM_URL}", "slots": 4}],
+        "store": "redis://${REDIS_HOST:-127.0.0.1}:6379/0",
+        "replica": "cost-$$5",
+    }
+    path.write_text(yaml.safe_dump(config))
+    loaded = load_config(path, environ={"VLLM_URL": "http://vllm:8000"})
+    assert loaded.backends[0].url == "http://vllm:8000"
+    assert loaded.store is not None and loaded.store.url == "redis://127.0.0.1:6379/0"
+    assert loaded.replica == "cost-$5"
+    with pytest.raises(ConfigError, match=r"backends\[0\]\.url.*VLLM_URL is not set"):
+        load_config(path, environ={})

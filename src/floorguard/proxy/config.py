@@ -7,7 +7,10 @@ A bad file is refused before anything listens, with the key, the value and what 
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -550,12 +553,42 @@ def _first_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, error.get("input"), error["msg"])
 
 
-def load_config(path: str | Path) -> GuardServerConfig:
-    """Read and validate a YAML file; a bad one raises ConfigError naming key and value."""
+_ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, environ: Mapping[str, str], key: str) -> Any:
+    """`${NAME}` (or `${NAME:-default}`) in every string value, from the environment; `$$`
+    is a literal `$`. An unset variable without a default is an error naming it and the key."""
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, environ, f"{key}.{k}" if key else str(k)) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, environ, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(key or "config", value, f"the environment variable {name} is not set")
+
+    return _ENV_REF.sub(one, value)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GuardServerConfig:
+    """Read and validate a YAML file; a bad one raises ConfigError naming key and value.
+    String values may name environment variables: `${NAME}`, `${NAME:-default}`."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError("config", str(path), f"cannot be read as YAML ({exc})") from exc
+    data = _interpolate(data, os.environ if environ is None else environ, "")
     try:
         config = GuardServerConfig.model_validate(data)
         for pool in config.pools().values():
