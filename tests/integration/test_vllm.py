@@ -317,8 +317,8 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
              "--endpoint", "/v1/completions", "--model", MODEL, "--tokenizer", str(vllm_model),
              "--dataset-name", "random", "--random-input-len", "24", "--random-output-len", "8",
              "--num-prompts", "48", "--request-rate", "12", "--seed", "1",
-             "--ignore-eos", "--ready-check-timeout-sec", "0", "--save-result", "--result-dir", str(tmp_path),
-             "--result-filename", "bench.json", "--disable-tqdm"],
+             "--ignore-eos", "--ready-check-timeout-sec", "0", "--save-result",
+             "--result-dir", str(tmp_path), "--result-filename", "bench.json", "--disable-tqdm"],
             env={**os.environ, "OPENAI_API_KEY": token("acme")},
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip

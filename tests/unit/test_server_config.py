@@ -3,6 +3,8 @@ profile, with their options; without a profile they are refused at load."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -98,14 +100,39 @@ def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
 
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
     example = load_config("examples/guard.yaml")
-    warnings = start_warnings(example)
-    assert len(warnings) == 1 and "outside SPEC §6" in warnings[0] and "SF" in warnings[0]
+    assert start_warnings(example) == []  # the shipped example is inside its region
     data = example.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["contracts"][0]["floor"] = 6  # B = 6 of C = 4: s_max(16)·3 = 1.98 s > d
+    warnings = start_warnings(GuardServerConfig.model_validate(data))
+    assert len(warnings) == 1 and "outside SPEC §6" in warnings[0] and "SF" in warnings[0]
     for contract in data["contracts"]:
         contract["deadline_ms"] = 50
     tight = start_warnings(GuardServerConfig.model_validate(data))
     fate = "dropped as doomed" if example.doom_gate else "late, every one"
     assert any("tenant acme: deadline 50 ms" in w and fate in w for w in tight)
+
+
+def test_serve_reports_the_region_and_the_screen_and_strict_refuses_outside(
+    tmp_path, monkeypatch, capsys
+):
+    """Before it listens, `serve` prints SPEC §6's verdict and the screen's per assured
+    contract; with `strict: true` a configuration outside the region exits 2, saying why."""
+    from floorguard.cli import main  # noqa: PLC0415
+    from floorguard.proxy.config import load_config  # noqa: PLC0415
+    from floorguard.proxy.serve import start_report  # noqa: PLC0415
+
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    report = start_report(load_config("examples/guard.yaml"))
+    assert report[0].startswith("SPEC §6 at ℓ = 16: inside")
+    assert report[1].startswith("tenant acme: screen (makespan") and "ACCEPT" in report[1]
+    data = yaml.safe_load(Path("examples/guard.yaml").read_text())
+    data["contracts"][0]["floor"] = 6
+    data["strict"] = True
+    path = tmp_path / "strict.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "strict: true" in err and "outside SPEC §6's region" in err and "refusing" in err
 
 
 def test_a_typo_names_the_allowed_keys_and_a_missing_key_does_not_dump_its_parent(tmp_path):

@@ -25,7 +25,7 @@ from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.identity import create_identity
-from floorguard.proxy.serve import run_guard, start_warnings
+from floorguard.proxy.serve import run_guard, start_report, start_warnings
 from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, replay
@@ -204,8 +204,17 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         if config.models is not None
         else [b.url for b in config.backends]
     )
-    for warning in start_warnings(config):
+    for line in start_report(config):
+        console.print(line, markup=False)
+    warnings = start_warnings(config)
+    for warning in warnings:
         console.print(f"warning: {warning}", markup=False, style="yellow")
+    outside = [w for w in warnings if "outside SPEC §6's region" in w]
+    if config.strict and outside:
+        raise FloorguardError(
+            "strict: true and " + "; ".join(outside) + " — refusing to start (set the floors, "
+            "slots or deadlines inside the region, or strict: false)"
+        )
 
     def listening(url: str) -> None:
         console.print(f"floorguard guarding {backends} on {url}", markup=False)

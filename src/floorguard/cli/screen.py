@@ -11,8 +11,8 @@ import yaml
 from rich.console import Console
 
 from floorguard.errors import FloorguardError
-from floorguard.profiles import get_profile
 from floorguard.proxy.config import GuardServerConfig, load_config
+from floorguard.proxy.serve import screen_config
 from floorguard.screen.model import (
     AGGREGATIONS,
     DEFAULT_MODEL,
@@ -22,7 +22,6 @@ from floorguard.screen.model import (
     read_service_samples,
     screen,
 )
-from floorguard.sim.targets import flood_services
 
 __all__ = ["register", "run"]
 
@@ -95,27 +94,18 @@ def _pool_screen(
         raise FloorguardError(
             f"--config {args.config}: no profile to take ŝ from; give --service-samples"
         )
-    profile = get_profile(config.profile) if config.profile is not None else None
-    if service_s is None:
-        assert profile is not None
-        service_s = aggregate(flood_services(profile), args.aggregation)
-    guard = config.guard_config()
-    tokens = config.limits.default_max_tokens
-    derived = ScreenConfig(
-        floor=max(guard.total_floor, 1),
-        slots=guard.total_slots,
+    derived = screen_config(
+        config,
         service_s=service_s,
-        window_s=guard.schedule.window_s,
-        dispatch=guard.dispatch,
-        opportunistic_rate_per_s=args.opportunistic_per_s,
-        s_max_s=profile.ceiling.at(tokens) if profile is not None else None,
+        aggregation=args.aggregation,
+        opportunistic_per_s=args.opportunistic_per_s,
     )
     if not args.json:
         console.print(
             (f"model {name}: " if name is not None else "")
             + f"from the serve config: B = {derived.floor} (its assured floors), C = "
             f"{derived.slots}, W = {derived.window_s:g} s, {derived.dispatch.value} dispatch, "
-            f"ŝ = {service_s * 1e3:.0f} ms ({args.aggregation}), opportunistic "
+            f"ŝ = {derived.service_s * 1e3:.0f} ms ({args.aggregation}), opportunistic "
             f"{derived.opportunistic_rate_per_s:g}/s",
             markup=False,
         )

@@ -314,6 +314,9 @@ class GuardServerConfig(_Strict):
     learner_options: LearnerOptionsSpec = LearnerOptionsSpec()
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
+    strict: bool = False
+    """Refuse to start outside SPEC §6's region (where SF is not promised), instead of
+    warning."""
     doom_gate: bool = True
     """Drop provably doomed requests (`now + L > deadline`, SPEC §4.3) with the profile's
     `L`; false keeps the profile for `s_max` and the learner's fit, and drops nothing."""

@@ -10,11 +10,71 @@ from collections.abc import Callable
 from aiohttp import web
 
 from floorguard.core.monitors import assumption_report
+from floorguard.errors import FloorguardError
 from floorguard.profiles import get_profile
 from floorguard.proxy.app import SERVER, GuardRunner, create_admin_app, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
+from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
+from floorguard.sim.targets import flood_services
 
-__all__ = ["run_guard", "serve_guard", "start_warnings"]
+__all__ = ["run_guard", "screen_config", "serve_guard", "start_report", "start_warnings"]
+
+
+def screen_config(
+    config: GuardServerConfig,
+    *,
+    service_s: float | None = None,
+    aggregation: str = "p99",
+    opportunistic_per_s: float = 0.0,
+) -> ScreenConfig:
+    """The screen's view of one pool of a serve config: B = its assured floors summed, C =
+    its slots summed, its window and dispatch; ŝ given, else `aggregation` of its profile's
+    services under a saturating flood (simulated); `s_max` its profile's ceiling at
+    `limits.default_max_tokens`."""
+    profile = get_profile(config.profile) if config.profile is not None else None
+    if service_s is None:
+        if profile is None:
+            raise FloorguardError("no profile to take ŝ from: give service samples")
+        service_s = aggregate(flood_services(profile), aggregation)
+    guard = config.guard_config()
+    return ScreenConfig(
+        floor=max(guard.total_floor, 1),
+        slots=guard.total_slots,
+        service_s=service_s,
+        window_s=guard.schedule.window_s,
+        dispatch=guard.dispatch,
+        opportunistic_rate_per_s=opportunistic_per_s,
+        s_max_s=profile.ceiling.at(config.limits.default_max_tokens) if profile else None,
+    )
+
+
+def start_report(config: GuardServerConfig) -> list[str]:
+    """What `serve` says before it guards, per pool: SPEC §6 at ℓ = the default cap, and
+    the screen's verdict (makespan, p99 ŝ of the profile) for each assured contract."""
+    out = []
+    for name, pool in config.pools().items():
+        of = f"model {name}: " if name is not None else ""
+        tokens = pool.limits.default_max_tokens
+        report = assumption_report(pool.guard_config(), num_output_tokens=tokens)
+        if report.inside and report.bound_s is not None:
+            out.append(
+                f"{of}SPEC §6 at ℓ = {tokens}: inside (ρ_A = {report.rho_a:.2f}; the floor's "
+                f"sojourn ≤ s_max·(1+⌈B/C⌉) = {report.bound_s:.3f} s ≤ d = "
+                f"{report.min_deadline_budget_s:.3f} s)"
+            )
+        if pool.profile is None:
+            continue
+        view = screen_config(pool)
+        for c in pool.guard_config().contracts:
+            if c.assured:
+                verdict = screen(view, c.deadline_budget_s, DEFAULT_MODEL)
+                out.append(
+                    f"{of}tenant {c.tenant}: screen ({DEFAULT_MODEL.value}, p99 ŝ = "
+                    f"{view.service_s * 1e3:.0f} ms) {'ACCEPT' if verdict.accept else 'REJECT'}"
+                    f": predicted {verdict.predicted_sojourn_s * 1e3:.0f} ms vs d = "
+                    f"{c.deadline_budget_s * 1e3:.0f} ms"
+                )
+    return out
 
 
 def start_warnings(config: GuardServerConfig) -> list[str]:
