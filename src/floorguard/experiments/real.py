@@ -285,7 +285,7 @@ async def _unguarded(
                 return result(429)
             if isinstance(await pump.turn(rid), Drop):
                 return result(503)
-            status = await post_completion(session, url, request, model=backend.model)
+            status, _ = await post_completion(session, url, request, model=backend.model)
             if status == 200:
                 stack.on_complete(rid, clock.now())
             else:

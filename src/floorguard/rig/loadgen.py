@@ -49,23 +49,10 @@ async def post_completion(
     model: str,
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, object] | None = None,
-) -> int:
-    """POST `request` as a completion with its output length pinned (`max_tokens` =
-    `min_tokens`, `ignore_eos`); the HTTP status, or 0 when the connection failed."""
-    status, _ = await _post(session, url, request, model=model, headers=headers, extra=extra)
-    return status
-
-
-async def _post(
-    session: aiohttp.ClientSession,
-    url: str,
-    request: Request,
-    *,
-    model: str,
-    headers: Mapping[str, str] | None = None,
-    extra: Mapping[str, object] | None = None,
 ) -> tuple[int, int | None]:
-    """`post_completion`, and the guard's window for it when it names one."""
+    """POST `request` as a completion with its output length pinned (`max_tokens` =
+    `min_tokens`, `ignore_eos`): the HTTP status (0 when the connection failed) and the
+    guard's window for it when it names one (`x-floorguard-window`)."""
     body = {
         "model": model,
         "prompt": "floorguard load",
@@ -95,7 +82,9 @@ async def _one(
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
-    status, window = await _post(session, url, request, model=model, headers=headers, extra=extra)
+    status, window = await post_completion(
+        session, url, request, model=model, headers=headers, extra=extra
+    )
     return ClientResult(request, scheduled_at, fired, time.time(), status, window)
 
 
