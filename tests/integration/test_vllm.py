@@ -256,6 +256,9 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
         assert set(row["statuses"]) <= {"200", "429", "503"}, row  # nothing failed or lost
         if row["policy"] in ("guard", "gated-fifo"):
             assert row["log_violations"] == 0, row  # AF and DR hold in the guard's own log
+        # vLLM's own account of the run: it ran what was forwarded, no more
+        assert 0 < row["backend_requests"] <= row["statuses"].get("200", 0), row
+        assert 0 < row["backend_service_mean_s"] < 30, row
     e1 = {(r["policy"], r["beta"]): r for r in rows["E1"] if r["predictor"] == "light"}
     assert e1["guard", 0.0]["a_late"] < e1["unguarded", 0.0]["a_late"], e1
     fifo = [r for r in rows["E3"] if r["policy"] == "gated-fifo"]
@@ -263,6 +266,7 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
     text = results_md.read_text()
     assert text.startswith("# Results") and "fidelity of the simulator" in text
     assert text.count("| guard |") >= 3 and "| server-priority | " in text
+    assert "service mean ms, vLLM's own" in text and "× the simulator's" in text
 
 
 def test_vllm_gets_only_the_work_the_guard_metered(live, vllm, profile):

@@ -3,6 +3,8 @@ section of the results file, and the command's refusals."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from dataclasses import replace
 
 import pytest
@@ -10,7 +12,14 @@ import pytest
 from floorguard.cli import main
 from floorguard.experiments import Condition
 from floorguard.experiments.conditions import mu_sat_of
-from floorguard.experiments.real import RealBackend, scaled
+from floorguard.experiments.real import (
+    RealBackend,
+    backend_counters,
+    backend_times,
+    drift,
+    scaled,
+    service_mean,
+)
 from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
 from floorguard.profiles import V100_MOE, save_profile
 
@@ -82,3 +91,74 @@ def test_the_real_backend_command_refuses_what_it_cannot_run(argv, message, tmp_
     argv = [str(profile) if a == "P" else a for a in argv]
     assert main(["experiment", "run", *argv, "--out", str(tmp_path / "o")]) != 0
     assert message in capsys.readouterr().err
+
+
+VLLM_METRICS = """\
+# HELP vllm:request_inference_time_seconds Histogram of time spent in RUNNING phase for request.
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="mid"} %(n)d
+vllm:request_inference_time_seconds_count{engine="0",model_name="mid"} %(n)d
+vllm:request_inference_time_seconds_sum{engine="0",model_name="mid"} %(service)f
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="mid"} %(n)d
+vllm:request_queue_time_seconds_count{engine="0",model_name="mid"} %(n)d
+vllm:request_queue_time_seconds_sum{engine="0",model_name="mid"} %(queue)f
+"""
+
+
+@pytest.fixture
+def metrics_server():
+    """A loopback HTTP server whose /metrics answers what the test sets."""
+    state = {"body": b"", "status": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(state["status"])
+            self.end_headers()
+            self.wfile.write(state["body"])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", state
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_backends_own_service_during_a_run_comes_from_vllms_histograms(metrics_server):
+    url, state = metrics_server
+    state["body"] = (VLLM_METRICS % {"n": 10, "service": 4.0, "queue": 1.0}).encode()
+    before = backend_counters(url)
+    state["body"] = (VLLM_METRICS % {"n": 30, "service": 16.0, "queue": 1.5}).encode()
+    during = backend_times(before, backend_counters(url))
+    assert during == {
+        "backend_requests": 20,
+        "backend_service_mean_s": pytest.approx(0.6),
+        "backend_queue_mean_s": pytest.approx(0.025),
+    }
+    state["body"] = b"<html>not metrics</html>"
+    assert backend_counters(url) is None
+    state["status"] = 404
+    assert backend_counters(url) is None
+    assert backend_counters("http://127.0.0.1:1") is None  # nothing listening
+    assert backend_times(None, before)["backend_service_mean_s"] is None
+
+
+def test_runs_on_a_backend_off_its_calibrated_speed_are_named():
+    def row(condition, rep, service, served=True):
+        return {"condition": condition, "rep": rep, "served": served,
+                "backend_requests": 50, "backend_service_mean_s": service}  # fmt: skip
+
+    sim = [row(0, rep, 0.4) for rep in range(3)]
+    steady = [row(0, 0, 0.42), row(0, 1, 0.38), row(0, 2, 0.44)]
+    assert "no run was more than 25% off it" in drift(steady, sim)
+    slowed = [row(0, 0, 0.42), row(0, 1, 0.6), row(0, 2, 0.2), row(0, 2, 9.0, served=False)]
+    text = drift(slowed, sim)
+    assert "2 of 3 runs were more than 25% off it" in text
+    assert "c0 rep 1 (1.50)" in text and "c0 rep 2 (0.50)" in text
+    assert "0.50–1.50 ×" in text
+    assert drift([{**r, "backend_service_mean_s": None} for r in slowed], sim) == ""
+    assert service_mean(steady) == pytest.approx(0.4133, abs=1e-4)

@@ -49,6 +49,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from floorguard.analysis.checker import check_trace
@@ -69,13 +70,12 @@ from floorguard.experiments.conditions import (
     load_of,
     measured_row,
     mu_sat_of,
-    run_condition,
 )
 from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.report import write_real_section
-from floorguard.experiments.runner import progress_bar, seed_for, write_rows
+from floorguard.experiments.runner import Done, Task, plan, run_tasks, write_rows
 from floorguard.experiments.spec import Experiment, Row
-from floorguard.experiments.tables import mean_of, pooled
+from floorguard.experiments.tables import markdown_table, mean_of, pooled
 from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
@@ -318,6 +318,82 @@ def _serve_real(
     return asyncio.run(_unguarded(c, backend, requests, seed)), {}
 
 
+VLLM_TIMES = {
+    "vllm:request_inference_time_seconds": "backend_service",
+    "vllm:request_queue_time_seconds": "backend_queue",
+}
+"""vLLM's own per-request histograms: the time a request ran (scheduled to finished) and the
+time it waited in vLLM's queue."""
+
+
+def backend_counters(url: str) -> dict[str, float] | None:
+    """The sums and counts of vLLM's request-time histograms from `url/metrics`, over all
+    its series; None when the backend exposes none (the emulator, another server)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    counters: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name in VLLM_TIMES:
+                for sample in family.samples:
+                    if sample.name.endswith(("_sum", "_count")):
+                        counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+    except ValueError:  # not Prometheus text
+        return None
+    return counters or None
+
+
+def backend_times(before: dict[str, float] | None, after: dict[str, float] | None) -> Row:
+    """What vLLM measured during one run: its requests, their mean running time and mean
+    queue time (None where it exposes no metrics). The service is the figure to hold
+    against the simulator's: the backend's speed during the run, in its own words."""
+    row: Row = {
+        "backend_requests": None,
+        "backend_service_mean_s": None,
+        "backend_queue_mean_s": None,
+    }
+    if before is None or after is None:
+        return row
+    for family, stem in VLLM_TIMES.items():
+        count = after.get(f"{family}_count", 0.0) - before.get(f"{family}_count", 0.0)
+        total = after.get(f"{family}_sum", 0.0) - before.get(f"{family}_sum", 0.0)
+        if count > 0:
+            row[f"{stem}_mean_s"] = total / count
+            if stem == "backend_service":
+                row["backend_requests"] = int(count)
+    return row
+
+
+def _sim_service(row: Row) -> Row:
+    """The simulator's counterpart of `backend_times`: its completed requests and their
+    mean service (both classes)."""
+    parts = [
+        (row[f"{c}_completed"], row[f"{c}_service_mean_s"])
+        for c in "ao"
+        if row[f"{c}_completed"] and row[f"{c}_service_mean_s"] is not None
+    ]
+    n = sum(k for k, _ in parts)
+    return {
+        "backend_requests": n or None,
+        "backend_service_mean_s": sum(k * m for k, m in parts) / n if n else None,
+        "backend_queue_mean_s": None,
+    }
+
+
+def service_mean(rows: Sequence[Row]) -> float | None:
+    """The backend's mean service over `rows`, weighted by their requests."""
+    parts = [
+        (r["backend_requests"], r["backend_service_mean_s"])
+        for r in rows
+        if r.get("backend_requests") and r.get("backend_service_mean_s") is not None
+    ]
+    n = sum(k for k, _ in parts)
+    return sum(k * m for k, m in parts) / n if n else None
+
+
 def real_row(c: Condition, seed: int, results: Sequence[ClientResult], backend: RealBackend) -> Row:
     """One real run as a row with the simulator's keys (those a client can measure)."""
     config: GuardConfig = build_scenario(c).guard_config()
@@ -341,59 +417,94 @@ def real_row(c: Condition, seed: int, results: Sequence[ClientResult], backend: 
 # -- the fidelity table ---------------------------------------------------------------------
 
 
-def _label(experiment: Experiment, row: Row) -> list[str]:
-    return [f"{row[f]:.4g}" if isinstance(row[f], float) else str(row[f]) for f in experiment.shown]
-
-
 UNMET = tuple(f"a_{outcome}" for outcome in UNMET_OUTCOMES)
-COLUMNS: tuple[tuple[str, Any, str], ...] = (
-    ("A miss", lambda rows: pooled(rows, ("a_late",), "a_admitted"), "{:.3f}"),
-    ("A unmet", lambda rows: pooled(rows, UNMET, "a_offered"), "{:.3f}"),
-    ("floor attainment", lambda rows: pooled(rows, ("entitled_met",), "entitled"), "{:.3f}"),
-    ("A p99 ms", lambda rows: _ms(mean_of(rows, "a_sojourn_p99_s")), "{:.0f}"),
-    ("goodput /s", lambda rows: mean_of(rows, "goodput_per_s"), "{:.2f}"),
-)
+FIDELITY_COLUMNS = [
+    ("runs", "runs"),
+    ("miss_real", "A miss real"),
+    ("miss_sim", "sim"),
+    ("unmet_real", "A unmet real"),
+    ("unmet_sim", "sim"),
+    ("attainment_real", "floor attainment real"),
+    ("attainment_sim", "sim"),
+    ("p99_ms_real", "A p99 ms real"),
+    ("p99_ms_sim", "sim"),
+    ("goodput_real", "goodput /s real"),
+    ("goodput_sim", "sim"),
+    ("service_ms_real", "service mean ms, vLLM's own"),
+    ("service_ms_sim", "sim"),
+    ("late_runs", "runs with a late A, real (CP 95 %)"),
+    ("rho_hat", "ρ̂ real"),
+    ("log", "log check"),
+]
+DRIFT = 0.25
+"""A run whose backend service (vLLM's own figure) is more than this far from the
+simulator's for the same arrivals ran on a backend faster or slower than its calibration."""
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "–" if value is None else fmt.format(value)
+def _side(rows: Sequence[Row]) -> dict[str, float | None]:
+    return {
+        "miss": pooled(rows, ("a_late",), "a_admitted"),
+        "unmet": pooled(rows, UNMET, "a_offered"),
+        "attainment": pooled(rows, ("entitled_met",), "entitled"),
+        "p99_ms": _ms(mean_of(rows, "a_sojourn_p99_s")),
+        "goodput": mean_of(rows, "goodput_per_s"),
+        "service_ms": _ms(service_mean(rows)),
+    }
 
 
-def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]) -> str:
-    """Per condition: each measure on the real backend | the simulator's prediction (same
-    profile, same arrivals), pooled over reps; the guard's own log check."""
+def _groups(real: Sequence[Row], sim: Sequence[Row]) -> dict[int, tuple[list[Row], list[Row]]]:
     groups: dict[int, tuple[list[Row], list[Row]]] = {}
     for rows, side in ((real, 0), (sim, 1)):
         for row in rows:
             groups.setdefault(row["condition"], ([], []))[side].append(row)
-    head = [*experiment.shown, "runs"]
-    for name, _, _ in COLUMNS:
-        head += [f"{name} real", "sim"]
-    head += ["runs with a late A, real (CP 95 %)", "ρ̂ real", "log check"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for index in sorted(groups):
-        real_rows, sim_rows = groups[index]
-        cells = [*_label(experiment, real_rows[0]), str(len(real_rows))]
-        for _, measure, fmt in COLUMNS:
-            cells += [_cell(measure(real_rows), fmt), _cell(measure(sim_rows), fmt)]
-        late_runs = sum(r["a_late"] > 0 for r in real_rows)
-        cells.append(
-            f"{late_runs}/{len(real_rows)} {clopper_pearson(late_runs, len(real_rows)).fmt()}"
-        )
-        cells.append(_cell(mean_of(real_rows, "rho_hat"), "{:.2f}"))
+    return dict(sorted(groups.items()))
+
+
+def fidelity_summaries(
+    experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]
+) -> list[dict[str, Any]]:
+    """Per condition: each measure on the real backend and the simulator's prediction (same
+    profile, same arrivals), pooled over reps; the guard's own log check."""
+    out = []
+    for real_rows, sim_rows in _groups(real, sim).values():
+        late, n = sum(r["a_late"] > 0 for r in real_rows), len(real_rows)
         logged = [r for r in real_rows if r["log_violations"] is not None]
-        cells.append(
-            f"{sum(r['log_violations'] for r in logged)} violations; "
-            f"SF late {sum(r['log_sf_late'] for r in logged)}"
-            if logged
-            else "–"
+        out.append(
+            {
+                **dict(zip(experiment.shown, _label(experiment, real_rows[0]), strict=True)),
+                "runs": n,
+                **{f"{k}_real": v for k, v in _side(real_rows).items()},
+                **{f"{k}_sim": v for k, v in _side(sim_rows).items()},
+                "late_runs": f"{late}/{n} {clopper_pearson(late, n).fmt()}",
+                "rho_hat": mean_of(real_rows, "rho_hat"),
+                "log": (
+                    f"{sum(r['log_violations'] for r in logged)} violations; "
+                    f"SF late {sum(r['log_sf_late'] for r in logged)}"
+                    if logged
+                    else None
+                ),
+            }
         )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + _agreement(experiment, groups)
+    return out
+
+
+def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]) -> str:
+    """The fidelity table (the experiments' table kit), then how far apart the two sides
+    are and how far the backend's speed was from its calibration."""
+    table = markdown_table(experiment, fidelity_summaries(experiment, real, sim), FIDELITY_COLUMNS)
+    groups = _groups(real, sim)
+    return "\n\n".join(
+        part for part in (table, _agreement(experiment, groups), drift(real, sim)) if part
+    )
+
+
+def _label(experiment: Experiment, row: Row) -> list[str]:
+    """The condition's shown fields as the grid writes them (0.5, 1284: not 0.500, 1284.3)."""
+    return [f"{row[f]:.4g}" if isinstance(row[f], float) else str(row[f]) for f in experiment.shown]
 
 
 def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[Row]]]) -> str:
@@ -421,6 +532,45 @@ def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[R
         f"(max {max(p99) * 100:.0f} %)."
         if p99
         else f"Largest |real − sim| in A miss: {worst:.3f} ({where})."
+    )
+
+
+def speed_ratios(real: Sequence[Row], sim: Sequence[Row]) -> list[tuple[Row, float]]:
+    """Per served real run: (its row, vLLM's mean service ÷ the simulator's for the same
+    condition and seed)."""
+    predicted = {(r["condition"], r["rep"]): r["backend_service_mean_s"] for r in sim}
+    out = []
+    for row in real:
+        mine, theirs = (
+            row.get("backend_service_mean_s"),
+            predicted.get((row["condition"], row["rep"])),
+        )
+        if row["served"] and mine is not None and theirs:
+            out.append((row, mine / theirs))
+    return out
+
+
+def drift(real: Sequence[Row], sim: Sequence[Row]) -> str:
+    """The backend's speed during the runs against the simulator's, in one sentence ('' when
+    the backend exposes no service figures)."""
+    ratios = speed_ratios(real, sim)
+    if not ratios:
+        return ""
+    values = [x for _, x in ratios]
+    off = [(row, x) for row, x in ratios if abs(x - 1) > DRIFT]
+    text = (
+        f"The backend's own mean service (vLLM's `request_inference_time`) was "
+        f"{min(values):.2f}–{max(values):.2f} × the simulator's for the same arrivals "
+        f"(median {np.median(values):.2f}); "
+    )
+    if not off:
+        return text + f"no run was more than {DRIFT:.0%} off it."
+    named = ", ".join(f"c{row['condition']} rep {row['rep']} ({x:.2f})" for row, x in off[:8])
+    more = f" and {len(off) - 8} more" if len(off) > 8 else ""
+    return text + (
+        f"**{len(off)} of {len(values)} runs were more than {DRIFT:.0%} off it**: {named}{more} "
+        "— the backend ran faster or slower than its calibration there, so those rows test "
+        "another backend than the one the simulator predicts."
     )
 
 
@@ -452,6 +602,43 @@ class RealResult:
         return out
 
 
+class _RealRuns:
+    """The real side of the suite, one run at a time on the one backend. A deadline-blind
+    stack's run is served once per (condition sans deadline, seed) and measured against each
+    deadline; E3's FIFO run says whether its admitted set matched the assured-first run's of
+    the same seed (a real guard takes no replayed decisions)."""
+
+    def __init__(self, backend: RealBackend, out: Path) -> None:
+        self.backend = backend
+        self.out = out
+        self.blind: dict[tuple[str, Condition, int], tuple[list[ClientResult], Row]] = {}
+        self.admitted_by: dict[tuple[str, Condition, int], frozenset[object]] = {}
+
+    def __call__(self, task: Task) -> Row:
+        c, seed = task.condition, task.seed
+        folder = self.out / task.experiment_id / "runs" / f"c{task.index}-r{task.rep}"
+        folder.mkdir(parents=True, exist_ok=True)
+        key = (task.experiment_id, replace(c, deadline_ms=0.0), seed)
+        extra: Row = {"log_violations": None, "log_sf_late": None, "served": False}
+        if c.policy in DEADLINE_BLIND and key in self.blind:
+            results, measured = self.blind[key]  # the same run, measured against this deadline
+            extra.update(measured)
+        else:
+            before = backend_counters(self.backend.url)
+            results, checked = _serve_real(c, seed, self.backend, folder)
+            measured = backend_times(before, backend_counters(self.backend.url))
+            extra.update({**checked, **measured, "served": True})
+            if c.policy in DEADLINE_BLIND:
+                self.blind[key] = (results, measured)
+        admitted = frozenset(r.request.request_id for r in results if r.status != 429)
+        pair = (task.experiment_id, replace(c, policy="guard", replay_admission=False), seed)
+        if c.policy == "guard":
+            self.admitted_by[pair] = admitted
+        if c.replay_admission:
+            extra["admission_identical"] = self.admitted_by.get(pair) == admitted
+        return {**real_row(c, seed, results, self.backend), **extra, "condition": task.index}
+
+
 def run_real_experiments(
     experiments: Sequence[Experiment],
     backend: RealBackend,
@@ -470,67 +657,38 @@ def run_real_experiments(
         raise FloorguardError(
             f"{unknown} run on the simulator only; on a real backend: {' '.join(REAL_EXPERIMENTS)}"
         )
-
-    def reps_of(experiment: Experiment) -> int:
-        if reps is not None:
-            return reps
-        return 1 if quick else REAL_REPS
-
-    tasks = [
-        (experiment, index, rep, scaled(c, backend, duration_s))
-        for experiment in experiments
-        for index, c in enumerate(experiment.grid(True))
-        if c.profile == REFERENCE_PROFILE
-        for rep in range(reps_of(experiment))
-    ]
-    admitted_by: dict[tuple[str, Condition, int], frozenset[object]] = {}
-    """The assured-first run's admitted set per (experiment, condition sans policy, seed):
-    E3's FIFO run is compared with it (a real guard takes no replayed decisions)."""
-    for *_, c in tasks:
-        if c.policy not in POLICIES:
-            raise FloorguardError(f"policy {c.policy} has no real-backend form")
-    blind_runs: dict[tuple[str, Condition, int], list[ClientResult]] = {}
-    real: dict[str, list[Row]] = {e.id: [] for e in experiments}
-    with progress_bar(console) as progress:
-        bar = progress.add_task(f"real runs on {backend.url}", total=len(tasks))
-        for experiment, index, rep, c in tasks:
-            seed = seed_for(experiment.id, rep, c)
-            folder = out / experiment.id / "runs" / f"c{index}-r{rep}"
-            folder.mkdir(parents=True, exist_ok=True)
-            progress.update(bar, description=f"{experiment.id} {c.policy} c{index} rep {rep}")
-            key = (experiment.id, replace(c, deadline_ms=0.0), seed)
-            extra: dict[str, Any] = {"log_violations": None, "log_sf_late": None, "served": False}
-            if c.policy in DEADLINE_BLIND and key in blind_runs:
-                results = blind_runs[key]  # the same run, measured against this deadline
-            else:
-                extra["served"] = True
-                results, checked = _serve_real(c, seed, backend, folder)
-                extra.update(checked)
-                if c.policy in DEADLINE_BLIND:
-                    blind_runs[key] = results
-            admitted = frozenset(r.request.request_id for r in results if r.status != 429)
-            pair = (experiment.id, replace(c, policy="guard", replay_admission=False), seed)
-            if c.policy == "guard":
-                admitted_by[pair] = admitted
-            if c.replay_admission:
-                extra["admission_identical"] = admitted_by.get(pair) == admitted
-            row = {**real_row(c, seed, results, backend), **extra, "rep": rep, "condition": index}
-            real[experiment.id].append(row)
-            progress.advance(bar)
-        sim_bar = progress.add_task("simulator predictions", total=len(tasks))
-        sim: dict[str, list[Row]] = {e.id: [] for e in experiments}
-        for experiment, index, rep, c in tasks:
-            row = run_condition(c, seed_for(experiment.id, rep, c))
-            sim[experiment.id].append({**row, "rep": rep, "condition": index})
-            progress.advance(sim_bar)
+    tasks = plan(
+        experiments,
+        lambda _: reps if reps is not None else 1 if quick else REAL_REPS,
+        quick=True,  # the short grids (module docstring)
+        select=lambda c: c.profile == REFERENCE_PROFILE,
+        transform=lambda c: scaled(c, backend, duration_s),
+    )
+    for task in tasks:
+        if task.condition.policy not in POLICIES:
+            raise FloorguardError(f"policy {task.condition.policy} has no real-backend form")
+    real = run_tasks(
+        tasks, _RealRuns(backend, out), console=console, label=f"real runs on {backend.url}"
+    )
+    sim = run_tasks(tasks, console=console, label="simulator predictions")
     done = []
     for experiment in experiments:
+
+        def rows_of(side: list[Done], experiment_id: str = experiment.id) -> list[Row]:
+            return [
+                {**d.row, "condition": d.task.index}
+                for d in side
+                if d.task.experiment_id == experiment_id
+            ]
+
+        real_rows = rows_of(real)
+        sim_rows = [{**row, **_sim_service(row)} for row in rows_of(sim)]
         folder = out / experiment.id
-        for side, rows in (("real", real[experiment.id]), ("sim", sim[experiment.id])):
-            write_rows(rows, folder, f"{side}_runs")
-        table = fidelity_table(experiment, real[experiment.id], sim[experiment.id])
+        write_rows(real_rows, folder, "real_runs")
+        write_rows(sim_rows, folder, "sim_runs")
+        table = fidelity_table(experiment, real_rows, sim_rows)
         (folder / "fidelity.md").write_text(f"# {experiment.id}: {experiment.title}\n\n{table}\n")
-        done.append(RealResult(experiment, real[experiment.id], sim[experiment.id], table))
+        done.append(RealResult(experiment, real_rows, sim_rows, table))
     return done
 
 

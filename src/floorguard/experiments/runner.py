@@ -13,7 +13,7 @@ import math
 import os
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,17 @@ from floorguard.experiments.conditions import Condition, run_condition
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import markdown_table, summarize, write_csv
 
-__all__ = ["ExperimentResult", "progress_bar", "run_experiments", "seed_for", "write_rows"]
+__all__ = [
+    "Done",
+    "ExperimentResult",
+    "Task",
+    "plan",
+    "progress_bar",
+    "run_experiments",
+    "run_tasks",
+    "seed_for",
+    "write_rows",
+]
 
 
 def progress_bar(console: Console) -> Progress:
@@ -55,26 +65,88 @@ class ExperimentResult:
     wall_s: float
 
 
-def _tasks(
-    experiments: Sequence[Experiment], reps: int | None, quick: bool
-) -> list[tuple[str, int, int, Condition, int]]:
+@dataclass(frozen=True)
+class Task:
+    """One run of the suite: an experiment's condition (its grid position `index`) and rep."""
+
+    experiment_id: str
+    index: int
+    rep: int
+    condition: Condition
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return self.experiment_id, self.index, self.rep
+
+    def describe(self) -> str:
+        return f"{self.experiment_id} {self.condition.policy} c{self.index} rep {self.rep}"
+
+
+@dataclass(frozen=True)
+class Done:
+    task: Task
+    row: Row
+    seconds: float
+
+
+def plan(
+    experiments: Sequence[Experiment],
+    reps_of: Callable[[Experiment], int],
+    *,
+    quick: bool = False,
+    select: Callable[[Condition], bool] | None = None,
+    transform: Callable[[Condition], Condition] | None = None,
+) -> list[Task]:
+    """Every (condition × rep) of `experiments`, in grid order: the conditions `select`
+    keeps, each `transform`ed (a real backend rescales them) before its seed is drawn."""
     tasks = []
     for experiment in experiments:
-        n = reps if reps is not None else (experiment.quick_reps if quick else experiment.reps)
-        for index, condition in enumerate(experiment.grid(quick)):
-            for rep in range(n):
-                tasks.append(
-                    (experiment.id, index, rep, condition, seed_for(experiment.id, rep, condition))
-                )
+        for index, written in enumerate(experiment.grid(quick)):
+            if select is not None and not select(written):
+                continue
+            condition = transform(written) if transform is not None else written
+            for rep in range(reps_of(experiment)):
+                seed = seed_for(experiment.id, rep, condition)
+                tasks.append(Task(experiment.id, index, rep, condition, seed))
     return tasks
 
 
-def _run_task(task: tuple[str, int, int, Condition, int]) -> tuple[str, int, int, Row, float]:
-    experiment_id, index, rep, condition, seed = task
+def _simulate(task: Task) -> Done:
     started = time.perf_counter()
-    row = run_condition(condition, seed)
-    row["rep"] = rep
-    return experiment_id, index, rep, row, time.perf_counter() - started
+    row = run_condition(task.condition, task.seed)
+    row["rep"] = task.rep
+    return Done(task, row, time.perf_counter() - started)
+
+
+def run_tasks(
+    tasks: Sequence[Task],
+    run: Callable[[Task], Row] | None = None,
+    *,
+    console: Console,
+    label: str,
+    workers: int | None = None,
+) -> list[Done]:
+    """Every task, in task order. With no `run`, the simulator's runs over a process pool of
+    `workers`; with one (a real backend serves one run at a time), each in this process."""
+    done: list[Done] = []
+    with progress_bar(console) as progress:
+        bar = progress.add_task(label, total=len(tasks))
+        if run is None:
+            with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+                futures = [pool.submit(_simulate, task) for task in tasks]
+                for future in as_completed(futures):
+                    done.append(future.result())
+                    progress.advance(bar)
+            order = {task.key: i for i, task in enumerate(tasks)}
+            return sorted(done, key=lambda d: order[d.task.key])
+        for task in tasks:
+            progress.update(bar, description=task.describe())
+            started = time.perf_counter()
+            row = {**run(task), "rep": task.rep}
+            done.append(Done(task, row, time.perf_counter() - started))
+            progress.advance(bar)
+    return done
 
 
 def run_experiments(
@@ -87,27 +159,22 @@ def run_experiments(
     console: Console | None = None,
 ) -> list[ExperimentResult]:
     console = console or Console(stderr=True)
-    tasks = _tasks(experiments, reps, quick)
-    collected: dict[str, list[tuple[int, int, Row]]] = {e.id: [] for e in experiments}
-    cpu_s: dict[str, float] = dict.fromkeys(collected, 0.0)
+
+    def reps_of(experiment: Experiment) -> int:
+        if reps is not None:
+            return reps
+        return experiment.quick_reps if quick else experiment.reps
+
+    tasks = plan(experiments, reps_of, quick=quick)
     workers = workers or os.cpu_count() or 1
-    with (
-        ProcessPoolExecutor(max_workers=workers) as pool,
-        progress_bar(console) as progress,
-    ):
-        bar = progress.add_task(
-            f"{len(experiments)} experiment(s), {workers} workers", total=len(tasks)
-        )
-        futures = [pool.submit(_run_task, task) for task in tasks]
-        for future in as_completed(futures):
-            experiment_id, index, rep, row, seconds = future.result()
-            collected[experiment_id].append((index, rep, row))
-            cpu_s[experiment_id] += seconds
-            progress.advance(bar)
+    label = f"{len(experiments)} experiment(s), {workers} workers"
+    done = run_tasks(tasks, console=console, label=label, workers=workers)
     results = []
     for experiment in experiments:
-        rows = [row for _, _, row in sorted(collected[experiment.id], key=lambda t: t[:2])]
-        results.append(_write(experiment, rows, out / experiment.id, cpu_s[experiment.id]))
+        mine = [d for d in done if d.task.experiment_id == experiment.id]
+        rows = [d.row for d in mine]
+        cpu_s = sum(d.seconds for d in mine)
+        results.append(_write(experiment, rows, out / experiment.id, cpu_s))
     return results
 
 
