@@ -205,6 +205,23 @@ def test_flow_control_holds_while_saturated_and_sheds_the_sheddable():
     assert (shed.admitted, shed.reason) == (False, "shed_saturated")
 
 
+def test_a_backend_queues_in_the_order_requests_reached_it_not_admission_order():
+    """C = 1, two may wait at the backend. An opportunistic request held by the controller
+    (admitted at 0.1) is forwarded after a later premium one (admitted at 0.2, released
+    first): the backend's FIFO starts the premium first, as vLLM would (it knows when a
+    request reached it, not when a stack admitted it)."""
+    stack = flow(threshold=2)
+    for rid, assured, at in [(0, False, 0.0), (1, False, 0.0), (2, False, 0.0),
+                             (4, False, 0.1), (5, True, 0.2)]:  # fmt: skip
+        assert stack.on_arrival(make_request(assured=assured, request_id=rid), at).admitted
+        stack.poll(at)
+    assert (stack.in_flight_on(0), stack.num_waiting_on(0), stack.num_queued) == (1, 2, 4)
+    assert finish(stack, 0, 0.5) == [1]  # and the premium one goes to the backend's queue
+    assert finish(stack, 1, 1.0) == [2]  # and the held opportunistic one behind it
+    assert finish(stack, 2, 1.5) == [5]
+    assert finish(stack, 5, 2.0) == [4]
+
+
 def test_flow_control_queue_ttl_evicts_with_a_reason():
     """A request older than the TTL in the controller's queue is dropped `ttl_expired`."""
     stack = flow(ttl=0.5)

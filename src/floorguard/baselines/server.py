@@ -15,6 +15,7 @@ are never `entitled`.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from enum import StrEnum
@@ -66,7 +67,11 @@ class ServerStack(Ledger, ABC):
         )
         self._waiting = [AssuredFirstDispatcher() for _ in config.slots]
         """Each backend's waiting queue: no ticket is entitled, so the dispatcher orders
-        them all by (priority, admission)."""
+        them all by (priority, arrival at the backend)."""
+        self._forwarded = itertools.count()
+        """Arrival order at the backends: a ticket's `seq` is renumbered when it is
+        forwarded, so a request a stack held first queues behind those forwarded before it
+        (a backend knows when a request reached it, not when a stack admitted it)."""
 
     # -- what a stack decides -------------------------------------------------------------
 
@@ -133,7 +138,8 @@ class ServerStack(Ledger, ABC):
         slots, waiting = self._slots, self._waiting
         backend = min(range(len(waiting)), key=lambda b: slots.in_flight(b) + waiting[b].num_queued)
         if self.server_order is ServerOrder.FIFO:
-            ticket.hint = 0.0  # a FIFO backend ignores the priority: admission order
+            ticket.hint = 0.0  # a FIFO backend ignores the priority: arrival order
+        ticket.seq = next(self._forwarded)
         ticket.backend = backend
         waiting[backend].push(ticket)
 
