@@ -12,14 +12,8 @@ import pytest
 from floorguard.cli import main
 from floorguard.experiments import Condition
 from floorguard.experiments.conditions import mu_sat_of
-from floorguard.experiments.real import (
-    RealBackend,
-    backend_counters,
-    backend_times,
-    drift,
-    scaled,
-    service_mean,
-)
+from floorguard.experiments.fidelity import drift, service_mean
+from floorguard.experiments.real import RealBackend, backend_counters, backend_times, scaled
 from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
 from floorguard.profiles import V100_MOE, save_profile
 
@@ -157,7 +151,7 @@ def test_runs_on_a_backend_off_its_calibrated_speed_are_named():
     assert "no run was more than 25% off it" in drift(steady, sim)
     slowed = [row(0, 0, 0.42), row(0, 1, 0.6), row(0, 2, 0.2), row(0, 2, 9.0, served=False)]
     text = drift(slowed, sim)
-    assert "2 of 3 runs were more than 25% off it" in text
+    assert "2 of 3 runs were more than 25% off it** (1 faster, 1 slower)" in text
     assert "c0 rep 1 (1.50)" in text and "c0 rep 2 (0.50)" in text
     assert "0.50–1.50 ×" in text
     assert drift([{**r, "backend_service_mean_s": None} for r in slowed], sim) == ""

@@ -1,0 +1,303 @@
+"""The fidelity section of the results: each real-backend condition beside the
+simulator's prediction for the same calibrated profile and the same arrivals, through the
+experiments' table kit, with how far apart the two sides are and how far the backend's own
+speed was from its calibration during the runs (`experiments/real.py` makes the rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from floorguard.analysis.metrics import UNMET_OUTCOMES, UNMET_TEXT
+from floorguard.analysis.stats import clopper_pearson
+from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.tables import markdown_table, mean_of, pooled
+
+__all__ = [
+    "DRIFT",
+    "RealResult",
+    "drift",
+    "fidelity_report",
+    "fidelity_summaries",
+    "fidelity_table",
+    "served_runs",
+    "service_mean",
+    "sim_service",
+    "speed_ratios",
+]
+
+
+UNMET = tuple(f"a_{outcome}" for outcome in UNMET_OUTCOMES)
+FIDELITY_COLUMNS = [
+    ("runs", "runs"),
+    ("miss_real", "A miss real"),
+    ("miss_sim", "sim"),
+    ("unmet_real", "A unmet real"),
+    ("unmet_sim", "sim"),
+    ("attainment_real", "floor attainment real"),
+    ("attainment_sim", "sim"),
+    ("p99_ms_real", "A p99 ms real"),
+    ("p99_ms_sim", "sim"),
+    ("goodput_real", "goodput /s real"),
+    ("goodput_sim", "sim"),
+    ("service_ms_real", "service mean ms, vLLM's own"),
+    ("service_ms_sim", "sim"),
+    ("late_runs", "runs with a late A, real (CP 95 %)"),
+    ("rho_hat", "ρ̂ real"),
+    ("rho_at_speed", "ρ̂ at vLLM's speed"),
+    ("log", "log check"),
+]
+DRIFT = 0.25
+"""A run whose backend service (vLLM's own figure) is more than this far from the
+simulator's for the same arrivals ran on a backend faster or slower than its calibration."""
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _side(rows: Sequence[Row]) -> dict[str, float | None]:
+    return {
+        "miss": pooled(rows, ("a_late",), "a_admitted"),
+        "unmet": pooled(rows, UNMET, "a_offered"),
+        "attainment": pooled(rows, ("entitled_met",), "entitled"),
+        "p99_ms": _ms(mean_of(rows, "a_sojourn_p99_s")),
+        "goodput": mean_of(rows, "goodput_per_s"),
+        "service_ms": _ms(service_mean(rows)),
+    }
+
+
+def _groups(real: Sequence[Row], sim: Sequence[Row]) -> dict[int, tuple[list[Row], list[Row]]]:
+    groups: dict[int, tuple[list[Row], list[Row]]] = {}
+    for rows, side in ((real, 0), (sim, 1)):
+        for row in rows:
+            groups.setdefault(row["condition"], ([], []))[side].append(row)
+    return dict(sorted(groups.items()))
+
+
+def fidelity_summaries(
+    experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]
+) -> list[dict[str, Any]]:
+    """Per condition: each measure on the real backend and the simulator's prediction (same
+    profile, same arrivals), pooled over reps; the guard's own log check."""
+    out = []
+    for real_rows, sim_rows in _groups(real, sim).values():
+        late, n = sum(r["a_late"] > 0 for r in real_rows), len(real_rows)
+        logged = [r for r in real_rows if r["log_violations"] is not None]
+        out.append(
+            {
+                **dict(zip(experiment.shown, _label(experiment, real_rows[0]), strict=True)),
+                "runs": n,
+                **{f"{k}_real": v for k, v in _side(real_rows).items()},
+                **{f"{k}_sim": v for k, v in _side(sim_rows).items()},
+                "late_runs": f"{late}/{n} {clopper_pearson(late, n).fmt()}",
+                "rho_hat": mean_of(real_rows, "rho_hat"),
+                "rho_at_speed": _rho_at_speed(real_rows, sim_rows),
+                "log": (
+                    f"{sum(r['log_violations'] for r in logged)} violations; "
+                    f"SF late {sum(r['log_sf_late'] for r in logged)}"
+                    if logged
+                    else None
+                ),
+            }
+        )
+    return out
+
+
+def _rho_at_speed(real: Sequence[Row], sim: Sequence[Row]) -> float | None:
+    """ρ̂ against the capacity the backend had during each run rather than at calibration:
+    with `C` slots capacity goes as 1 / service, so ρ̂ × (vLLM's mean service ÷ the
+    simulator's for the same arrivals), averaged over the runs that have both."""
+    predicted = {r["rep"]: r["backend_service_mean_s"] for r in sim}
+    values = [
+        r["rho_hat"] * r["backend_service_mean_s"] / theirs
+        for r in real
+        if r.get("backend_service_mean_s") is not None and (theirs := predicted.get(r["rep"]))
+    ]
+    return float(np.mean(values)) if values else None
+
+
+def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]) -> str:
+    """The fidelity table (the experiments' table kit), then how far apart the two sides
+    are and how far the backend's speed was from its calibration."""
+    table = markdown_table(experiment, fidelity_summaries(experiment, real, sim), FIDELITY_COLUMNS)
+    groups = _groups(real, sim)
+    return "\n\n".join(
+        part for part in (table, _agreement(experiment, groups), drift(real, sim)) if part
+    )
+
+
+def _label(experiment: Experiment, row: Row) -> list[str]:
+    """The condition's shown fields as the grid writes them (0.5, 1284: not 0.500, 1284.3)."""
+    return [f"{row[f]:.4g}" if isinstance(row[f], float) else str(row[f]) for f in experiment.shown]
+
+
+def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[Row]]]) -> str:
+    """How far apart the two sides are, in one sentence."""
+
+    def miss(rows: Sequence[Row]) -> float:
+        return pooled(rows, ("a_late",), "a_admitted") or 0.0
+
+    worst, where = max(
+        (abs(miss(r) - miss(s)), " ".join(_label(experiment, r[0]))) for r, s in groups.values()
+    )
+    verdicts = sum(
+        (sum(x["a_late"] for x in r) == 0) == (sum(x["a_late"] for x in s) == 0)
+        for r, s in groups.values()
+    )
+    p99 = [
+        abs(real / sim - 1)
+        for r, s in groups.values()
+        if (real := mean_of(r, "a_sojourn_p99_s")) and (sim := mean_of(s, "a_sojourn_p99_s"))
+    ]
+    return (
+        f"Largest |real − sim| in A miss: {worst:.3f} ({where}). Real and simulated runs "
+        f"agree on whether any assured request was late in {verdicts} of {len(groups)} "
+        f"conditions; A p99 differs by a median {np.median(p99) * 100:.0f} % "
+        f"(max {max(p99) * 100:.0f} %)."
+        if p99
+        else f"Largest |real − sim| in A miss: {worst:.3f} ({where})."
+    )
+
+
+def speed_ratios(real: Sequence[Row], sim: Sequence[Row]) -> list[tuple[Row, float]]:
+    """Per served real run: (its row, vLLM's mean service ÷ the simulator's for the same
+    condition and seed)."""
+    predicted = {(r["condition"], r["rep"]): r["backend_service_mean_s"] for r in sim}
+    out = []
+    for row in real:
+        mine, theirs = (
+            row.get("backend_service_mean_s"),
+            predicted.get((row["condition"], row["rep"])),
+        )
+        if row["served"] and mine is not None and theirs:
+            out.append((row, mine / theirs))
+    return out
+
+
+def drift(real: Sequence[Row], sim: Sequence[Row]) -> str:
+    """The backend's speed during the runs against the simulator's, in one sentence ('' when
+    the backend exposes no service figures)."""
+    ratios = speed_ratios(real, sim)
+    if not ratios:
+        return ""
+    values = [x for _, x in ratios]
+    off = [(row, x) for row, x in ratios if abs(x - 1) > DRIFT]
+    text = (
+        f"The backend's own mean service (vLLM's `request_inference_time`) was "
+        f"{min(values):.2f}–{max(values):.2f} × the simulator's for the same arrivals "
+        f"(median {np.median(values):.2f}); "
+    )
+    if not off:
+        return text + f"no run was more than {DRIFT:.0%} off it."
+    named = ", ".join(f"c{row['condition']} rep {row['rep']} ({x:.2f})" for row, x in off[:8])
+    more = f" and {len(off) - 8} more" if len(off) > 8 else ""
+    faster = sum(x < 1 for _, x in off)
+    return text + (
+        f"**{len(off)} of {len(values)} runs were more than {DRIFT:.0%} off it** ({faster} "
+        f"faster, {len(off) - faster} slower): {named}{more} — the backend ran at another "
+        "speed than at its calibration there, so those rows test another backend than the "
+        "one the simulator predicts (*ρ̂ at vLLM's speed* is the load against the capacity "
+        "it had)."
+    )
+
+
+def sim_service(row: Row) -> Row:
+    """The simulator's counterpart of `backend_times`: its completed requests and their
+    mean service (both classes)."""
+    parts = [
+        (row[f"{c}_completed"], row[f"{c}_service_mean_s"])
+        for c in "ao"
+        if row[f"{c}_completed"] and row[f"{c}_service_mean_s"] is not None
+    ]
+    n = sum(k for k, _ in parts)
+    return {
+        "backend_requests": n or None,
+        "backend_service_mean_s": sum(k * m for k, m in parts) / n if n else None,
+        "backend_queue_mean_s": None,
+    }
+
+
+def service_mean(rows: Sequence[Row]) -> float | None:
+    """The backend's mean service over `rows`, weighted by their requests."""
+    parts = [
+        (r["backend_requests"], r["backend_service_mean_s"])
+        for r in rows
+        if r.get("backend_requests") and r.get("backend_service_mean_s") is not None
+    ]
+    n = sum(k for k, _ in parts)
+    return sum(k * m for k, m in parts) / n if n else None
+
+
+@dataclass
+class RealResult:
+    experiment: Experiment
+    real: list[Row]
+    sim: list[Row]
+    table_md: str
+
+    def points(self) -> list[tuple[str, float | None, float | None, float, float]]:
+        """Per condition: (id, real A p99 ms, sim A p99 ms, real A unmet, sim A unmet)."""
+        out = []
+        for index in sorted({r["condition"] for r in self.real}):
+            real = [r for r in self.real if r["condition"] == index]
+            sim = [r for r in self.sim if r["condition"] == index]
+            out.append(
+                (
+                    self.experiment.id,
+                    _ms(mean_of(real, "a_sojourn_p99_s")),
+                    _ms(mean_of(sim, "a_sojourn_p99_s")),
+                    pooled(real, UNMET, "a_offered") or 0.0,
+                    pooled(sim, UNMET, "a_offered") or 0.0,
+                )
+            )
+        return out
+
+
+def served_runs(results: Sequence[RealResult]) -> int:
+    """How many runs the backend served (a deadline-blind run counts once)."""
+    return sum(bool(row["served"]) for r in results for row in r.real)
+
+
+def fidelity_report(
+    results: Sequence[RealResult],
+    scaling: str,
+    *,
+    command: str,
+    wall_s: float,
+    figure: str | None = None,
+) -> str:
+    """The fidelity section: how it was made, `scaling` (the paragraph saying how the
+    conditions were rescaled to the backend), one table per experiment, and `figure` (a path
+    relative to the report) when given."""
+    lines = [
+        "## On a real backend: fidelity of the simulator",
+        "",
+        f"Generated by `{command}` in {wall_s:.0f} s: {served_runs(results)} runs on the backend "
+        f"({sum(len(r.real) for r in results)} condition × rep rows: vLLM's priority run of a "
+        "rep is measured against each of E8's deadlines), then the simulator on the same "
+        "conditions and seeds. Real measures are the "
+        "client's (a request's arrival is when it was fired; a 503 drop or 429 rejection is "
+        "unmet); *sim* is the simulator's prediction for the calibrated profile with the same "
+        "arrivals. Pooled over reps: A miss = late / admitted, A "
+        f"{UNMET_TEXT}, floor attainment = floor-entitled requests met / entitled; "
+        "A p99 and goodput (completions on time per second, both classes) are means over reps. "
+        "*log check*: the guard's decision log through `floorguard verify`'s checker: "
+        "violations of AF, DR, dispatch order, slots and terminal outcomes (must be 0), and "
+        "floor-entitled requests late by the guard's clock (SF, conditional: SPEC §6). "
+        "*service mean, vLLM's own*: the mean time a request ran in vLLM during the run (its "
+        "`request_inference_time` histogram, read from its `/metrics` before and after), "
+        "beside the simulator's mean service: where the two differ, the backend ran at "
+        "another speed than its calibration and the row tests another backend.",
+        "",
+        scaling,
+        "",
+    ]
+    if figure is not None:
+        lines += [f"![real against simulated]({figure})", ""]
+    for r in results:
+        lines += [f"### {r.experiment.id}: {r.experiment.title}", "", r.table_md, ""]
+    return "\n".join(lines).rstrip("\n")
