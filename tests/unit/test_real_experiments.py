@@ -12,7 +12,7 @@ import pytest
 from floorguard.cli import main
 from floorguard.experiments import Condition
 from floorguard.experiments.conditions import mu_sat_of
-from floorguard.experiments.fidelity import drift, service_mean
+from floorguard.experiments.fidelity import admission, drift, service_mean
 from floorguard.experiments.real import RealBackend, backend_counters, backend_times, scaled
 from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
 from floorguard.profiles import V100_MOE, save_profile
@@ -156,3 +156,12 @@ def test_runs_on_a_backend_off_its_calibrated_speed_are_named():
     assert "0.50–1.50 ×" in text
     assert drift([{**r, "backend_service_mean_s": None} for r in slowed], sim) == ""
     assert service_mean(steady) == pytest.approx(0.4133, abs=1e-4)
+
+
+def test_whether_the_fifo_runs_admitted_what_the_assured_first_runs_did_is_said():
+    assert admission([{"policy": "guard"}]) == ""
+    assert "in 2 of 2 runs: the two orders were compared on identical" in admission(
+        [{"admission_identical": True}, {"admission_identical": True}, {"policy": "guard"}]
+    )
+    text = admission([{"admission_identical": True}, {"admission_identical": False}])
+    assert "in 1 of 2 runs" in text and "similar, not identical" in text

@@ -19,6 +19,7 @@ from floorguard.experiments.tables import markdown_table, mean_of, pooled
 __all__ = [
     "DRIFT",
     "RealResult",
+    "admission",
     "drift",
     "fidelity_report",
     "fidelity_summaries",
@@ -125,8 +126,27 @@ def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Ro
     are and how far the backend's speed was from its calibration."""
     table = markdown_table(experiment, fidelity_summaries(experiment, real, sim), FIDELITY_COLUMNS)
     groups = _groups(real, sim)
-    return "\n\n".join(
-        part for part in (table, _agreement(experiment, groups), drift(real, sim)) if part
+    parts = (table, _agreement(experiment, groups), admission(real), drift(real, sim))
+    return "\n\n".join(part for part in parts if part)
+
+
+def admission(real: Sequence[Row]) -> str:
+    """Whether the replayed-admission runs (E3's FIFO) admitted what the assured-first run
+    of the same seed admitted, in one sentence ('' when no row replays admission)."""
+    runs = [r["admission_identical"] for r in real if "admission_identical" in r]
+    if not runs:
+        return ""
+    same = sum(bool(x) for x in runs)
+    text = (
+        f"The FIFO runs admitted exactly the assured-first run's set of the same seed in "
+        f"{same} of {len(runs)} runs"
+    )
+    if same == len(runs):
+        return text + ": the two orders were compared on identical admission."
+    return text + (
+        ": a real guard takes no replayed decisions, and the learner reads the guard's load, "
+        "which the dispatch order changes, so elsewhere the two orders were compared on "
+        "similar, not identical, admission (the simulator's side replays it exactly)."
     )
 
 
