@@ -112,12 +112,7 @@ def _rho_at_speed(real: Sequence[Row], sim: Sequence[Row]) -> float | None:
     """ρ̂ against the capacity the backend had during each run rather than at calibration:
     with `C` slots capacity goes as 1 / service, so ρ̂ × (vLLM's mean service ÷ the
     simulator's for the same arrivals), averaged over the runs that have both."""
-    predicted = {r["rep"]: r["backend_service_mean_s"] for r in sim}
-    values = [
-        r["rho_hat"] * r["backend_service_mean_s"] / theirs
-        for r in real
-        if r.get("backend_service_mean_s") is not None and (theirs := predicted.get(r["rep"]))
-    ]
+    values = [row["rho_hat"] * x for row, x in _service_ratios(real, sim)]
     return float(np.mean(values)) if values else None
 
 
@@ -183,19 +178,23 @@ def _agreement(experiment: Experiment, groups: dict[int, tuple[list[Row], list[R
     )
 
 
-def speed_ratios(real: Sequence[Row], sim: Sequence[Row]) -> list[tuple[Row, float]]:
-    """Per served real run: (its row, vLLM's mean service ÷ the simulator's for the same
-    condition and seed)."""
+def _service_ratios(real: Sequence[Row], sim: Sequence[Row]) -> list[tuple[Row, float]]:
+    """Per real row with vLLM's figure: (the row, vLLM's mean service ÷ the simulator's for
+    the same condition and seed). A deadline-blind row carries its served run's figure."""
     predicted = {(r["condition"], r["rep"]): r["backend_service_mean_s"] for r in sim}
     out = []
     for row in real:
-        mine, theirs = (
-            row.get("backend_service_mean_s"),
-            predicted.get((row["condition"], row["rep"])),
-        )
-        if row["served"] and mine is not None and theirs:
+        mine = row.get("backend_service_mean_s")
+        theirs = predicted.get((row["condition"], row["rep"]))
+        if mine is not None and theirs:
             out.append((row, mine / theirs))
     return out
+
+
+def speed_ratios(real: Sequence[Row], sim: Sequence[Row]) -> list[tuple[Row, float]]:
+    """Per served real run: (its row, vLLM's mean service ÷ the simulator's for the same
+    condition and seed)."""
+    return [(row, x) for row, x in _service_ratios(real, sim) if row["served"]]
 
 
 def drift(real: Sequence[Row], sim: Sequence[Row]) -> str:
@@ -225,31 +224,38 @@ def drift(real: Sequence[Row], sim: Sequence[Row]) -> str:
     )
 
 
+def _weighted_mean(parts: Sequence[tuple[int, float]]) -> tuple[int, float | None]:
+    """(total weight, the mean weighted by it; None when the weight is 0)."""
+    n = sum(k for k, _ in parts)
+    return n, sum(k * m for k, m in parts) / n if n else None
+
+
 def sim_service(row: Row) -> Row:
     """The simulator's counterpart of `backend_times`: its completed requests and their
     mean service (both classes)."""
-    parts = [
-        (row[f"{c}_completed"], row[f"{c}_service_mean_s"])
-        for c in "ao"
-        if row[f"{c}_completed"] and row[f"{c}_service_mean_s"] is not None
-    ]
-    n = sum(k for k, _ in parts)
+    n, mean = _weighted_mean(
+        [
+            (row[f"{c}_completed"], row[f"{c}_service_mean_s"])
+            for c in "ao"
+            if row[f"{c}_completed"] and row[f"{c}_service_mean_s"] is not None
+        ]
+    )
     return {
         "backend_requests": n or None,
-        "backend_service_mean_s": sum(k * m for k, m in parts) / n if n else None,
+        "backend_service_mean_s": mean,
         "backend_queue_mean_s": None,
     }
 
 
 def service_mean(rows: Sequence[Row]) -> float | None:
     """The backend's mean service over `rows`, weighted by their requests."""
-    parts = [
-        (r["backend_requests"], r["backend_service_mean_s"])
-        for r in rows
-        if r.get("backend_requests") and r.get("backend_service_mean_s") is not None
-    ]
-    n = sum(k for k, _ in parts)
-    return sum(k * m for k, m in parts) / n if n else None
+    return _weighted_mean(
+        [
+            (r["backend_requests"], r["backend_service_mean_s"])
+            for r in rows
+            if r.get("backend_requests") and r.get("backend_service_mean_s") is not None
+        ]
+    )[1]
 
 
 @dataclass

@@ -78,7 +78,7 @@ from floorguard.experiments.fidelity import (
 )
 from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.report import write_real_section
-from floorguard.experiments.runner import Done, Task, plan, run_tasks, write_rows
+from floorguard.experiments.runner import Task, plan, run_tasks, write_rows
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
@@ -360,13 +360,15 @@ def backend_times(before: dict[str, float] | None, after: dict[str, float] | Non
     }
     if before is None or after is None:
         return row
+
+    def change(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
     for family, stem in VLLM_TIMES.items():
-        count = after.get(f"{family}_count", 0.0) - before.get(f"{family}_count", 0.0)
-        total = after.get(f"{family}_sum", 0.0) - before.get(f"{family}_sum", 0.0)
-        if count > 0:
-            row[f"{stem}_mean_s"] = total / count
-            if stem == "backend_service":
-                row["backend_requests"] = int(count)
+        if (count := change(f"{family}_count")) > 0:
+            row[f"{stem}_mean_s"] = change(f"{family}_sum") / count
+    if (ran := change("vllm:request_inference_time_seconds_count")) > 0:
+        row["backend_requests"] = int(ran)
     return row
 
 
@@ -427,7 +429,7 @@ class _RealRuns:
             self.admitted_by[pair] = admitted
         if c.replay_admission:
             extra["admission_identical"] = self.admitted_by.get(pair) == admitted
-        return {**real_row(c, seed, results, self.backend), **extra, "condition": task.index}
+        return {**real_row(c, seed, results, self.backend), **extra}
 
 
 def run_real_experiments(
@@ -462,18 +464,14 @@ def run_real_experiments(
         tasks, _RealRuns(backend, out), console=console, label=f"real runs on {backend.url}"
     )
     sim = run_tasks(tasks, console=console, label="simulator predictions")
+    rows: dict[str, tuple[list[Row], list[Row]]] = {e.id: ([], []) for e in experiments}
+    for side, finished in enumerate((real, sim)):
+        for d in finished:
+            rows[d.task.experiment_id][side].append({**d.row, "condition": d.task.index})
     done = []
     for experiment in experiments:
-
-        def rows_of(side: list[Done], experiment_id: str = experiment.id) -> list[Row]:
-            return [
-                {**d.row, "condition": d.task.index}
-                for d in side
-                if d.task.experiment_id == experiment_id
-            ]
-
-        real_rows = rows_of(real)
-        sim_rows = [{**row, **sim_service(row)} for row in rows_of(sim)]
+        real_rows, sim_ran = rows[experiment.id]
+        sim_rows = [{**row, **sim_service(row)} for row in sim_ran]
         folder = out / experiment.id
         write_rows(real_rows, folder, "real_runs")
         write_rows(sim_rows, folder, "sim_runs")
