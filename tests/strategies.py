@@ -80,3 +80,8 @@ other = st.tuples(
     st.integers(0, 10**6),
 )
 operations = st.lists(st.one_of(arrival, arrival, other), min_size=20, max_size=150)
+expire = st.tuples(st.just("expire"), gaps, st.just(0))
+"""The wall-clock driver's doom timer firing (`Guard.expire`)."""
+operations_with_expire = st.lists(
+    st.one_of(arrival, arrival, other, expire), min_size=20, max_size=150
+)

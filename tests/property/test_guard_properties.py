@@ -16,7 +16,13 @@ from floorguard.core.guard import Dispatch, Drop, Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import StoreCall
 from floorguard.store import MemoryCreditStore
-from tests.strategies import LearnerFaultError, answers, configs, operations
+from tests.strategies import (
+    LearnerFaultError,
+    answers,
+    configs,
+    operations,
+    operations_with_expire,
+)
 
 
 class Adversary:
@@ -48,23 +54,47 @@ def _answered_by_driver(guard, store, request, now):
     return pending.admission
 
 
-def drive(config, script, ops, prefetch=False):
+def _end_one(guard, op, now):
+    """A complete / fail / abort op: on the request its pick selects, if there is one."""
+    pick = op[2]
+    if op[0] == "abort_queued" and guard._queued:
+        ids = sorted(guard._queued)
+        assert guard.on_abort(ids[pick % len(ids)], now, "client_disconnected")
+    elif guard._in_flight:
+        ids = sorted(guard._in_flight)
+        rid = ids[pick % len(ids)]
+        if op[0] == "complete":
+            guard.on_complete(rid, now)
+        elif op[0] == "fail":
+            guard.on_fail(rid, now, "upstream_error")
+        else:
+            guard.on_abort(rid, now, "client_disconnected")
+
+
+def drive(config, script, ops, prefetch=False, timer_from_start=False):
     """Run the ops through a guard, checking per-step invariants; drain at the end. With
     `prefetch` the driver answers each need itself (`begin_arrival` / `continue_arrival`),
-    as the HTTP guard does with Redis and the learner service: the same decisions."""
+    as the HTTP guard does with Redis and the learner service: the same decisions. With
+    `timer_from_start` the doom timer is asked for before the first arrival (the proxy's
+    pump), else only at the first `expire` op (built then from what is queued)."""
     events = []
     store = MemoryCreditStore()
     guard = Guard(config, learner=Adversary(script), sink=events.append, store=store)
     now, next_id = 0.0, 0
+    if timer_from_start:
+        assert guard.next_doom_at() is None
 
-    def poll():
-        decisions = guard.poll(now)
+    def check_drops(decisions):
         for d in decisions:
             if isinstance(d, Drop):
                 lower = config.lower_envelope
                 assert lower is not None, "dropped without a lower envelope"
                 deadline = guard_deadlines[d.request.request_id]
                 assert now + lower.at(d.request.num_output_tokens) > deadline, "unsound drop"
+
+    def poll():
+        decisions = guard.poll(now)
+        check_drops(decisions)
         if config.dispatch is DispatchOrder.ASSURED_FIRST and any(
             isinstance(d, Dispatch) and not d.entitled for d in decisions
         ):
@@ -84,20 +114,12 @@ def drive(config, script, ops, prefetch=False):
             else:
                 admission = guard.on_arrival(request, now)
             guard_deadlines[request.request_id] = admission.deadline_at
+        elif op[0] == "expire":
+            check_drops(guard.expire(now))
+            next_at = guard.next_doom_at()
+            assert next_at is None or next_at >= now, "a doomed request left queued"
         else:
-            pick = op[2]
-            if op[0] == "abort_queued" and guard._queued:
-                ids = sorted(guard._queued)
-                assert guard.on_abort(ids[pick % len(ids)], now, "client_disconnected")
-            elif guard._in_flight:
-                ids = sorted(guard._in_flight)
-                rid = ids[pick % len(ids)]
-                if op[0] == "complete":
-                    guard.on_complete(rid, now)
-                elif op[0] == "fail":
-                    guard.on_fail(rid, now, "upstream_error")
-                else:
-                    guard.on_abort(rid, now, "client_disconnected")
+            _end_one(guard, op, now)
         poll()
     while guard.num_in_flight or guard.num_queued:
         now += 0.1
@@ -151,3 +173,20 @@ def test_a_driver_answering_the_needs_makes_the_same_decisions(config, script, o
     _, by_guard, _ = drive(config, script, ops, prefetch=False)
     _, by_driver, _ = drive(config, script, ops, prefetch=True)
     assert by_driver == by_guard
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    config=configs(), script=st.lists(answers, min_size=1, max_size=6), ops=operations_with_expire
+)
+def test_the_doom_timer_drops_alike_whenever_it_is_first_asked_for(config, script, ops):
+    """The doom timer is built at the first `next_doom_at` / `expire`: a guard asked from
+    the start and one asked only when a timer fires write the same decision log, every drop
+    sound and none left doomed in the queue after `expire`."""
+    _, from_start, num_offered = drive(config, script, ops, timer_from_start=True)
+    _, when_asked, _ = drive(config, script, ops)
+    assert when_asked == from_start
+    terminal = Counter(e.request_id for e in from_start if e.kind in TERMINAL_KINDS)
+    assert len(terminal) == num_offered and set(terminal.values()) <= {1}
+    report = check_trace(from_start)
+    assert report.ok(), report.violations[:3]

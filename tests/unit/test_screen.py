@@ -127,15 +127,18 @@ def test_changing_the_dispatch_rule_is_noticed(monkeypatch):
         while self._surplus:
             ticket = heapq.heappop(self._surplus)[3]
             if not ticket.cancelled:
+                self.num_queued -= 1
                 return ticket
         while self._assured:
             ticket = self._assured.popleft()
             if not ticket.cancelled:
+                self.num_queued -= 1
+                self.num_queued_entitled -= 1
                 return ticket
         return None
 
     before = screen(config(opportunistic_rate_per_s=10.0), 10.0, FIRST_MOMENT)
-    monkeypatch.setattr(dispatcher_module.AssuredFirstDispatcher, "_pop_live", surplus_first)
+    monkeypatch.setattr(dispatcher_module.AssuredFirstDispatcher, "pop", surplus_first)
     v = screen(config(opportunistic_rate_per_s=10.0), 10.0, MAKESPAN)
     assert v.ahead != 6
     flags = guard_dispatch_order(PRIORITY, 6, 10, 4)

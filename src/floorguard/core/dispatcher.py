@@ -48,7 +48,9 @@ class Ticket:
 
 
 class Dispatcher(ABC):
-    """Orders queued tickets. `pop` returns the next one to start, or None."""
+    """Orders queued tickets. `pop` returns the next one to start, or None. Each keeps
+    `num_queued` / `num_queued_entitled` in step as it pushes and pops (inline: the
+    dispatch loop's hot path)."""
 
     def __init__(self) -> None:
         self.num_queued = 0
@@ -63,23 +65,14 @@ class Dispatcher(ABC):
         its queue that was admitted after it, as if it had never left."""
 
     @abstractmethod
-    def _pop_live(self) -> Ticket | None: ...
-
-    def pop(self) -> Ticket | None:
-        ticket = self._pop_live()
-        if ticket is not None:
-            self._count(ticket, -1)
-        return ticket
+    def pop(self) -> Ticket | None: ...
 
     def cancel(self, ticket: Ticket) -> None:
         """Remove a queued ticket (client gone); removal is lazy, the counts are not."""
         ticket.cancelled = True
-        self._count(ticket, -1)
-
-    def _count(self, ticket: Ticket, delta: int) -> None:
-        self.num_queued += delta
+        self.num_queued -= 1
         if ticket.entitled:
-            self.num_queued_entitled += delta
+            self.num_queued_entitled -= 1
 
 
 class AssuredFirstDispatcher(Dispatcher):
@@ -89,30 +82,38 @@ class AssuredFirstDispatcher(Dispatcher):
     def __init__(self) -> None:
         super().__init__()
         self._assured: deque[Ticket] = deque()
+        """Floor-entitled tickets only; the surplus heap holds the rest."""
         self._surplus: list[tuple[int, float, int, Ticket]] = []
 
     def push(self, ticket: Ticket) -> None:
-        self._count(ticket, +1)
+        self.num_queued += 1
         if ticket.entitled:
+            self.num_queued_entitled += 1
             self._assured.append(ticket)
         else:
             heapq.heappush(self._surplus, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
 
     def push_front(self, ticket: Ticket) -> None:
         if ticket.entitled:
-            self._count(ticket, +1)
+            self.num_queued += 1
+            self.num_queued_entitled += 1
             self._assured.appendleft(ticket)
         else:
             self.push(ticket)  # the surplus heap orders by admission already
 
-    def _pop_live(self) -> Ticket | None:
-        while self._assured:
-            ticket = self._assured.popleft()
+    def pop(self) -> Ticket | None:
+        assured = self._assured
+        while assured:
+            ticket = assured.popleft()
             if not ticket.cancelled:
+                self.num_queued -= 1
+                self.num_queued_entitled -= 1
                 return ticket
-        while self._surplus:
-            ticket = heapq.heappop(self._surplus)[3]
+        surplus = self._surplus
+        while surplus:
+            ticket = heapq.heappop(surplus)[3]
             if not ticket.cancelled:
+                self.num_queued -= 1
                 return ticket
         return None
 
@@ -125,17 +126,22 @@ class FifoDispatcher(Dispatcher):
         self._queue: deque[Ticket] = deque()
 
     def push(self, ticket: Ticket) -> None:
-        self._count(ticket, +1)
+        self.num_queued += 1
+        self.num_queued_entitled += ticket.entitled
         self._queue.append(ticket)
 
     def push_front(self, ticket: Ticket) -> None:
-        self._count(ticket, +1)
+        self.num_queued += 1
+        self.num_queued_entitled += ticket.entitled
         self._queue.appendleft(ticket)
 
-    def _pop_live(self) -> Ticket | None:
-        while self._queue:
-            ticket = self._queue.popleft()
+    def pop(self) -> Ticket | None:
+        queue = self._queue
+        while queue:
+            ticket = queue.popleft()
             if not ticket.cancelled:
+                self.num_queued -= 1
+                self.num_queued_entitled -= ticket.entitled
                 return ticket
         return None
 

@@ -80,10 +80,15 @@ class Guard(Ledger):
         )
         self._meter = ReservationMeter(config.meter)
         self._queue = create_dispatcher(config.dispatch)
-        self._doom_heap: list[tuple[float, int, Ticket]] = []
-        """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time."""
+        self._doom_heap: list[tuple[float, int, Ticket]] | None = None
+        """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time. Built
+        at the first `next_doom_at` / `expire` (a driver that only drops at dispatch, as
+        the simulator does, never pays for the timer), kept in step from then on."""
         self._lowered: dict[str, tuple[int, int]] = {}
         """tenant -> (window, weight refused as floor_lowered in it)"""
+        limits = config.queue_limits
+        self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
+        """The queue limit on each class's surplus (None: none); `per_tenant` beside it."""
 
     # -- arrival --------------------------------------------------------------------------
 
@@ -221,11 +226,10 @@ class Guard(Ledger):
         return max(1, contract.floor * servable // total)
 
     def _surplus_queue_full(self, contract: Contract) -> bool:
-        limits = self.config.queue_limits
-        by_class = limits.for_class(contract.cls)
+        by_class = self._surplus_limit[contract.cls]
         if by_class is not None and self._surplus_by_class[contract.cls] >= by_class:
             return True
-        per_tenant = limits.per_tenant
+        per_tenant = self.config.queue_limits.per_tenant
         return per_tenant is not None and self._surplus_by_tenant[contract.tenant] >= per_tenant
 
     # -- the queue ------------------------------------------------------------------------
@@ -239,9 +243,8 @@ class Guard(Ledger):
         else:
             self._queue.push(ticket)
         self._queue_entry(ticket)
-        if ticket.lower_s is not None:
-            doomed_after = ticket.deadline_at - ticket.lower_s
-            heapq.heappush(self._doom_heap, (doomed_after, ticket.seq, ticket))
+        if self._doom_heap is not None and ticket.lower_s is not None:
+            heapq.heappush(self._doom_heap, _doom_entry(ticket))
 
     def _cancel(self, ticket: Ticket) -> None:
         self._queue.cancel(ticket)
@@ -253,16 +256,23 @@ class Guard(Ledger):
     def next_doom_at(self) -> float | None:
         """When the earliest queued request becomes doomed (call `expire` then); None if no
         queued request can become doomed (no lower envelope, or nothing queued)."""
-        heap = self._doom_heap
+        heap = self._doom_timer()
         while heap and not self._is_queued(heap[0][2]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
+
+    def _doom_timer(self) -> list[tuple[float, int, Ticket]]:
+        if self._doom_heap is None:
+            queued = self._queued.values()
+            self._doom_heap = [_doom_entry(t) for t in queued if t.lower_s is not None]
+            heapq.heapify(self._doom_heap)
+        return self._doom_heap
 
     def expire(self, now: float) -> list[Drop]:
         """Drop every queued request that is doomed at `now` (`now + L > D`, SPEC §4.3),
         without waiting for a slot to free (SPEC §12)."""
         out: list[Drop] = []
-        heap = self._doom_heap
+        heap = self._doom_timer()
         while heap:
             ticket = heap[0][2]
             if not self._is_queued(ticket):
@@ -313,3 +323,8 @@ class Guard(Ledger):
     @property
     def num_queued_entitled(self) -> int:
         return self._queue.num_queued_entitled
+
+
+def _doom_entry(ticket: Ticket) -> tuple[float, int, Ticket]:
+    """The doom timer's key: the instant after which the ticket is doomed (`D − L`)."""
+    return (ticket.deadline_at - ticket.lower_s, ticket.seq, ticket)  # type: ignore[operator]

@@ -126,6 +126,7 @@ class Ledger:
         self._surplus_by_tenant: Counter[str] = Counter()
         self._seq = 0
         self._max_assured_tokens = 0
+        self._total_slots = config.total_slots
         self._sink = sink
         if sink is not None:
             sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
@@ -509,7 +510,7 @@ class Ledger:
     def load(self) -> LoadSnapshot:
         """What a learner is told about current load."""
         queued, first = len(self._queued), self.backlog.backlog
-        return LoadSnapshot(len(self._in_flight), first, queued - first, self.config.total_slots)
+        return LoadSnapshot(len(self._in_flight), first, queued - first, self._total_slots)
 
     def credits_left(self, tenant: str, now: float) -> int | None:
         contract = self._contracts.get(tenant)
