@@ -355,9 +355,15 @@ class _FleetSimulation:
             arrivals.append((at, "flood"))
         arrivals.sort()
         replicas = rng.choice(fleet.replicas, size=len(arrivals), p=weights)
-        for n, ((at, tenant), replica) in enumerate(zip(arrivals, replicas, strict=True)):
-            request = Request(f"r{replica}-{n}", tenant, at, fleet.tokens)
-            self.engine.schedule(at, Priority.ARRIVAL, self.on_arrival, (int(replica), request))
+        self.engine.preload(
+            Priority.ARRIVAL,
+            self.on_arrival,
+            [at for at, _ in arrivals],
+            [
+                (int(r), Request(f"r{r}-{n}", tenant, at, fleet.tokens))
+                for n, ((at, tenant), r) in enumerate(zip(arrivals, replicas, strict=True))
+            ],
+        )
         return len(arrivals)
 
     def on_arrival(self, payload: tuple[int, Request], now: float) -> None:

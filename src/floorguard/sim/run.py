@@ -44,13 +44,15 @@ class _Simulation:
         self._record_first_token = record_first_token
 
     def on_arrival(self, request: Request, now: float) -> None:
-        self.guard.on_arrival(request, now, scheduled_at=request.arrival_at)
-        self._dispatch(now)
+        self.guard.on_arrival(request, now, request.arrival_at)
+        for index in self._dispatch(now):
+            self._reschedule(index)
 
-    def _dispatch(self, now: float) -> None:
+    def _dispatch(self, now: float) -> set[int] | tuple[()]:
+        """Start what the guard dispatches; returns the backends whose batch changed."""
         decisions = self.guard.poll(now)
         if not decisions:  # most polls (a full backend): nothing to start
-            return
+            return ()
         touched: set[int] = set()
         for decision in decisions:
             if type(decision) is Dispatch:
@@ -64,8 +66,7 @@ class _Simulation:
                         decision.request.request_id,
                     )
                 touched.add(decision.backend)
-        for index in touched:
-            self._reschedule(index)
+        return touched
 
     def _reschedule(self, index: int) -> None:
         """Invalidate the backend's pending completion event and schedule the new one."""
@@ -82,8 +83,13 @@ class _Simulation:
             return
         for request_id in self.backends[index].complete_due(now):
             self.guard.on_complete(request_id, now)
-        self._reschedule(index)
-        self._dispatch(now)
+        touched = self._dispatch(now)
+        # The completing backend's next event first, then the others' (as they were ordered
+        # when each was rescheduled on its own): one event per backend change, none stale.
+        if index not in touched:
+            self._reschedule(index)
+        for other in touched:
+            self._reschedule(other)
 
     def on_first_token(self, request_id: RequestId, now: float) -> None:
         self.guard.on_first_token(request_id, now)
@@ -130,8 +136,7 @@ def simulate_once(
         for c, r in zip(scenario.slots, backend_rngs, strict=True)
     ]
     sim = _Simulation(guard, backends, record_first_token=record)
-    for request in requests:
-        sim.engine.schedule(request.arrival_at, Priority.ARRIVAL, sim.on_arrival, request)
+    sim.engine.preload(Priority.ARRIVAL, sim.on_arrival, [r.arrival_at for r in requests], requests)
     sim.engine.run()
     if guard.num_in_flight or guard.num_queued:
         raise RuntimeError("simulation ended with work left: a request has no terminal outcome")
