@@ -54,7 +54,7 @@ class Engine:
         """Schedule `handler(payloads[i], times[i])` for each `i` (`times` sorted), ahead of
         anything scheduled later: the same order as `schedule` on each in turn, before any
         other call. Nothing is allocated per event."""
-        if self._heap or len(self) or self.num_handled:
+        if len(self) or self.num_handled:
             raise ValueError("preload() comes before any other event is scheduled or run")
         if len(times) != len(payloads):
             raise ValueError(f"{len(times)} times for {len(payloads)} payloads")

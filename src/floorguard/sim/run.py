@@ -84,8 +84,9 @@ class _Simulation:
         for request_id in self.backends[index].complete_due(now):
             self.guard.on_complete(request_id, now)
         touched = self._dispatch(now)
-        # The completing backend's next event first, then the others' (as they were ordered
-        # when each was rescheduled on its own): one event per backend change, none stale.
+        # One event per changed backend, none left stale: this backend's first unless it
+        # started work again, then those that did (the order of the events left live when
+        # it was rescheduled before the dispatch as well).
         if index not in touched:
             self._reschedule(index)
         for other in touched:
