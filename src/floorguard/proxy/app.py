@@ -20,8 +20,8 @@ import logging
 import math
 import os
 import re
+import secrets
 import socket
-import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -400,7 +400,7 @@ class GuardServer:
         """One request, end to end: its `x-request-id` (the client's, if well-formed, else
         a fresh one) goes upstream and back, and it is one access-log line."""
         given = request.headers.get("x-request-id", "")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request_id = given if _REQUEST_ID.match(given) else secrets.token_hex(16)
         rid = f"{self.replica}-{next(self._ids)}"
         seen: dict[str, Any] = {}
         response: web.StreamResponse | None = None

@@ -162,7 +162,7 @@ class GuardMetrics:
     def _ended(self, event: TraceEvent, model: str, timing: Timing | None) -> None:
         kind = event.kind
         reason = self._reason(event.reason)
-        self.outcomes[model, event.tenant or "", _cls(event), kind.value, reason] += 1
+        self.outcomes[model, event.tenant or "", _cls(event), _LABEL[kind], reason] += 1
         self._timings.pop(event.request_id, None)
         if timing is None:
             return
@@ -192,16 +192,24 @@ class GuardMetrics:
 
     def on_complete(self, model: str, tenant: str, cls: ContractClass, late: bool) -> None:
         if late:
-            self.late[model, tenant, cls.value] += 1
+            self.late[model, tenant, _LABEL[cls]] += 1
 
     def on_chunk_gap(self, model: str, cls: ContractClass, gap_s: float) -> None:
         """The silence between two chunks of a streamed reply (one token per chunk, as
         vLLM streams by default): the inter-token latency."""
-        self.gaps.observe((model, cls.value), gap_s)
+        self.gaps.observe((model, _LABEL[cls]), gap_s)
+
+
+_LABEL: dict[ContractClass | EventKind | None, str] = {
+    None: "none",
+    **{c: c.value for c in ContractClass},
+    **{k: k.value for k in EventKind},
+}
+"""Label values by enum member: a dict lookup per event, not an enum `.value` lookup."""
 
 
 def _cls(event: TraceEvent) -> str:
-    return event.cls.value if event.cls is not None else "none"
+    return _LABEL[event.cls]
 
 
 _GAUGES: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
