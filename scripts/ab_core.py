@@ -51,6 +51,8 @@ SHARED_PROFILE_FIELDS = (
     "jitter_cap",
     "coupled",
 )
+"""The service-profile fields both trees have (not `profiles._FIELDS`, the profile file's
+keys): the shared profile is built from these in each tree's own `ServiceProfile`."""
 
 
 def _copy_as_old(src: Path) -> Path:
