@@ -17,7 +17,8 @@ class ScriptedBackend:
     def __init__(self) -> None:
         self.mode = "ok"
         """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
-        for 2 s) | error (500 with an internal detail) | redirect | big (a 5 MB reply)."""
+        for 2 s) | error (500 with an internal detail) | redirect | big (a 5 MB reply).
+        Whatever the mode, a prompt `huge:N` is answered with N MB (`_huge`)."""
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []
         """Each forwarded request's `x-request-id` header."""
@@ -53,6 +54,9 @@ class ScriptedBackend:
             raise web.HTTPTemporaryRedirect("/elsewhere")
         if self.mode == "big":
             return web.Response(body=b'{"x": "' + b"a" * 5_000_000 + b'"}')
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt.startswith("huge:"):
+            return await self._huge(request, body, int(prompt[5:]))
         if not body.get("stream"):
             return web.json_response(completion_body("x", "m", False, "ok", completion_tokens=1))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -63,6 +67,22 @@ class ScriptedBackend:
         for _ in range(10 if self.mode == "slow-stream" else 1):
             await asyncio.sleep(0.2 if self.mode == "slow-stream" else 0)
             await response.write(stream_chunk("x", "m", False, " tok"))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _huge(self, request: web.Request, body: dict[str, Any], megabytes: int):
+        """A reply of `megabytes` MB (prompt `huge:N`), as fast as the reader takes it —
+        what a large `top_logprobs` at a long `max_tokens` makes — streamed or whole."""
+        piece = stream_chunk("x", "m", False, " " + "t" * 65_000)
+        count = megabytes * 1_000_000 // len(piece)
+        if not body.get("stream"):
+            return web.Response(body=b'{"x": "' + b"a" * (megabytes * 1_000_000) + b'"}')
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(count):
+            await response.write(piece)
+        self.hits["huge_done"] = self.hits.get("huge_done", 0) + 1
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

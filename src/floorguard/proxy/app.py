@@ -54,6 +54,7 @@ from floorguard.proxy.normalize import (
 )
 from floorguard.proxy.pool import Pool
 from floorguard.proxy.pump import Pump
+from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
 from floorguard.store.leases import SlotLeases
 from floorguard.store.shared import SharedFloor
@@ -151,6 +152,8 @@ class GuardServer:
         """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
         status page's charts)."""
         self._session: aiohttp.ClientSession | None = None
+        self.replies = HeldReplies(limits.max_held_reply_bytes)
+        """Reply bytes held for clients, bounded (relay.py)."""
         self._tenants = {t for pool in self.pools.values() for t in pool.contracts}
 
     @property
@@ -474,10 +477,12 @@ class GuardServer:
 
     def status(self) -> dict[str, Any]:
         """`/admin/status`: the guard's window, queues, monitors, §6 report, and the store;
-        with `models:`, one such object per model under `pools`."""
+        with `models:`, one such object per model under `pools`; and the reply bytes held
+        for clients (`replies`: held now, replies cut)."""
+        replies = {"held_bytes": self.replies.held_bytes, "cut": self.replies.num_cut}
         if None in self.pools:
-            return self.pools[None].status()
-        return {"pools": {name: pool.status() for name, pool in self.pools.items()}}
+            return {**self.pools[None].status(), "replies": replies}
+        return {"pools": {n: pool.status() for n, pool in self.pools.items()}, "replies": replies}
 
     def store_status(self) -> dict[str, Any]:
         """The shared floor's state (the one pool's; with several, the worst of them)."""

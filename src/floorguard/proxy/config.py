@@ -221,7 +221,15 @@ class LimitsSpec(_Strict):
     """Fields forwarded as they are, whatever `unknown_fields` says (never a scheduling
     field: `priority` and the like are always the guard's)."""
     max_response_bytes: int = Field(default=16_000_000, ge=1024, le=1_000_000_000)
-    """A non-streamed backend reply larger than this is not relayed (502)."""
+    """A backend reply larger than this is not relayed: a non-streamed one is a 502, a
+    stream ends with an SSE error event (so no request's reply grows without bound)."""
+    max_buffered_reply_bytes: int = Field(default=4_000_000, ge=65_536, le=1_000_000_000)
+    """A stream's bytes the backend has sent and its client not yet taken: a client further
+    behind is cut (`client_too_slow`), its slot long since free (the backend is read at its
+    own pace)."""
+    max_held_reply_bytes: int = Field(default=256_000_000, ge=1_000_000, le=100_000_000_000)
+    """All reply bytes held for clients together: past it the reply holding the most is cut
+    (`reply_buffer_full`)."""
 
     def edge_limits(self) -> EdgeLimits:
         """What `normalize` checks a body against."""
@@ -327,6 +335,9 @@ class GuardServerConfig(_Strict):
     header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection that sends no complete request for this long is closed (aiohttp's
     keep-alive timer, which also covers unfinished headers)."""
+    client_write_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A reply write the client does not take within this long cuts it (`client_too_slow`).
+    The slot is not held meanwhile: the backend is read at its own pace."""
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM: stop accepting, answer 503 `draining`, and give in-flight requests this
     long to finish before exiting."""

@@ -49,6 +49,7 @@ from floorguard.proxy.config import GuardServerConfig, StoreSpec
 from floorguard.proxy.health import BackendHealth, reported_slots
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
+from floorguard.proxy.relay import ReplyBox
 from floorguard.proxy.replies import (
     JSON,
     NO_RETRY,
@@ -495,7 +496,7 @@ class Pool:
                 )
             if work.stream:
                 return await self._relay(request, rid, upstream, headers, exchange)
-            return await self._reply(rid, upstream, headers)
+            return await self._reply(request, rid, upstream, headers)
 
     def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
         """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
@@ -524,27 +525,91 @@ class Pool:
     async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
         return await next_chunk(upstream.content, timeout_s)
 
-    async def _reply(
-        self, rid: str, upstream: aiohttp.ClientResponse, headers: dict[str, str]
-    ) -> web.Response:
-        """A non-streamed reply, read whole up to `limits.max_response_bytes`."""
+    def _box(self, request: web.Request, limit_bytes: int) -> ReplyBox:
+        """A reply box whose cut aborts this client's connection (relay.py)."""
+        transport = request.transport
+        return self.edge.replies.box(
+            limit_bytes, transport.abort if transport is not None else None
+        )
+
+    async def _from_backend(
+        self, rid: str, upstream: aiohttp.ClientResponse, box: ReplyBox, first: bytes = b""
+    ) -> None:
+        """Read the backend's reply at the backend's pace into `box`, bounded by
+        `limits.max_response_bytes`, and end the request in the guard when the backend has
+        finished (its slot goes on then, whatever the client does). A failure ends the box
+        with it; a cut box stops the reading (the request is aborted by the writer)."""
         cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
-        chunks: list[bytes] = []
-        size = 0
+        metrics, cls = self.edge.metrics, self._class_of(rid)
+        size, last, chunk = 0, self.clock.now(), first
         try:
-            while chunk := await self._read_chunk(upstream, idle):
-                await self.edge.checkpoint("stream")
+            if not chunk:
+                chunk = await self._read_chunk(upstream, idle)
+            while chunk:
                 size += len(chunk)
                 if size > cap:
                     self._end(rid, "fail", "upstream_reply_too_large")
-                    return json_error(
-                        502, "upstream_reply_too_large", f"the reply exceeds {cap} bytes", headers
-                    )
-                chunks.append(chunk)
+                    box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
+                    return
+                if not box.put(chunk):
+                    return
+                await self.edge.checkpoint("stream")
+                chunk = await self._read_chunk(upstream, idle)
+                if chunk and first:
+                    now = self.clock.now()
+                    metrics.on_chunk_gap(self.label, cls, now - last)
+                    last = now
         except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._upstream_failed(rid, exc, headers)
+            reason = (
+                "upstream_timeout"
+                if isinstance(exc, TimeoutError)
+                else "upstream_broke_mid_stream"
+                if first
+                else "upstream_error"
+            )
+            self._end(rid, "fail", reason)
+            box.finish((reason, "the backend reply failed mid-way"))
+            return
         self._complete(rid)
-        return web.Response(body=b"".join(chunks), status=200, headers={**headers, **JSON})
+        box.finish()
+
+    async def _reply(
+        self,
+        request: web.Request,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
+        ended in the guard, then written to the client within `client_write_timeout_s`."""
+        box = self._box(request, self.config.limits.max_response_bytes)
+        try:
+            await self._from_backend(rid, upstream, box)
+            if box.cut_reason is not None:
+                self._end(rid, "abort", box.cut_reason)
+                return json_error(503, box.cut_reason, "the guard holds too many replies")
+            if box.failure is not None:
+                code, message = box.failure
+                status = 504 if code == "upstream_timeout" else 502
+                return json_error(status, code, message, headers)
+            body = box.take_all()
+            response = web.StreamResponse(status=200, headers={**headers, **JSON})
+            response.content_length = len(body)
+            await response.prepare(request)
+            try:
+                await self._to_client(response, body)
+                await response.write_eof()
+            except TimeoutError:
+                box.cut("client_too_slow")
+                log.info("request %s: its client was cut (client_too_slow)", rid)
+            return response
+        finally:
+            box.close()
+
+    async def _to_client(self, response: web.StreamResponse, chunk: bytes) -> None:
+        """One write towards the client, within `client_write_timeout_s` (TimeoutError)."""
+        async with asyncio.timeout(self.config.client_write_timeout_s):
+            await response.write(chunk)
 
     async def _relay(
         self,
@@ -555,7 +620,9 @@ class Pool:
         exchange: Exchange,
     ) -> web.StreamResponse:
         """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
-        it, the stream ends with an SSE error event (never a second response)."""
+        it, the stream ends with an SSE error event (never a second response). The backend
+        is read into a bounded box at its own pace (`_from_backend`); the client is written
+        from it, and cut when it cannot keep up (relay.py)."""
         timeouts = self.config.upstream
         try:
             first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
@@ -568,33 +635,32 @@ class Pool:
         exchange.response = response
         await response.prepare(request)
         self.guard.on_first_token(rid, self.clock.now())
-        chunk = first
-        metrics, cls = self.edge.metrics, self._class_of(rid)
-        last = self.clock.now()
+        box = self._box(request, self.config.limits.max_buffered_reply_bytes)
+        reading = asyncio.create_task(self._from_backend(rid, upstream, box, first))
+        reading.add_done_callback(lambda _: box.finished or box.finish())
         try:
-            while chunk:
-                await self.edge.checkpoint("stream")
-                if request.transport is None or request.transport.is_closing():
-                    raise ConnectionResetError("the client went away mid-stream")
-                await response.write(chunk)
-                chunk = await self._read_chunk(upstream, timeouts.idle_timeout_s)
-                if chunk:
-                    now = self.clock.now()
-                    metrics.on_chunk_gap(self.label, cls, now - last)
-                    last = now
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            reason = (
-                "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_broke_mid_stream"
-            )
-            self._end(rid, "fail", reason)
-            await end_stream(response, reason, "the backend stream failed mid-way")
-            return response
+            while (chunk := await box.get()) is not None:
+                await self._to_client(response, chunk)
+            if box.cut_reason is None:
+                await asyncio.wait([reading])
+                reading.result()  # a fault inside the reading fails this request here
+            if box.failure is not None:
+                await end_stream(response, *box.failure)
+            elif box.cut_reason is None:
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write_eof()
+        except TimeoutError:
+            box.cut("client_too_slow")
         except ConnectionResetError:
-            self._end(rid, "abort", "client_disconnected")
-            return response
-        self._complete(rid)
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
+            pass
+        finally:
+            if not reading.done():
+                reading.cancel()
+                await asyncio.wait([reading])
+            self._end(rid, "abort", box.cut_reason or "client_disconnected")
+            if box.cut_reason is not None:
+                log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
+            box.close()
         return response
 
     def _class_of(self, rid: str) -> ContractClass:

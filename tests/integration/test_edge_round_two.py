@@ -1,0 +1,123 @@
+"""Issue 28's attacks against a real `floorguard serve` on loopback: what takes the floor
+away (a slow reader holding the slots) or reaches the backend unmetered. After each the
+assured tenant is served on time and the decision log verifies (`guard_process`)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from floorguard.core.events import EventKind, read_jsonl
+from tests.integration.live import token
+from tests.integration.test_attacks import BEARER, ENTITLED, Guard, guard_process
+
+pytest_plugins = ["tests.integration.test_attacks"]  # its `scripted` backend fixture
+
+DEADLINE_S = 1.82
+
+
+def _hog(port: int, prompt: str, stream: bool = True) -> socket.socket:
+    """A request whose client then reads nothing: its reply fills the socket buffers."""
+    body = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 4, "stream": stream})
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token('free')}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+async def _assured_on_time(url: str, count: int) -> list[tuple[int, float]]:
+    async def one(session: aiohttp.ClientSession) -> tuple[int, float]:
+        started = time.monotonic()
+        async with session.post(
+            url + "/v1/completions", json=ENTITLED, headers=BEARER["acme"]
+        ) as r:
+            await r.read()
+            return r.status, time.monotonic() - started
+
+    async with aiohttp.ClientSession() as session:
+        return await asyncio.gather(*(one(session) for _ in range(count)))
+
+
+def _wait_idle(guard: Guard, timeout_s: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = guard.status()
+        if sum(status["queues"]["in_flight"]) == 0 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "stream", "box_bytes", "outcome"),
+    [
+        ("huge:16", True, 1_000_000, "abort"),  # outgrows its box: cut, the backend aborted
+        ("huge:12", True, 32_000_000, "complete"),  # fits: the backend finishes, the client lags
+        ("huge:12", False, 1_000_000, "complete"),  # a whole reply, held while it is not read
+    ],
+)
+def test_slow_readers_do_not_hold_the_slots(
+    tmp_path, scripted, prompt, stream, box_bytes, outcome
+):
+    """Four opportunistic requests (all of `C` = 4) whose clients read nothing: their slots
+    are free within a second, eight assured requests after them are all on time, and the
+    slow clients are cut at `client_write_timeout_s` (logged as their own reason)."""
+    backend, url = scripted
+    backend.mode = "ok"
+    limits = {"max_buffered_reply_bytes": box_bytes}
+    with guard_process(tmp_path, [url], limits=limits, client_write_timeout_s=2.0) as guard:
+        port = int(guard.url.rsplit(":", 1)[1])
+        hogs = [_hog(port, prompt, stream) for _ in range(4)]
+        try:
+            time.sleep(1.0)
+            assert sum(_wait_idle(guard, 2.0)["queues"]["in_flight"]) == 0
+            results = asyncio.run(_assured_on_time(guard.url, 8))
+            assert [s for s, _ in results] == [200] * 8
+            assert max(t for _, t in results) < DEADLINE_S
+            time.sleep(3.0)  # past client_write_timeout_s: every hog has been cut
+            assert guard.status()["replies"]["cut"] == 4
+            assert guard.status()["replies"]["held_bytes"] == 0
+        finally:
+            for sock in hogs:
+                sock.close()
+    ends = [
+        e
+        for e in read_jsonl(str(tmp_path / "decisions.jsonl"))
+        if e.tenant == "free" and e.kind in (EventKind.COMPLETE, EventKind.ABORT)
+    ]
+    assert [e.kind.value for e in ends] == [outcome] * 4
+    if outcome == "abort":
+        assert {e.reason for e in ends} == {"client_too_slow"}
+
+
+def test_the_held_reply_bytes_are_bounded_across_requests(tmp_path, scripted):
+    """Ten unread 6 MB non-streamed replies under a 20 MB bound for all held replies: the
+    ones holding the most are cut (`reply_buffer_full`) — never more than the bound held —
+    and the assured tenant is served meanwhile."""
+    backend, url = scripted
+    backend.mode = "ok"
+    limits = {"max_held_reply_bytes": 20_000_000}
+    with guard_process(tmp_path, [url], limits=limits, client_write_timeout_s=30.0) as guard:
+        port = int(guard.url.rsplit(":", 1)[1])
+        hogs = []
+        try:
+            for _ in range(10):
+                hogs.append(_hog(port, "huge:6", stream=False))
+                time.sleep(0.2)
+            status = guard.status()
+            assert status["replies"]["held_bytes"] <= 20_000_000
+            assert status["replies"]["cut"] >= 6
+            results = asyncio.run(_assured_on_time(guard.url, 8))
+            assert [s for s, _ in results] == [200] * 8
+        finally:
+            for sock in hogs:
+                sock.close()
