@@ -121,3 +121,48 @@ def test_the_held_reply_bytes_are_bounded_across_requests(tmp_path, scripted):
         finally:
             for sock in hogs:
                 sock.close()
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "param"),
+    [
+        ({"chat_template_kwargs": {"documents": [{"text": "d" * 750_000}]}}, "prompt_too_long",
+         "messages"),
+        ({"chat_template_kwargs": {"chat_template": "{{ 'x' * 10**6 }}"}}, "costly_field",
+         "chat_template_kwargs"),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "s", "schema": {"d": "x" * 900_000}}}},
+         "field_too_large", "response_format"),
+        ({"guided_grammar": " | ".join(f'"a{i}"' for i in range(20_000))}, "field_too_large",
+         "guided_grammar"),
+        ({"guided_choice": [f"c{i}" for i in range(20_000)]}, "field_too_large", "guided_choice"),
+        ({"stop": [f"s{i}" for i in range(10_000)]}, "field_too_large", "stop"),
+        ({"stop_token_ids": list(range(50_000))}, "field_too_large", "stop_token_ids"),
+        ({"logit_bias": {str(i): 1 for i in range(70_000)}}, "field_too_large", "logit_bias"),
+        ({"allowed_token_ids": list(range(100_000))}, "field_too_large", "allowed_token_ids"),
+        ({"bad_words": [f"w{i}" for i in range(10_000)]}, "field_too_large", "bad_words"),
+        ({"prompt_logprobs": 20}, "costly_field", "prompt_logprobs"),
+        ({"logprobs": True, "top_logprobs": 20}, "field_too_large", "top_logprobs"),
+    ],
+)  # fmt: skip
+def test_work_the_meter_does_not_see_never_reaches_the_backend(
+    tmp_path, scripted, extra, code, param
+):
+    """Each of issue 28's unmetered fields, sent by an opportunistic tenant to a real guard
+    (limits.max_body_bytes raised so the body itself is admitted): a 400 naming the field,
+    not retryable, and nothing forwarded."""
+    backend, url = scripted
+    backend.mode, before = "ok", len(backend.bodies)
+    with guard_process(tmp_path, [url], limits={"max_body_bytes": 4_000_000}) as guard:
+        status, payload, headers, _ = guard.post(
+            {**CHAT, **extra}, tenant="free", path="/v1/chat/completions"
+        )
+        assert (status, payload["error"]["code"], payload["error"]["param"]) == (400, code, param)
+        assert headers["x-should-retry"] == "false"
+        assert len(backend.bodies) == before
+        status, _, headers, elapsed = guard.post(ENTITLED)
+        assert (status, headers["x-floorguard-decision"]) == (200, "entitled")
+        assert elapsed < DEADLINE_S

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 
 from floorguard.proxy.config import IdentitySpec
 from floorguard.proxy.identity import AuthError, create_identity
-from floorguard.proxy.normalize import SCHEDULING_FIELDS, BadRequestError, EdgeLimits, normalize
+from floorguard.proxy.normalize import (
+    CONSTRAINTS,
+    COSTLY_FIELDS,
+    SCHEDULING_FIELDS,
+    TOKEN_LISTS,
+    BadRequestError,
+    EdgeLimits,
+    normalize,
+)
 
 SECRET = "fuzz-secret-0123456789abcdef0123456789"
 IDENTITY = create_identity(
@@ -59,6 +67,24 @@ bodies = st.one_of(
             ),
             "temperature": json_values,
             "surprise": json_values,
+            # work the meter does not see (issue 28): refused, bounded or counted
+            "stop": json_values | st.lists(st.text(max_size=80), max_size=12),
+            "stop_token_ids": json_values | st.lists(st.integers(0, 9), max_size=30),
+            "bad_words": st.lists(st.text(max_size=3), max_size=30),
+            "logit_bias": json_values | st.dictionaries(st.text(max_size=3), st.integers(), max_size=30),
+            "guided_json": json_values,
+            "guided_choice": st.lists(st.text(max_size=20), max_size=8),
+            "response_format": json_values,
+            "top_logprobs": json_values | st.integers(0, 30),
+            "logprobs": json_values | st.integers(0, 30),
+            "echo": json_values,
+            "chat_template_kwargs": json_values
+            | st.fixed_dictionaries(
+                {}, optional={"documents": st.text(max_size=300), "chat_template": st.text()}
+            ),
+            "prompt_logprobs": json_values,
+            "chat_template": json_values,
+            "logits_processors": json_values,
         },
     ).map(_dumps),
     st.integers(200, 400).map(lambda depth: b"[" * depth + b"]" * depth),
@@ -81,7 +107,16 @@ def test_any_body_is_normalized_within_the_metered_work_or_refused_with_a_4xx(
     """A body either becomes forwarded bytes whose output cap is the metered ℓ (≤ the
     limit), with at most one sequence, no client scheduling field and `min_tokens` ≤ ℓ, or
     is refused with a 400 naming why; nothing else is raised."""
-    limits = EdgeLimits(max_tokens=4096, default_max_tokens=16, unknown_fields=policy)
+    limits = EdgeLimits(
+        max_tokens=4096,
+        default_max_tokens=16,
+        unknown_fields=policy,
+        max_stop=8,
+        max_list_items=20,
+        max_logit_bias=20,
+        max_constraint_bytes=64,
+        max_top_logprobs=5,
+    )
     try:
         work = normalize(raw, chat=chat, limits=limits, priority=priority)
     except BadRequestError as exc:
@@ -98,6 +133,30 @@ def test_any_body_is_normalized_within_the_metered_work_or_refused_with_a_4xx(
     assert not (set(forwarded) & SCHEDULING_FIELDS - {"priority"})
     assert 0 <= (work.min_prompt_tokens or 0) <= work.num_prompt_tokens <= 32768
     assert isinstance(forwarded.get("stream", False), bool)
+    _within_the_bounds(forwarded, work.num_prompt_tokens, chat)
+
+
+def _within_the_bounds(forwarded: dict, num_prompt_tokens: int, chat: bool) -> None:
+    """What the sampler and a guided decoder walk is bounded, nothing costly is forwarded,
+    and what a chat template renders is inside the metered prompt."""
+    assert not set(forwarded) & COSTLY_FIELDS
+    stop = forwarded.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    assert len(stops) <= 8 and all(len(json.dumps(x).encode()) <= 64 for x in stops)
+    for key in TOKEN_LISTS:
+        assert not isinstance(forwarded.get(key), list) or len(forwarded[key]) <= 20
+    bias = forwarded.get("logit_bias")
+    assert not isinstance(bias, dict | list) or len(bias) <= 20
+    for key in CONSTRAINTS:
+        if key in forwarded:
+            assert len(json.dumps(forwarded[key], ensure_ascii=False).encode()) <= 64
+    for key in ("top_logprobs", "logprobs"):
+        value = forwarded.get(key)
+        assert type(value) is not int or value <= 5
+    kwargs = forwarded.get("chat_template_kwargs")
+    if chat and isinstance(kwargs, dict):
+        assert "chat_template" not in kwargs
+        assert num_prompt_tokens >= len(json.dumps(kwargs, ensure_ascii=False).encode())
 
 
 def _b64(data: bytes) -> str:

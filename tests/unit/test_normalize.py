@@ -62,12 +62,12 @@ def test_client_scheduling_fields_are_removed_or_replaced_by_the_guards():
 
 
 def test_unknown_fields_follow_the_policy_and_the_allow_list():
-    body = {"prompt": "hi", "vllm_xargs": {"a": 1}}
-    assert _refusal(body).param == "vllm_xargs"
+    body = {"prompt": "hi", "surprise": {"a": 1}}
+    assert _refusal(body).param == "surprise"
     drop = EdgeLimits(unknown_fields="drop")
-    assert "vllm_xargs" not in orjson.loads(_work(body, limits=drop).body)
-    allow = EdgeLimits(allow_fields=frozenset({"vllm_xargs"}))
-    assert orjson.loads(_work(body, limits=allow).body)["vllm_xargs"] == {"a": 1}
+    assert "surprise" not in orjson.loads(_work(body, limits=drop).body)
+    allow = EdgeLimits(allow_fields=frozenset({"surprise"}))
+    assert orjson.loads(_work(body, limits=allow).body)["surprise"] == {"a": 1}
     forward = EdgeLimits(unknown_fields="forward")
     assert "priority" not in orjson.loads(_work({**body, "priority": 0}, limits=forward).body)
 
@@ -123,3 +123,64 @@ def test_what_cannot_be_metered_is_refused_naming_the_field(body, chat, code):
 def test_a_missing_tokenizer_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"limits\.tokenizer"):
         load_tokenizer(str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize("policy", ["refuse", "drop", "forward"])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"prompt_logprobs": 5}, "prompt_logprobs"),
+        ({"chat_template": "{{ x }}"}, "chat_template"),
+        ({"chat_template_kwargs": {"chat_template": "{{ x }}"}}, "chat_template_kwargs"),
+        ({"logits_processors": ["pkg.mod:Proc"]}, "logits_processors"),
+        ({"vllm_xargs": {"a": 1}}, "vllm_xargs"),
+    ],
+)
+def test_costly_fields_are_refused_whatever_the_unknown_field_policy(extra, param, policy):
+    """Work a backend does that no bound prices is a 400 `costly_field` under every
+    `unknown_fields` policy, and forwarded only when the operator allows it by name."""
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    refused = _refusal(body, chat=True, limits=EdgeLimits(unknown_fields=policy))
+    assert (refused.kind, refused.param) == ("costly_field", param)
+    allowed = EdgeLimits(allow_fields=frozenset({param, "chat_template"}))
+    assert param in orjson.loads(_work(body, chat=True, limits=allowed).body)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": "x" * 20_000}, "stop"),
+        ({"stop_token_ids": list(range(2000))}, "stop_token_ids"),
+        ({"allowed_token_ids": list(range(2000))}, "allowed_token_ids"),
+        ({"bad_words": ["w"] * 2000}, "bad_words"),
+        ({"logit_bias": {str(t): 1 for t in range(400)}}, "logit_bias"),
+        ({"guided_choice": ["c"] * 20_000}, "guided_choice"),
+        ({"guided_regex": "(a|b)" * 5000}, "guided_regex"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"x": "y" * 20_000}}},
+         "response_format"),
+        ({"top_logprobs": 20, "logprobs": True}, "top_logprobs"),
+    ],
+)  # fmt: skip
+def test_what_the_sampler_walks_per_token_is_bounded(extra, param):
+    """Stop lists, token lists, logit bias, guided-decoding constraints and top_logprobs
+    past their default bounds are a 400 `field_too_large` naming the field."""
+    refused = _refusal({"messages": [{"role": "user", "content": "hi"}], **extra}, chat=True)
+    assert (refused.kind, refused.param) == ("field_too_large", param)
+
+
+def test_what_a_chat_template_renders_is_counted_into_the_prompt():
+    """`documents` inside `chat_template_kwargs` weigh on the metered prompt like top-level
+    ones: 750 KB there is `prompt_too_long`, not 20 tokens."""
+    messages = [{"role": "user", "content": "hi"}]
+    small = _work({"messages": messages}, chat=True).num_prompt_tokens
+    kwargs = {"chat_template_kwargs": {"documents": [{"text": "d" * 500}]}}
+    assert _work({"messages": messages, **kwargs}, chat=True).num_prompt_tokens > small + 500
+    huge = {"chat_template_kwargs": {"documents": [{"text": "d" * 750_000}]}}
+    assert _refusal({"messages": messages, **huge}, chat=True).kind == "prompt_too_long"
+
+
+def test_a_completion_may_not_echo_its_prompt_with_logprobs():
+    """`echo` with `logprobs` on a completion computes the prompt's logprobs: costly."""
+    refused = _refusal({"prompt": "hi", "echo": True, "logprobs": 1})
+    assert (refused.kind, refused.param) == ("costly_field", "echo")

@@ -223,6 +223,17 @@ class LimitsSpec(_Strict):
     max_response_bytes: int = Field(default=16_000_000, ge=1024, le=1_000_000_000)
     """A backend reply larger than this is not relayed: a non-streamed one is a 502, a
     stream ends with an SSE error event (so no request's reply grows without bound)."""
+    max_stop: int = Field(default=16, ge=0, le=100_000)
+    """Stop strings one request may give (each at most `max_constraint_bytes`)."""
+    max_list_items: int = Field(default=1024, ge=0, le=10_000_000)
+    """Entries of `stop_token_ids`, `allowed_token_ids` and `bad_words`."""
+    max_logit_bias: int = Field(default=300, ge=0, le=10_000_000)
+    """Entries of `logit_bias`."""
+    max_constraint_bytes: int = Field(default=16_384, ge=0, le=100_000_000)
+    """A guided-decoding schema, grammar, regex or choice list (`response_format`,
+    `guided_*`, `structured_outputs`), as JSON bytes."""
+    max_top_logprobs: int = Field(default=5, ge=0, le=1_000)
+    """`top_logprobs` (a completion's `logprobs`): each streamed token carries that many."""
     max_buffered_reply_bytes: int = Field(default=4_000_000, ge=65_536, le=1_000_000_000)
     """A stream's bytes the backend has sent and its client not yet taken: a client further
     behind is cut (`client_too_slow`), its slot long since free (the backend is read at its
@@ -240,6 +251,11 @@ class LimitsSpec(_Strict):
             chat_overhead_tokens=self.chat_overhead_tokens,
             unknown_fields=self.unknown_fields,
             allow_fields=frozenset(self.allow_fields),
+            max_stop=self.max_stop,
+            max_list_items=self.max_list_items,
+            max_logit_bias=self.max_logit_bias,
+            max_constraint_bytes=self.max_constraint_bytes,
+            max_top_logprobs=self.max_top_logprobs,
         )
 
     @model_validator(mode="after")

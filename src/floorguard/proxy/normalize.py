@@ -19,6 +19,16 @@ client's body into the bytes the guard forwards and the sizes it meters.
   The count (an upper bound) is what the token meter and `s_max` weigh; the lower bound
   (the exact count, or the template-free content count with a tokenizer, else 0) is what the
   doom gate's `L` may use, so a drop stays a proof.
+* **Work the meter does not see** (issue 28) is refused or bounded: fields that make the
+  backend do unmetered work (`COSTLY_FIELDS`: `prompt_logprobs`, a client's `chat_template`
+  anywhere, custom logits processors, prompt embeddings, …) are a 400 `costly_field` unless
+  the operator lists them in `limits.allow_fields`, whatever `unknown_fields` says; lists the
+  sampler walks per token (`stop`, `stop_token_ids`, `logit_bias`, `allowed_token_ids`,
+  `bad_words`) and guided-decoding schemas, grammars and choices are bounded by count and by
+  size (400 `field_too_large` naming the field); `top_logprobs` (and a completion's integer
+  `logprobs`), which grow every streamed token, by `limits.max_top_logprobs`. What a chat
+  template renders into the prompt — `tools`, `documents`, and everything in
+  `chat_template_kwargs` — is counted into the prompt bound.
 * **Fields it does not know** follow `limits.unknown_fields`: `refuse` (default: 400
   `unknown_field` naming it), `drop`, or `forward`; `limits.allow_fields` forwards named ones.
 
@@ -56,7 +66,7 @@ SAMPLING_FIELDS = frozenset(
         "stop", "stop_token_ids", "seed", "logit_bias", "logprobs", "user", "metadata",
         "response_format", "include_stop_str_in_output", "skip_special_tokens",
         "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
-        "bad_words", "prompt_logprobs", "add_special_tokens", "guided_json", "guided_regex",
+        "bad_words", "add_special_tokens", "guided_json", "guided_regex",
         "guided_choice", "guided_grammar", "guided_decoding_backend",
         "guided_whitespace_pattern", "structured_outputs", "return_tokens_as_token_ids",
         "cache_salt", "ignore_eos", "echo",
@@ -65,6 +75,25 @@ SAMPLING_FIELDS = frozenset(
     }
 )  # fmt: skip
 """Known to both APIs (OpenAI's and vLLM's extensions) and harmless once `ℓ` is owned."""
+
+COSTLY_FIELDS = frozenset(
+    {
+        "prompt_logprobs", "chat_template", "logits_processors", "prompt_embeds",
+        "mm_processor_kwargs", "vllm_xargs", "structural_tag",
+    }
+)  # fmt: skip
+"""Work a backend (vLLM's request models) does beyond ℓ tokens over the metered prompt that
+no bound here can price: refused unless `limits.allow_fields` names it."""
+
+TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids", "bad_words")
+"""Lists the sampler checks at every token: bounded by `limits.max_list_items`."""
+
+CONSTRAINTS = (
+    "response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
+    "structured_outputs", "guided_whitespace_pattern",
+)  # fmt: skip
+"""Guided decoding: a schema, grammar or choice list is compiled and walked per token —
+bounded by its JSON size (`limits.max_constraint_bytes`)."""
 
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "suffix"}
 CHAT_FIELDS = SAMPLING_FIELDS | {
@@ -100,6 +129,14 @@ class EdgeLimits:
     """Tokens a chat template adds per message (role markers), counted on top of the text."""
     unknown_fields: Literal["refuse", "drop", "forward"] = "refuse"
     allow_fields: frozenset[str] = frozenset()
+    max_stop: int = 16
+    """Stop strings (each at most `max_constraint_bytes`)."""
+    max_list_items: int = 1024
+    """Entries of `stop_token_ids`, `allowed_token_ids`, `bad_words`."""
+    max_logit_bias: int = 300
+    max_constraint_bytes: int = 16_384
+    """A guided-decoding schema, grammar, regex or choice list, as JSON."""
+    max_top_logprobs: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +201,7 @@ def normalize(
         priority = priority(model)
     forwarded = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, limits)
     _one_sequence(body)
+    _bounded_work(forwarded, limits, chat)
     num_output_tokens = _output_cap(body, limits)
     if chat:
         upper, lower = _chat_prompt(body, limits, tokenizer)
@@ -207,6 +245,8 @@ def _known_fields(
     for key, value in body.items():
         if key in SCHEDULING_FIELDS:
             continue
+        if key in COSTLY_FIELDS and key not in limits.allow_fields:
+            raise _costly(key)
         if key in known or key in limits.allow_fields or limits.unknown_fields == "forward":
             out[key] = value
         elif limits.unknown_fields == "refuse":
@@ -218,6 +258,66 @@ def _known_fields(
                 key[:60],
             )
     return out
+
+
+def _costly(key: str) -> BadRequestError:
+    return BadRequestError(
+        400,
+        "costly_field",
+        f"{key} makes the backend do work this guard does not meter: refused (an operator "
+        f"can list it in limits.allow_fields)",
+        key,
+    )
+
+
+def _too_large(key: str, what: str, limit: int, name: str) -> BadRequestError:
+    return BadRequestError(
+        400, "field_too_large", f"{key}: {what} > limits.{name} = {limit}", key
+    )
+
+
+def _json_size(value: object) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except (orjson.JSONEncodeError, TypeError):
+        return 1 << 62  # unwritable (too deep): as large as can be
+
+
+def _bounded_work(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> None:
+    """What the sampler or a guided decoder walks per token, bounded (module docstring)."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    if len(stops) > limits.max_stop:
+        raise _too_large("stop", f"{len(stops)} stop strings", limits.max_stop, "max_stop")
+    if any(_json_size(item) > limits.max_constraint_bytes for item in stops):
+        raise _too_large(
+            "stop", "a stop string's size", limits.max_constraint_bytes, "max_constraint_bytes"
+        )
+    for key in TOKEN_LISTS:
+        value = body.get(key)
+        if isinstance(value, list) and len(value) > limits.max_list_items:
+            raise _too_large(key, f"{len(value)} entries", limits.max_list_items, "max_list_items")
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict | list) and len(bias) > limits.max_logit_bias:
+        raise _too_large(
+            "logit_bias", f"{len(bias)} entries", limits.max_logit_bias, "max_logit_bias"
+        )
+    for key in CONSTRAINTS:
+        if key in body and _json_size(body[key]) > limits.max_constraint_bytes:
+            raise _too_large(
+                key, "its size in bytes", limits.max_constraint_bytes, "max_constraint_bytes"
+            )
+    for key in ("top_logprobs", "logprobs"):
+        value = body.get(key)
+        if type(value) is int and value > limits.max_top_logprobs:
+            raise _too_large(key, str(value), limits.max_top_logprobs, "max_top_logprobs")
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and "chat_template" in kwargs:
+        if "chat_template" not in limits.allow_fields:
+            raise _costly("chat_template_kwargs")
+    if not chat and body.get("echo") is True and body.get("logprobs") not in (None, False):
+        if "prompt_logprobs" not in limits.allow_fields:  # echo + logprobs: the prompt's
+            raise _costly("echo")
 
 
 def _one_sequence(body: Mapping[str, Any]) -> None:
@@ -358,8 +458,8 @@ def _chat_prompt(
         for text in _chat_texts(message):
             more_upper, more_lower = _count_text(text, tokenizer)
             upper, lower = upper + more_upper, lower + more_lower
-    for key in ("tools", "functions", "documents"):
-        if body.get(key) is not None:
+    for key in ("tools", "functions", "documents", "chat_template_kwargs"):
+        if body.get(key) is not None:  # rendered into the prompt by the template
             more_upper, more_lower = _count_text(orjson.dumps(body[key]).decode(), tokenizer)
             upper, lower = upper + more_upper, lower + more_lower
     return upper, lower
