@@ -25,6 +25,7 @@ class ScriptedBackend:
         self.objectives: list[str | None] = []
         """… and its `x-gateway-inference-objective`."""
         self.hits: dict[str, int] = {}
+        self.models_delay_s = 0.0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -32,10 +33,17 @@ class ScriptedBackend:
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/elsewhere", self._elsewhere)
+        app.router.add_get("/v1/models", self._models)
         return app
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        """`/v1/models`, taking `models_delay_s` (a backend slow to list its models)."""
+        self.hits["models"] = self.hits.get("models", 0) + 1
+        await asyncio.sleep(self.models_delay_s)
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def _elsewhere(self, _: web.Request) -> web.Response:
         self.hits["elsewhere"] = self.hits.get("elsewhere", 0) + 1

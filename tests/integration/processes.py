@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 import subprocess
 import sys
@@ -28,8 +29,19 @@ def wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0
             time.sleep(0.1)
 
 
-def floorguard(*args: str, stderr: IO[bytes] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "floorguard", *args], stderr=stderr)
+def floorguard(
+    *args: str, stderr: IO[bytes] | None = None, max_files: int | None = None
+) -> subprocess.Popen:
+    """`python -m floorguard ARGS`; `max_files`: its descriptor limit, soft and hard (a
+    container's `ulimit -n`)."""
+
+    def limit() -> None:
+        if max_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "floorguard", *args], stderr=stderr, preexec_fn=limit
+    )
 
 
 def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.Popen]:
@@ -41,12 +53,15 @@ def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.P
 
 
 def serve(
-    config: dict[str, Any], path: Path, stderr: IO[bytes] | None = None
+    config: dict[str, Any],
+    path: Path,
+    stderr: IO[bytes] | None = None,
+    max_files: int | None = None,
 ) -> tuple[str, subprocess.Popen]:
     """`floorguard serve` on a free port with `config` (written to `path`)."""
     port = free_port()
     path.write_text(yaml.safe_dump({**config, "port": port}))
-    process = floorguard("serve", "--config", str(path), stderr=stderr)
+    process = floorguard("serve", "--config", str(path), stderr=stderr, max_files=max_files)
     wait_listening(port, process)
     return f"http://127.0.0.1:{port}", process
 

@@ -91,11 +91,17 @@ async def _post(url: str, body: Any, headers: dict[str, str], *, raw: bool = Fal
 
 
 @contextlib.contextmanager
-def guard_process(tmp_path: Path, urls: list[str], **extra: Any) -> Iterator[Guard]:
-    """A `floorguard serve` process; on exit SIGTERM (it must exit 0) and `verify` its log."""
+def guard_process(
+    tmp_path: Path, urls: list[str], *, max_files: int | None = None, **extra: Any
+) -> Iterator[Guard]:
+    """A `floorguard serve` process; on exit SIGTERM (it must exit 0) and `verify` its log.
+    Its stderr goes to `guard.err` beside the log."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "decisions.jsonl"
-    url, process = serve(_config(urls, log, **extra), tmp_path / "guard.yaml")
+    with (tmp_path / "guard.err").open("wb") as err:
+        url, process = serve(
+            _config(urls, log, **extra), tmp_path / "guard.yaml", err, max_files=max_files
+        )
     try:
         yield Guard(url, log)
         process.send_signal(signal.SIGTERM)

@@ -166,3 +166,58 @@ def test_work_the_meter_does_not_see_never_reaches_the_backend(
         status, _, headers, elapsed = guard.post(ENTITLED)
         assert (status, headers["x-floorguard-decision"]) == (200, "entitled")
         assert elapsed < DEADLINE_S
+
+
+def test_unauthenticated_model_listings_share_nothing_admitted_work_needs(tmp_path, scripted):
+    """200 concurrent unauthenticated `GET /v1/models` against a backend that takes 2 s to
+    list: they are answered from one fetch (not 200 through the dispatch connector), and
+    the assured tenant's eight requests meanwhile are all on time."""
+    backend, url = scripted
+    backend.mode, backend.models_delay_s = "ok", 2.0
+    hits = backend.hits.get("models", 0)
+
+    async def attack(guard_url: str):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def listing() -> int:
+                async with session.get(guard_url + "/v1/models") as r:
+                    await r.read()
+                    return r.status
+
+            listings = [asyncio.create_task(listing()) for _ in range(200)]
+            await asyncio.sleep(0.3)
+            assured = await _assured_on_time(guard_url, 8)
+            return await asyncio.gather(*listings), assured
+
+    try:
+        with guard_process(tmp_path, [url]) as guard:
+            listed, assured = asyncio.run(attack(guard.url))
+    finally:
+        backend.models_delay_s = 0.0
+    assert listed == [200] * 200
+    assert backend.hits["models"] - hits == 1
+    assert [s for s, _ in assured] == [200] * 8 and max(t for _, t in assured) < DEADLINE_S
+
+
+def test_idle_connections_cannot_use_up_the_descriptors(tmp_path, scripted):
+    """Under a 1,024-descriptor limit (a container's default), 1,100 idle connections: the
+    guard caps client connections below the limit and closes the oldest idle ones for new
+    ones, so the assured tenant's eight requests are all on time; the cap is said once, and
+    no accept fails with "Too many open files"."""
+    backend, url = scripted
+    backend.mode = "ok"
+    idle: list[socket.socket] = []
+    with guard_process(tmp_path, [url], max_files=1024, header_timeout_s=60.0) as guard:
+        port = int(guard.url.rsplit(":", 1)[1])
+        try:
+            for _ in range(1100):
+                idle.append(socket.create_connection(("127.0.0.1", port)))
+            time.sleep(0.5)
+            results = asyncio.run(_assured_on_time(guard.url, 8))
+        finally:
+            for sock in idle:
+                sock.close()
+    assert [s for s, _ in results] == [200] * 8 and max(t for _, t in results) < DEADLINE_S
+    err = (tmp_path / "guard.err").read_text()
+    assert "Too many open files" not in err
+    assert err.count("client connections at the cap") == 1

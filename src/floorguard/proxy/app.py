@@ -38,6 +38,7 @@ from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.connections import ConnectionCap
 from floorguard.proxy.decision_log import DecisionLog, LineLog
 from floorguard.proxy.health import BackendHealth
 from floorguard.proxy.identity import AuthError, create_identity, peer_address
@@ -152,6 +153,10 @@ class GuardServer:
         """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
         status page's charts)."""
         self._session: aiohttp.ClientSession | None = None
+        self._side_session: aiohttp.ClientSession | None = None
+        """For calls beside admitted work (`/v1/models`): never the dispatch connector."""
+        self._models: tuple[float, bytes] | None = None
+        self._models_fetch: asyncio.Future[bytes | None] | None = None
         self.replies = HeldReplies(limits.max_held_reply_bytes)
         """Reply bytes held for clients, bounded (relay.py)."""
         self._tenants = {t for pool in self.pools.values() for t in pool.contracts}
@@ -227,11 +232,40 @@ class GuardServer:
             ),
             connector=aiohttp.TCPConnector(limit=slots + 32),
         )
+        self._side_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2))
         for pool in self.pools.values():
             self._background += await pool.start(self._session)
         if self._log is not None or self._access is not None:
             self._background.append(asyncio.create_task(self._flush_every()))
         self._background.append(asyncio.create_task(self._sample_every()))
+
+    async def model_list(self) -> web.Response:
+        """The backend's `/v1/models`, from a copy at most `_MODELS_TTL_S` old: one fetch at
+        a time, on a connection pool of its own, so no number of (unauthenticated) calls
+        shares what admitted work needs (issue 28)."""
+        now = self.clock.now()
+        if self._models is None or now - self._models[0] > _MODELS_TTL_S:
+            if self._models_fetch is None or self._models_fetch.done():
+                self._models_fetch = asyncio.ensure_future(self._fetch_models())
+            answer = await asyncio.shield(self._models_fetch)
+            if answer is None:
+                return json_error(502, "upstream_unreachable", "the backend could not be reached")
+            self._models = (now, answer)
+        return web.Response(body=self._models[1], status=200, content_type="application/json")
+
+    async def _fetch_models(self) -> bytes | None:
+        pool = self.pool
+        up = [b for b, ok in zip(pool.config.backends, pool.health.healthy, strict=True) if ok]
+        url = (up or pool.config.backends)[0].url.rstrip("/") + "/v1/models"
+        assert self._side_session is not None
+        try:
+            async with asyncio.timeout(self.config.upstream.first_byte_timeout_s):
+                async with self._side_session.get(url, allow_redirects=False) as upstream:
+                    if upstream.status != 200:
+                        return None
+                    return await upstream.content.read(self.config.limits.max_response_bytes)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
 
     async def _sample_every(self) -> None:
         """Once a second, what happened in it (from the metrics' cumulative counts)."""
@@ -273,8 +307,9 @@ class GuardServer:
             task.cancel()
         for pool in self.pools.values():
             await pool.stop()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._side_session):
+            if session is not None:
+                await session.close()
         for lines in (self._log, self._access):
             if lines is not None:
                 lines.close()
@@ -503,6 +538,9 @@ def _bind_normalize(
     return lambda: normalize(raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer)
 
 
+_MODELS_TTL_S = 5.0
+"""How long the edge answers `/v1/models` from its copy of the backend's list."""
+
 SERVER: web.AppKey[GuardServer] = web.AppKey("floorguard.server", GuardServer)
 """The app's `GuardServer` (its guard, metrics and status)."""
 
@@ -530,7 +568,28 @@ async def _json_errors(
 
 
 class _JsonErrorHandler(RequestHandler):
-    """The HTTP parser's refusals (a malformed request line or header) in JSON."""
+    """The HTTP parser's refusals (a malformed request line or header) in JSON, and the
+    connection counted against the edge's cap (connections.py)."""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._request_in_progress)
+
+    def close_now(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        cap = getattr(self._manager, "cap", None)
+        if cap is not None and not cap.opened(self):
+            transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        cap = getattr(self._manager, "cap", None)
+        if cap is not None:
+            cap.closed(self)
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -548,16 +607,24 @@ class _JsonErrorHandler(RequestHandler):
 
 
 class _JsonErrorServer(web.Server):
+    cap: ConnectionCap | None = None
+
     def __call__(self) -> RequestHandler:
         return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
 
 
 class GuardRunner(web.AppRunner):
-    """An `AppRunner` whose connections answer HTTP parser errors in JSON."""
+    """An `AppRunner` whose connections answer HTTP parser errors in JSON and, given a
+    `cap`, are bounded by it."""
+
+    def __init__(self, app: web.Application, *, cap: ConnectionCap | None = None, **kw: Any):
+        super().__init__(app, **kw)
+        self._cap = cap
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer  # same object, one method more specific
+        server.cap = self._cap  # type: ignore[attr-defined]
         return server
 
 
@@ -656,20 +723,7 @@ def create_app(
                     ],
                 }
             )
-        pool = server.pool
-        up = [b for b, ok in zip(pool.config.backends, pool.health.healthy, strict=True) if ok]
-        url = (up or pool.config.backends)[0].url.rstrip("/") + "/v1/models"
-        try:
-            async with asyncio.timeout(config.upstream.first_byte_timeout_s):
-                async with server.session.get(url, allow_redirects=False) as upstream:
-                    if upstream.status != 200:
-                        return json_error(
-                            502, "upstream_error", f"backend answered {upstream.status}"
-                        )
-                    body = await upstream.content.read(config.limits.max_response_bytes)
-                    return web.Response(body=body, status=200, content_type="application/json")
-        except (aiohttp.ClientError, TimeoutError):
-            return json_error(502, "upstream_unreachable", "the backend could not be reached")
+        return await server.model_list()
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

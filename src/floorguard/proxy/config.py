@@ -351,6 +351,10 @@ class GuardServerConfig(_Strict):
     header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection that sends no complete request for this long is closed (aiohttp's
     keep-alive timer, which also covers unfinished headers)."""
+    max_connections: int | None = Field(default=None, ge=16)
+    """Open client connections at most; at the cap a new one evicts the oldest idle one.
+    None: all the descriptor limit (raised to its hard limit at start) leaves after the
+    upstream connections and a reserve; a cap that does not fit refuses to start."""
     client_write_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """A reply write the client does not take within this long cuts it (`client_too_slow`).
     The slot is not held meanwhile: the backend is read at its own pace."""

@@ -13,6 +13,7 @@ from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
 from floorguard.profiles import get_profile
 from floorguard.proxy.app import SERVER, GuardRunner, create_admin_app, create_app
+from floorguard.proxy.connections import connection_cap
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
 from floorguard.sim.targets import flood_services
@@ -119,8 +120,11 @@ async def serve_guard(
     """Serve until `stop` is set, then drain: new requests get 503 `draining`, in-flight
     ones get up to `drain_timeout_s`, the decision log is written out."""
     app = create_app(config)
+    upstream = sum(pool.guard.config.total_slots for pool in app[SERVER].pools.values()) + 34
+    cap = connection_cap(config.max_connections, upstream)
     runner = GuardRunner(
         app,
+        cap=cap,
         handler_cancellation=True,
         keepalive_timeout=config.header_timeout_s,
         shutdown_timeout=config.drain_timeout_s,
