@@ -17,7 +17,8 @@ class ScriptedBackend:
     def __init__(self) -> None:
         self.mode = "ok"
         """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
-        for 2 s) | error (500 with an internal detail) | redirect | big (a 5 MB reply).
+        for 2 s) | error (500 with an internal detail) | redirect | reject (404 for the
+        model) | big (a 5 MB reply).
         Whatever the mode, a prompt `huge:N` is answered with N MB (`_huge`)."""
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []
@@ -58,6 +59,10 @@ class ScriptedBackend:
         self.objectives.append(request.headers.get("x-gateway-inference-objective"))
         if self.mode == "error":
             return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
+        if self.mode == "reject":  # vLLM's answer to a model it does not serve
+            return web.json_response(
+                {"error": {"message": "The model `mx` does not exist.", "code": 404}}, status=404
+            )
         if self.mode == "redirect":
             raise web.HTTPTemporaryRedirect("/elsewhere")
         if self.mode == "big":

@@ -39,8 +39,10 @@ def floorguard(
         if max_files is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
 
-    return subprocess.Popen(
-        [sys.executable, "-m", "floorguard", *args], stderr=stderr, preexec_fn=limit
+    return subprocess.Popen(  # the hook makes one syscall and takes no lock: safe here
+        [sys.executable, "-m", "floorguard", *args],
+        stderr=stderr,
+        preexec_fn=limit if max_files is not None else None,  # noqa: PLW1509
     )
 
 

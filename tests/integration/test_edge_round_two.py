@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -65,9 +66,7 @@ def _wait_idle(guard: Guard, timeout_s: float = 10.0) -> dict[str, Any]:
         ("huge:12", False, 1_000_000, "complete"),  # a whole reply, held while it is not read
     ],
 )
-def test_slow_readers_do_not_hold_the_slots(
-    tmp_path, scripted, prompt, stream, box_bytes, outcome
-):
+def test_slow_readers_do_not_hold_the_slots(tmp_path, scripted, prompt, stream, box_bytes, outcome):
     """Four opportunistic requests (all of `C` = 4) whose clients read nothing: their slots
     are free within a second, eight assured requests after them are all on time, and the
     slow clients are cut at `client_write_timeout_s` (logged as their own reason)."""
@@ -221,3 +220,109 @@ def test_idle_connections_cannot_use_up_the_descriptors(tmp_path, scripted):
     err = (tmp_path / "guard.err").read_text()
     assert "Too many open files" not in err
     assert err.count("client connections at the cap") == 1
+
+
+def test_a_backend_4xx_is_relayed_as_that_4xx_and_not_retried(tmp_path, scripted):
+    """A backend's 404 for a mistyped model reaches the official client as a 404 with the
+    backend's message and `x-should-retry: false`: one call is one admission, not three."""
+    backend, url = scripted
+    backend.mode = "reject"
+    try:
+        with guard_process(tmp_path, [url]) as guard:
+            client = openai.OpenAI(base_url=guard.url + "/v1", api_key=token("acme"))
+            with pytest.raises(openai.NotFoundError) as refused:
+                client.completions.create(model="mx", prompt="hi", max_tokens=2)
+            assert refused.value.code == "upstream_rejected"
+            assert "does not exist" in refused.value.message
+    finally:
+        backend.mode = "ok"
+    arrivals = [
+        e for e in read_jsonl(str(tmp_path / "decisions.jsonl")) if e.kind is EventKind.ARRIVE
+    ]
+    assert len(arrivals) == 1
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """One raw exchange: what the guard answers, up to the end of its first response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+            head, _, body = reply.partition(b"\r\n\r\n")
+            length = next(
+                (int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                 if h.lower().startswith(b"content-length:")),
+                None,
+            )  # fmt: skip
+            if length is not None and len(body) >= length:
+                break
+        return reply
+
+
+def test_hostile_framing_gets_clear_answers(tmp_path, scripted):
+    """A body marked gzip that is not gzip is a 400 (not a 500 with a traceback); an
+    oversized `Expect: 100-continue` is a 413 with no 100 Continue before it; an HTTP/0.9
+    request line is a 505 in HTTP/1.1, not an `HTTP/0.9 200`."""
+    backend, url = scripted
+    backend.mode = "ok"
+    with guard_process(tmp_path, [url]) as guard:
+        port = int(guard.url.rsplit(":", 1)[1])
+        status, payload, _, _ = guard.post(
+            b"this is not gzip at all", headers={"Content-Encoding": "gzip"}
+        )
+        assert (status, payload["error"]["code"]) == (400, "bad_content_encoding")
+        reply = _raw(
+            port,
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n",
+        )
+        assert reply.startswith(b"HTTP/1.1 413") and b"100 Continue" not in reply
+        reply = _raw(port, b"GET /v1/models\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 505") and b'"code":"http_version"' in reply
+        _serves_entitled_on_time(guard)
+    assert "Traceback" not in (tmp_path / "guard.err").read_text()
+
+
+def _serves_entitled_on_time(guard: Guard) -> None:
+    status, _, headers, elapsed = guard.post(ENTITLED)
+    assert (status, headers["x-floorguard-decision"]) == (200, "entitled")
+    assert elapsed < DEADLINE_S
+
+
+def test_the_documented_headers_are_present_and_the_access_log_is_true(tmp_path, scripted):
+    """A surplus answer has no empty `x-floorguard-window`; a 429 names the class; an
+    admitted stream whose client left is logged with its admission and outcome `abort`, not
+    as `refused`; a 900 KB `model` is clipped in the access log."""
+    backend, url = scripted
+    backend.mode = "ok"
+    contracts = [
+        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820},
+        {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
+    ]
+    access = tmp_path / "access.jsonl"
+    with guard_process(
+        tmp_path,
+        [url],
+        contracts=contracts,
+        window_s=3600.0,
+        access_log=str(access),
+        limits={"max_body_bytes": 2_000_000},
+    ) as guard:
+        _, _, headers, _ = guard.post(ENTITLED, tenant="free")
+        assert headers["x-floorguard-decision"] == "surplus"
+        assert "x-floorguard-window" not in headers
+        guard.post(ENTITLED)
+        status, _, headers, _ = guard.post(ENTITLED)
+        assert status == 429 and headers["x-floorguard-class"] == "assured"
+        assert headers["x-floorguard-window"].isdigit()
+        port = int(guard.url.rsplit(":", 1)[1])
+        hog = _hog(port, "huge:16")  # an admitted stream whose client then leaves
+        time.sleep(0.5)
+        hog.close()
+        time.sleep(0.5)
+        guard.post({**ENTITLED, "model": "m" * 900_000}, tenant="free")
+    lines = [orjson.loads(line) for line in access.read_text().splitlines()]
+    left = next(line for line in lines if line["status"] == 499)
+    assert (left["decision"], left["outcome"]) == ("surplus", "abort")
+    assert max(len(line.get("model") or "") for line in lines) <= 200

@@ -71,7 +71,8 @@ bodies = st.one_of(
             "stop": json_values | st.lists(st.text(max_size=80), max_size=12),
             "stop_token_ids": json_values | st.lists(st.integers(0, 9), max_size=30),
             "bad_words": st.lists(st.text(max_size=3), max_size=30),
-            "logit_bias": json_values | st.dictionaries(st.text(max_size=3), st.integers(), max_size=30),
+            "logit_bias": json_values
+            | st.dictionaries(st.text(max_size=3), st.integers(), max_size=30),
             "guided_json": json_values,
             "guided_choice": st.lists(st.text(max_size=20), max_size=8),
             "response_format": json_values,

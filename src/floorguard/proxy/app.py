@@ -29,8 +29,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp import HttpVersion10, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
@@ -53,7 +55,8 @@ from floorguard.proxy.normalize import (
     load_tokenizer,
     normalize,
 )
-from floorguard.proxy.pool import Pool
+from floorguard.proxy.openai_format import error_body
+from floorguard.proxy.pool import DECISION, Pool
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
@@ -104,7 +107,15 @@ class GuardServer:
             if config.decision_log
             else None
         )
-        self._access = LineLog(config.access_log) if config.access_log else None
+        self._access = (
+            LineLog(
+                config.access_log,
+                max_bytes=int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
+                max_age_s=rotate.max_age_s if rotate else None,
+            )
+            if config.access_log
+            else None
+        )
         self.served: Counter[str] = Counter()
         """Requests answered, by status class (`2xx`, `4xx`, …): said at shutdown."""
         self._background: list[asyncio.Task[None]] = []
@@ -153,6 +164,7 @@ class GuardServer:
         """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
         status page's charts)."""
         self._session: aiohttp.ClientSession | None = None
+        self._large_bodies: dict[str, asyncio.Semaphore] = {}
         self._side_session: aiohttp.ClientSession | None = None
         """For calls beside admitted work (`/v1/models`): never the dispatch connector."""
         self._models: tuple[float, bytes] | None = None
@@ -343,6 +355,7 @@ class GuardServer:
         """The whole body, until EOF, with the size limit applied as it streams in."""
         limit = self.config.limits.max_body_bytes
         if (request.content_length or 0) > limit:
+            _close_after_response(request)
             raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
@@ -358,6 +371,16 @@ class GuardServer:
             raise RefusedError(
                 json_error(408, "body_timeout", "the body did not arrive in time", NO_RETRY)
             ) from None
+        except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. gzip that is not gzip
+            _close_after_response(request)
+            raise RefusedError(
+                json_error(
+                    400,
+                    "bad_content_encoding",
+                    "the body cannot be decoded as its Content-Encoding says",
+                    NO_RETRY,
+                )
+            ) from exc
         return b"".join(chunks)
 
     def _route(self, tenant: str) -> Callable[[str | None], int | None]:
@@ -389,8 +412,9 @@ class GuardServer:
     async def _normalize(self, raw: bytes, chat: bool, tenant: str) -> Work:
         run = _bind_normalize(raw, chat, self.limits, self._route(tenant), self.tokenizer)
         try:
-            if self.tokenizer is not None and len(raw) > 65_536:
-                return await asyncio.to_thread(run)  # a long prompt: off the event loop
+            if len(raw) > _LARGE_BODY_BYTES:  # off the event loop, one at a time per tenant
+                async with self._large_bodies.setdefault(tenant, asyncio.Semaphore(1)):
+                    return await asyncio.to_thread(run)
             return run()
         except BadRequestError as exc:
             raise RefusedError(
@@ -416,7 +440,7 @@ class GuardServer:
         await self.checkpoint("parse")
         work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
         seen |= {
-            "model": work.model,
+            "model": work.model[:_LOGGED_CHARS] if work.model is not None else None,
             "stream": work.stream,
             "max_tokens": work.num_output_tokens,
             "prompt_tokens": work.num_prompt_tokens,
@@ -487,6 +511,7 @@ class GuardServer:
             "status": status,
             **seen,
             "decision": (response.headers.get("x-floorguard-decision") if response else None)
+            or request.get(DECISION)
             or "refused",
         }
         if ended is not None:
@@ -526,6 +551,12 @@ class GuardServer:
         return (degraded or states)[0]
 
 
+def _close_after_response(request: web.Request) -> None:
+    protocol = request.protocol
+    if isinstance(protocol, _JsonErrorHandler):
+        protocol.close_after_response()
+
+
 def _too_large(limit: int) -> RefusedError:
     return RefusedError(
         json_error(413, "body_too_large", f"the body exceeds {limit} bytes", NO_RETRY)
@@ -537,6 +568,20 @@ def _bind_normalize(
 ) -> Callable[[], Work]:
     return lambda: normalize(raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer)
 
+
+_LARGE_BODY_BYTES = 65_536
+"""A body larger than this is parsed and counted off the event loop, one at a time per
+tenant: one tenant's megabyte bodies cannot delay another's arrivals (issue 28)."""
+
+_HTTP09_BODY = orjson.dumps(error_body("http_version", "send HTTP/1.0 or later", status=505))
+_HTTP09_REFUSAL = (
+    b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_HTTP09_BODY), _HTTP09_BODY)
+)
+"""The answer to an HTTP/0.9 request line, written raw (aiohttp would answer it in 0.9)."""
+
+_LOGGED_CHARS = 200
+"""A client-controlled string (the body's `model`) is clipped to this in the logs."""
 
 _MODELS_TTL_S = 5.0
 """How long the edge answers `/v1/models` from its copy of the backend's list."""
@@ -557,6 +602,11 @@ async def _json_errors(
 ) -> web.StreamResponse:
     """aiohttp's own refusals (404, 405, …) in the OpenAI error shape, not text/plain; so is
     anything a handler failed to catch."""
+    if request.version < HttpVersion10:  # HTTP/0.9 has no status line to answer with
+        if request.transport is not None:
+            request.transport.write(_HTTP09_REFUSAL)
+            request.transport.close()
+        raise asyncio.CancelledError
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -578,6 +628,11 @@ class _JsonErrorHandler(RequestHandler):
     def close_now(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def close_after_response(self) -> None:
+        """Close once this response is written, without reading the rest of the body
+        (aiohttp would linger reading it, and re-raise a body it cannot decode)."""
+        self._force_close = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -749,8 +804,18 @@ def create_app(
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, "/v1/chat/completions")
 
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    async def expect(request: web.Request) -> web.Response | None:
+        """`Expect: 100-continue`: an oversized body is refused before the client sends it
+        (413, the connection closed), not invited with 100 Continue."""
+        limit = config.limits.max_body_bytes
+        if (request.content_length or 0) > limit:
+            _close_after_response(request)
+            return _too_large(limit).response
+        await _default_expect_handler(request)
+        return None
+
+    app.router.add_post("/v1/completions", completions, expect_handler=expect)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

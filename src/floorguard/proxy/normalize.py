@@ -271,9 +271,7 @@ def _costly(key: str) -> BadRequestError:
 
 
 def _too_large(key: str, what: str, limit: int, name: str) -> BadRequestError:
-    return BadRequestError(
-        400, "field_too_large", f"{key}: {what} > limits.{name} = {limit}", key
-    )
+    return BadRequestError(400, "field_too_large", f"{key}: {what} > limits.{name} = {limit}", key)
 
 
 def _json_size(value: object) -> int:
@@ -307,17 +305,22 @@ def _bounded_work(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> No
             raise _too_large(
                 key, "its size in bytes", limits.max_constraint_bytes, "max_constraint_bytes"
             )
+    _bounded_output(body, limits, chat)
+
+
+def _bounded_output(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> None:
+    """Logprobs that grow every token, and costly work hidden inside other fields."""
     for key in ("top_logprobs", "logprobs"):
         value = body.get(key)
         if type(value) is int and value > limits.max_top_logprobs:
             raise _too_large(key, str(value), limits.max_top_logprobs, "max_top_logprobs")
     kwargs = body.get("chat_template_kwargs")
-    if isinstance(kwargs, dict) and "chat_template" in kwargs:
-        if "chat_template" not in limits.allow_fields:
-            raise _costly("chat_template_kwargs")
-    if not chat and body.get("echo") is True and body.get("logprobs") not in (None, False):
-        if "prompt_logprobs" not in limits.allow_fields:  # echo + logprobs: the prompt's
-            raise _costly("echo")
+    allowed = limits.allow_fields
+    if isinstance(kwargs, dict) and "chat_template" in kwargs and "chat_template" not in allowed:
+        raise _costly("chat_template_kwargs")
+    echo_logprobs = body.get("echo") is True and body.get("logprobs") not in (None, False)
+    if not chat and echo_logprobs and "prompt_logprobs" not in allowed:
+        raise _costly("echo")  # echo with logprobs computes the prompt's logprobs
 
 
 def _one_sequence(body: Mapping[str, Any]) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
 
 from floorguard.clock import Clock
@@ -270,7 +271,11 @@ class Pool:
         retry_s = 1
         if admission.retry_at is not None:
             retry_s = max(1, math.ceil(admission.retry_at - now))
-        headers = {"x-floorguard-decision": "rejected", "Retry-After": str(retry_s)}
+        headers = {
+            "x-floorguard-decision": "rejected",
+            "x-floorguard-class": str(admission.cls),
+            "Retry-After": str(retry_s),
+        }
         if admission.window_index is not None:
             headers["x-floorguard-window"] = str(admission.window_index)
         if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
@@ -342,14 +347,15 @@ class Pool:
         request_id: str,
     ) -> web.StreamResponse:
         rid = str(admission.request_id)
+        admitted = "entitled" if admission.entitled else "surplus"
+        request[DECISION] = admitted  # for the access log, whatever becomes of the response
         headers = {
             "x-request-id": request_id,
-            "x-floorguard-decision": "entitled" if admission.entitled else "surplus",
+            "x-floorguard-decision": admitted,
             "x-floorguard-class": str(admission.cls),
-            "x-floorguard-window": str(
-                admission.window_index if admission.window_index is not None else ""
-            ),
         }
+        if admission.window_index is not None:  # a surplus request is in no window
+            headers["x-floorguard-window"] = str(admission.window_index)
         unreachable = 0
         while True:
             decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
@@ -487,6 +493,8 @@ class Pool:
             await self.edge.checkpoint("headers")
             if upstream.status >= 300:
                 self._end(rid, "fail", f"upstream_{upstream.status}")
+                if 400 <= upstream.status < 500 and upstream.status not in (408, 429):
+                    return await _rejected(upstream, headers)
                 return json_error(
                     502,
                     "upstream_error",
@@ -637,7 +645,7 @@ class Pool:
         self.guard.on_first_token(rid, self.clock.now())
         box = self._box(request, self.config.limits.max_buffered_reply_bytes)
         reading = asyncio.create_task(self._from_backend(rid, upstream, box, first))
-        reading.add_done_callback(lambda _: box.finished or box.finish())
+        reading.add_done_callback(box.finish_with)
         try:
             while (chunk := await box.get()) is not None:
                 await self._to_client(response, chunk)
@@ -698,6 +706,30 @@ class Pool:
         """The shared floor's state: `shared`, or degraded under its fallback policy."""
         assert self.shared_floor is not None
         return self.shared_floor.status()
+
+
+DECISION = "floorguard.decision"
+"""The request's admission (`entitled` / `surplus`), kept on the aiohttp request."""
+
+
+async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:
+    """A backend's 4xx (the request itself is wrong: a mistyped model, a field it refuses)
+    relayed as that 4xx in the OpenAI shape, not retryable — a retry would cost the tenant
+    another admission. Only the backend's own message goes back, clipped."""
+    message = ""
+    with contextlib.suppress(Exception):
+        answer = orjson.loads(await upstream.content.read(8192))
+        error = answer.get("error", answer) if isinstance(answer, dict) else {}
+        found = error.get("message") or error.get("detail") if isinstance(error, dict) else None
+        message = found if isinstance(found, str) else ""
+    status = upstream.status
+    return json_error(
+        status,
+        "upstream_rejected",
+        f"the backend refused the request ({status})" + (f": {message[:300]}" if message else ""),
+        {**headers, **NO_RETRY},
+        upstream_status=status,
+    )
 
 
 def _retrieve(done: asyncio.Future[Any]) -> None:

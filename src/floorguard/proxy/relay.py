@@ -89,6 +89,12 @@ class ReplyBox:
         self._finished = True
         self._ready.set()
 
+    def finish_with(self, reading: asyncio.Future[None]) -> None:
+        """The reading task's done callback: end the box if the reading ended without
+        saying so (a fault inside it; the writer re-raises it)."""
+        if not self._finished:
+            self.finish()
+
     async def get(self) -> bytes | None:
         """The next chunk for the client; None at the end (or once cut)."""
         while not self._chunks:

@@ -13,8 +13,8 @@ from floorguard.core.monitors import assumption_report
 from floorguard.errors import FloorguardError
 from floorguard.profiles import get_profile
 from floorguard.proxy.app import SERVER, GuardRunner, create_admin_app, create_app
-from floorguard.proxy.connections import connection_cap
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
+from floorguard.proxy.connections import connection_cap
 from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
 from floorguard.sim.targets import flood_services
 
