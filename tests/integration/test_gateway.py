@@ -7,17 +7,23 @@ nginx). A stream passes token by token, and the request id nginx sets reaches th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from floorguard.analysis.checker import check_trace
 from floorguard.core.events import read_jsonl
+from tests.integration.backends import ScriptedBackend
 from tests.integration.processes import emulate, serve, stop, wait_listening
 from tests.redis_server import free_port
 
@@ -49,10 +55,12 @@ async def _post(url, headers, body=None):
         return r.status, r.headers.get("x-floorguard-decision"), await r.read()
 
 
-def test_nginx_authenticates_and_the_guard_trusts_only_nginx(tmp_path):
-    backend, emulator = emulate()
-    log, access = tmp_path / "d.jsonl", tmp_path / "access.jsonl"
-    guard_url, guard = serve(_guard_config(backend, log, access), tmp_path / "guard.yaml")
+@contextlib.contextmanager
+def _nginx(tmp_path: Path, guard_url: str) -> Iterator[int]:
+    """Debian's nginx with the shipped config in front of `guard_url`, on a free port.
+    It runs in a session of its own and is stopped as nginx stops: SIGQUIT to the master,
+    which waits for its workers; then anything left in its process group is killed, so no
+    worker outlives the test (issue 31)."""
     port = free_port()
     prefix = tmp_path / "nginx"
     for sub in ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
@@ -65,37 +73,109 @@ def test_nginx_authenticates_and_the_guard_trusts_only_nginx(tmp_path):
     nginx = subprocess.Popen(
         ["nginx", "-p", str(prefix), "-c", "nginx.conf", "-g", "daemon off;"],
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_listening(port, nginx)
-        gateway = f"http://127.0.0.1:{port}/v1/completions"
-
-        async def attacks():
-            return {
-                "acme": await _post(gateway, {"Authorization": ACME}),
-                "forged": await _post(gateway, {"Authorization": FREE, "X-Tenant": "acme"}),
-                "no key": await _post(gateway, {"X-Tenant": "acme"}),
-                "direct": await _post(guard_url + "/v1/completions", {"X-Tenant": "acme"}),
-                "stream": await _post(
-                    gateway,
-                    {"Authorization": ACME},
-                    {"model": "m", "prompt": "hi", "max_tokens": 5, "stream": True},
-                ),
-            }
-
-        out = asyncio.run(attacks())
-        assert out["acme"][:2] == (200, "entitled")
-        assert out["forged"][:2] == (200, "surplus")  # served as free-tier, not as acme
-        assert out["no key"][0] == 401 and b"invalid_api_key" in out["no key"][2]
-        assert out["direct"][0] == 403 and b"untrusted_upstream" in out["direct"][2]
-        assert out["stream"][0] == 200 and out["stream"][2].count(b"data: {") >= 5
-        guard.send_signal(signal.SIGTERM)
-        assert guard.wait(30) == 0
+        yield port
     finally:
-        stop(nginx, guard, emulator)
+        if nginx.poll() is None:
+            nginx.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                nginx.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(nginx.pid, signal.SIGKILL)
+        nginx.wait(10)
+
+
+def test_nginx_authenticates_and_the_guard_trusts_only_nginx(tmp_path):
+    backend, emulator = emulate()
+    log, access = tmp_path / "d.jsonl", tmp_path / "access.jsonl"
+    guard_url, guard = serve(_guard_config(backend, log, access), tmp_path / "guard.yaml")
+    try:
+        with _nginx(tmp_path, guard_url) as port:
+            gateway = f"http://127.0.0.1:{port}/v1/completions"
+
+            async def attacks():
+                return {
+                    "acme": await _post(gateway, {"Authorization": ACME}),
+                    "forged": await _post(gateway, {"Authorization": FREE, "X-Tenant": "acme"}),
+                    "no key": await _post(gateway, {"X-Tenant": "acme"}),
+                    "direct": await _post(guard_url + "/v1/completions", {"X-Tenant": "acme"}),
+                    "stream": await _post(
+                        gateway,
+                        {"Authorization": ACME},
+                        {"model": "m", "prompt": "hi", "max_tokens": 5, "stream": True},
+                    ),
+                }
+
+            out = asyncio.run(attacks())
+            assert out["acme"][:2] == (200, "entitled")
+            assert out["forged"][:2] == (200, "surplus")  # served as free-tier, not as acme
+            assert out["no key"][0] == 401 and b"invalid_api_key" in out["no key"][2]
+            assert out["direct"][0] == 403 and b"untrusted_upstream" in out["direct"][2]
+            assert out["stream"][0] == 200 and out["stream"][2].count(b"data: {") >= 5
+            guard.send_signal(signal.SIGTERM)
+            assert guard.wait(30) == 0
+    finally:
+        stop(guard, emulator)
     report = check_trace(list(read_jsonl(str(log))))
     assert report.ok(), report.violations[:3]
     lines = access.read_text().splitlines()
     tenants = [line.split('"tenant":"')[1].split('"')[0] for line in lines if '"tenant"' in line]
     assert tenants.count("acme") == 2 and tenants.count("free-tier") == 1
     assert all(len(line.split('"request_id":"')[1].split('"')[0]) == 32 for line in lines)
+
+
+def test_a_slow_reader_behind_nginx_does_not_hold_the_slots(tmp_path, live):
+    """Behind the shipped nginx (which relays SSE unbuffered and would wait 60 s on a slow
+    client), four free-tier streams of 16 MB whose clients read nothing: the guard cuts them
+    at its own bound, the slots are free, and six assured requests through nginx meanwhile
+    are all on time; the log verifies."""
+    backend = ScriptedBackend()
+    backend_url, _ = live.serve(backend.app)
+    log, access = tmp_path / "d.jsonl", tmp_path / "access.jsonl"
+    config = {**_guard_config(backend_url, log, access), "client_write_timeout_s": 2.0}
+    config["limits"] = {"max_buffered_reply_bytes": 1_000_000}
+    guard_url, guard = serve(config, tmp_path / "guard.yaml")
+    hogs: list[socket.socket] = []
+    try:
+        with _nginx(tmp_path, guard_url) as port:
+            body = orjson.dumps({"model": "m", "prompt": "huge:16", "max_tokens": 4,
+                                 "stream": True})  # fmt: skip
+            for _ in range(4):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(
+                    f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {FREE}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                    .encode() + body
+                )  # fmt: skip
+                hogs.append(sock)
+            time.sleep(2.0)
+
+            async def assured():
+                async def one():
+                    started = time.monotonic()
+                    status, _, _ = await _post(
+                        f"http://127.0.0.1:{port}/v1/completions", {"Authorization": ACME}
+                    )
+                    return status, time.monotonic() - started
+
+                return await asyncio.gather(*(one() for _ in range(6)))
+
+            results = asyncio.run(assured())
+            assert [s for s, _ in results] == [200] * 6
+            assert max(t for _, t in results) < 1.82
+            for sock in hogs:
+                sock.close()
+            guard.send_signal(signal.SIGTERM)
+            assert guard.wait(30) == 0
+    finally:
+        for sock in hogs:
+            sock.close()
+        stop(guard)
+    report = check_trace(list(read_jsonl(str(log))))
+    assert report.ok(), report.violations[:3]
+    ends = [e for e in read_jsonl(str(log)) if e.tenant == "free-tier" and e.kind.value == "abort"]
+    assert len(ends) == 4 and {e.reason for e in ends} == {"client_too_slow"}
