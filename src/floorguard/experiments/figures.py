@@ -1,19 +1,21 @@
 """PNG figures (matplotlib, Agg). Each takes an experiment's rows and a folder, returns the
-file it wrote."""
+file it wrote. matplotlib is imported when a figure is drawn, never at import: it needs a
+writable cache directory, which a read-only container (`serve`, `--version`) has not."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from floorguard.experiments.spec import Row
 from floorguard.experiments.tables import source_name, summarize
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "attainment_vs_phase",
@@ -29,6 +31,8 @@ __all__ = [
 def subplots(*grid: int, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
     """A figure and its axes, without pyplot (no global state, no backend to choose: a
     `Figure` saves through Agg)."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 (only when drawing: module docstring)
+
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(*grid, **kwargs)
 
@@ -141,7 +145,8 @@ def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
                 fontsize=7,
             )
             if inside[i, j]:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2, ec="tab:blue"))
+                box = _rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.2, ec="tab:blue")
+                ax.add_patch(box)
     ax.set_xticks(
         range(len(floors)), [f"B={b}\nρ_eff={np.mean(rho[b]):.2f}" for b in floors], fontsize=7
     )
@@ -231,3 +236,9 @@ def real_vs_sim(points: Sequence[tuple[str, float | None, float | None, float, f
         ax.legend(loc="upper left")
     fig.suptitle("Each condition on the real backend against the simulator's prediction")
     return _save(fig, path)
+
+
+def _rectangle(*args: Any, **kwargs: Any) -> Any:
+    from matplotlib.patches import Rectangle  # noqa: PLC0415 (only when drawing)
+
+    return Rectangle(*args, **kwargs)

@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import numpy as np
 import redis
-from matplotlib.figure import Figure
 
 from floorguard.analysis.checker import check_fleet
 from floorguard.analysis.records import fold_trace
@@ -42,6 +41,7 @@ from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
+from floorguard.experiments.figures import subplots
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.profiles import get_profile
 from floorguard.sim.backend import SimBackend, create_backend
@@ -527,8 +527,7 @@ def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> Fleet
 def fleet_figure(results: Sequence[FleetResult], path: Path) -> Path:
     """Partitioned against leased slots across the load balancer's skew: the fleet's slot
     utilization and opportunistic goodput (left), the assured p99 sojourn (right)."""
-    fig = Figure(figsize=(11, 4.2))
-    left, right = fig.subplots(1, 2)
+    fig, (left, right) = subplots(1, 2, figsize=(11, 4.2))
     for mode, color in (("partition", "tab:orange"), ("leased", "tab:blue")):
         runs = sorted((r for r in results if r.fleet.slot_mode == mode), key=lambda r: r.fleet.skew)
         if not runs:

@@ -1,0 +1,103 @@
+"""Issue 31.1: the CLI and `serve` run as the shipped Deployment runs them — a read-only
+root file system and a home that does not exist (`readOnlyRootFilesystem: true`, no
+writable /tmp). Nothing imported at start may need a writable directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.processes import emulate, stop, wait_listening
+from tests.redis_server import free_port
+
+READ_ONLY = r"""
+for m in $(awk '{print $2}' /proc/self/mounts | grep -Ev '^/(proc|sys|dev)' | sort -u); do
+  mount --bind "$m" "$m" 2>/dev/null || true
+  mount -o remount,bind,ro "$m" || exit 97
+done
+touch /tmp/floorguard-ro-probe 2>/dev/null && exit 98
+exec env HOME=/nonexistent "$@"
+"""
+"""Every mount of this private namespace made read-only, then the command (exit 97/98: the
+namespace could not be made read-only)."""
+
+
+def _read_only(*command: str) -> list[str]:
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY, "sh",
+            *command]  # fmt: skip
+
+
+def _can_unshare() -> bool:
+    try:
+        done = subprocess.run(_read_only("true"), check=False, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+needs_namespaces = pytest.mark.skipif(
+    not (os.geteuid() == 0 and _can_unshare()),
+    reason="needs root and mount namespaces (unshare) to make the file system read-only",
+)
+
+
+def test_starting_the_cli_imports_no_matplotlib():
+    """The CLI with every subcommand, and the guard's server, load without matplotlib
+    (which needs a writable cache directory); figures import it when they draw."""
+    code = (
+        "import sys, floorguard.cli, floorguard.proxy.serve, floorguard.sim.fleet; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@needs_namespaces
+def test_the_cli_and_serve_run_on_a_read_only_root(tmp_path: Path):
+    """`floorguard --version` prints its version, and `floorguard serve` answers /healthz
+    and stops cleanly on SIGTERM, with every mount read-only and no home."""
+    done = subprocess.run(
+        _read_only(sys.executable, "-m", "floorguard", "--version"),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("floorguard ")
+    emulator_url, emulator = emulate()
+    port = free_port()
+    config = tmp_path / "guard.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "port": port,
+                "contracts": [
+                    {"tenant": "acme", "class": "assured", "floor": 4, "deadline_ms": 1820}
+                ],
+                "backends": [{"url": emulator_url, "slots": 4}],
+                "identity": {
+                    "mode": "header",
+                    "header": "X-Tenant",
+                    "trusted_upstreams": ["127.0.0.1/32"],
+                },
+            }
+        )
+    )
+    server = subprocess.Popen(
+        _read_only(sys.executable, "-m", "floorguard", "serve", "--config", str(config))
+    )
+    try:
+        wait_listening(port, server)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            assert r.status == 200
+        server.send_signal(signal.SIGTERM)  # sh and env exec'd: this is the guard itself
+        assert server.wait(30) == 0
+    finally:
+        stop(server, emulator)
