@@ -89,7 +89,9 @@ def test_access_log_request_ids_rotation_and_shutdown(tmp_path, scripted):
     assert unauthenticated[0] == 401 and unauthenticated[1]
     assert bad[0] == 400 and bad[1]
 
-    lines = [json.loads(line) for line in access.read_text().splitlines()]
+    segments = rotated_segments(access)  # the access log rotates with the decision log
+    assert len(segments) > 1
+    lines = [json.loads(line) for part in segments for line in part.read_text().splitlines()]
     assert len(lines) == 4 + 60  # one per request, refused before admission included
     by_id = {line["request_id"]: line for line in lines}
     first = by_id["trace-abc.123"]

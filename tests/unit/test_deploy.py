@@ -56,7 +56,8 @@ def test_the_manifests_match_the_guard_config_they_ship(tmp_path, monkeypatch):
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["terminationGracePeriodSeconds"] > config.drain_timeout_s
+    pause_s = float(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert spec["terminationGracePeriodSeconds"] > pause_s + config.drain_timeout_s
     assert config.store is not None and config.store.replicas == deployment["spec"]["replicas"]
     secret = manifests["Secret", "floorguard-secrets"]["stringData"]
     from_secret = {

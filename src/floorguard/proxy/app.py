@@ -122,6 +122,9 @@ class GuardServer:
         self._fault_hook = fault_hook
         self.draining = False
         """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
+        self.cutting = False
+        """Set at the drain deadline: what is still running is cut (`drain_deadline`)."""
+        self.num_cut_at_deadline = 0
         self.http_learner = (
             HttpLearner(config.learner_http.url, config.learner_http.timeout_ms / 1e3)
             if config.learner_http
@@ -303,7 +306,16 @@ class GuardServer:
             if lines is not None:
                 lines.flush()
 
-    async def drain(self, _: web.Application) -> None:
+    def num_working(self) -> int:
+        """Requests in flight or queued, and replies still being written to clients."""
+        held = len(self.replies)
+        return held + sum(p.guard.num_in_flight + p.guard.num_queued for p in self.pools.values())
+
+    async def drain(self, _: web.Application | None = None) -> None:
+        """Start draining (SIGTERM): still listening, new requests get 503 `draining` with
+        `Connection: close`, `/readyz` 503; in-flight and queued work may finish."""
+        if self.draining:
+            return
         self.draining = True
         in_flight = sum(p.guard.num_in_flight for p in self.pools.values())
         queued = sum(p.guard.num_queued for p in self.pools.values())
@@ -313,6 +325,19 @@ class GuardServer:
             queued,
             self.config.drain_timeout_s,
         )
+
+    async def drained(self, timeout_s: float) -> None:
+        """Wait until nothing is working or `timeout_s` has passed; then cut what is left
+        (`drain_deadline`): a stream ends with the SSE error event, a whole reply is a 503,
+        a queued request is aborted as it is cancelled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.num_working() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.num_working():
+            self.cutting = True
+            self.replies.stop_all("drain_deadline", "the guard is shutting down; retry")
+            await asyncio.sleep(0.05)  # the writers end their streams
 
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
@@ -325,11 +350,10 @@ class GuardServer:
         for lines in (self._log, self._access):
             if lines is not None:
                 lines.close()
-        left = sum(p.guard.num_in_flight + p.guard.num_queued for p in self.pools.values())
         log.info(
             "stopped: answered %s; %d request(s) cut at the drain deadline; decision log %s",
             dict(sorted(self.served.items())) or "none",
-            left,
+            self.num_cut_at_deadline,
             f"written to {self.config.decision_log}" if self._log is not None else "off",
         )
 
@@ -479,6 +503,8 @@ class GuardServer:
         finally:
             if response is not None and not response.prepared:
                 response.headers["x-request-id"] = request_id
+            if response is not None and self.draining:  # no keep-alive past the drain: the
+                response.force_close()  # next request would find the connection closed
             status = response.status if response is not None else 499  # the client left
             self.served[f"{status // 100}xx"] += 1
             if self._access is not None:

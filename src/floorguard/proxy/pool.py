@@ -310,7 +310,9 @@ class Pool:
                 request, path, work, admission, exchange=exchange, request_id=request_id
             )
         except asyncio.CancelledError:
-            self._end(rid, "abort", "client_disconnected")
+            self._end(
+                rid, "abort", "drain_deadline" if self.edge.cutting else "client_disconnected"
+            )
             raise
         except Exception:
             log.exception("request %s failed inside the guard", rid)
@@ -329,6 +331,8 @@ class Pool:
         guard = self.guard
         if not guard.holds(rid):
             return
+        if reason == "drain_deadline":
+            self.edge.num_cut_at_deadline += 1
         now = self.clock.now()
         if kind == "fail" and guard.in_flight_request(rid) is not None:
             guard.on_fail(rid, now, reason)
@@ -598,7 +602,8 @@ class Pool:
                 return json_error(503, box.cut_reason, "the guard holds too many replies")
             if box.failure is not None:
                 code, message = box.failure
-                status = 504 if code == "upstream_timeout" else 502
+                self._end(rid, "abort", code)  # stopped by the drain (a failure has ended it)
+                status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
                 return json_error(status, code, message, headers)
             body = box.take_all()
             response = web.StreamResponse(status=200, headers={**headers, **JSON})
@@ -665,7 +670,8 @@ class Pool:
             if not reading.done():
                 reading.cancel()
                 await asyncio.wait([reading])
-            self._end(rid, "abort", box.cut_reason or "client_disconnected")
+            stopped = box.failure[0] if box.failure is not None else None
+            self._end(rid, "abort", box.cut_reason or stopped or "client_disconnected")
             if box.cut_reason is not None:
                 log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
             box.close()

@@ -32,11 +32,21 @@ class HeldReplies:
         """Boxes cut since start (either bound)."""
         self._boxes: set[ReplyBox] = set()
 
+    def __len__(self) -> int:
+        """Replies open now."""
+        return len(self._boxes)
+
     def box(self, limit_bytes: int, on_cut: Callable[[], None] | None = None) -> ReplyBox:
         """A box for one reply; `on_cut` runs once if it is cut (abort the client)."""
         box = ReplyBox(self, limit_bytes, on_cut)
         self._boxes.add(box)
         return box
+
+    def stop_all(self, code: str, message: str) -> None:
+        """End every reply now with `code` (the drain deadline): what is buffered is
+        dropped, each writer ends its stream with the error event."""
+        for box in list(self._boxes):
+            box.stop(code, message)
 
     def _grew(self, box: ReplyBox) -> None:
         while self.held_bytes > self.limit_bytes and self._boxes:
@@ -67,6 +77,7 @@ class ReplyBox:
         self._on_cut = on_cut
         self._chunks: deque[bytes] = deque()
         self._finished = False
+        self._stopped = False
         self._ready = asyncio.Event()
 
     @property
@@ -74,8 +85,9 @@ class ReplyBox:
         return self._finished
 
     def put(self, chunk: bytes) -> bool:
-        """Hold `chunk` for the client; False once the box is cut (stop reading)."""
-        if self.cut_reason is not None:
+        """Hold `chunk` for the client; False once the box is cut or stopped (stop
+        reading)."""
+        if self.cut_reason is not None or self._stopped:
             return False
         self._chunks.append(chunk)
         self.held_bytes += len(chunk)
@@ -83,6 +95,13 @@ class ReplyBox:
         self._ready.set()
         self._owner._grew(self)
         return self.cut_reason is None
+
+    def stop(self, code: str, message: str) -> None:
+        """End the reply here, whatever the backend is still sending (`put` refuses more)."""
+        self._stopped = True
+        self._chunks.clear()
+        self._owner._forget(self)
+        self.finish((code, message))
 
     def finish(self, failure: tuple[str, str] | None = None) -> None:
         self.failure = failure

@@ -112,6 +112,10 @@ def _pool_warnings(config: GuardServerConfig) -> list[str]:
     return out
 
 
+_CLOSE_S = 1.0
+"""After the drain: how long closing waits for handlers that were just cut."""
+
+
 async def serve_guard(
     config: GuardServerConfig,
     stop: asyncio.Event,
@@ -127,7 +131,7 @@ async def serve_guard(
         cap=cap,
         handler_cancellation=True,
         keepalive_timeout=config.header_timeout_s,
-        shutdown_timeout=config.drain_timeout_s,
+        shutdown_timeout=_CLOSE_S,  # the drain happened before: this only closes
         access_log=None,
     )
     await runner.setup()
@@ -143,6 +147,10 @@ async def serve_guard(
         on_listening(f"{scheme}://{config.host}:{config.port}")
     try:
         await stop.wait()
+        # SPEC §14: drain while still listening (new requests 503 `draining`, /readyz 503),
+        # then cut what the deadline leaves, then close.
+        await app[SERVER].drain()
+        await app[SERVER].drained(config.drain_timeout_s)
     finally:
         if admin_runner is not None:
             await admin_runner.cleanup()
