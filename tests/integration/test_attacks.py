@@ -467,3 +467,22 @@ def test_the_official_client_does_not_retry_a_refusal_into_three_arrivals(tmp_pa
         e for e in read_jsonl(str(tmp_path / "decisions.jsonl")) if e.kind is EventKind.ARRIVE
     ]
     assert len(arrivals) == 2
+
+
+def test_backend_health_changes_are_logged_and_gauged(tmp_path, emulator):
+    """Each backend's health change is one INFO line naming it, and /metrics has
+    `floorguard_backend_up` per backend: 0 for the dead one, 1 for the live one."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def scrape(url: str) -> str:
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            return await r.text()
+
+    with guard_process(tmp_path, [dead, emulator]) as guard:
+        time.sleep(1.2)  # a few probes: the dead one stays down, logged never
+        metrics = asyncio.run(scrape(guard.url))
+    assert f'floorguard_backend_up{{backend="{dead}",model="default"}} 0.0' in metrics
+    assert f'floorguard_backend_up{{backend="{emulator}",model="default"}} 1.0' in metrics
+    err = (tmp_path / "guard.err").read_text()
+    assert err.count(f"backend 1 ({emulator}/health) is up") == 1
+    assert "backend 0" not in err  # never up: no change to log

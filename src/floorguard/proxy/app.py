@@ -146,6 +146,7 @@ class GuardServer:
                 for pool in self.pools.values()
             },
         )
+        self._metrics.backends_up = {p.label: p.health.states for p in self.pools.values()}
         if self._access is not None:
             self._metrics.ended = {}
         limits = config.limits

@@ -9,6 +9,7 @@ not offered by the stack (`set_backend_available`); what runs there ends normall
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 import aiohttp
@@ -45,6 +46,9 @@ async def reported_slots(
     return None
 
 
+log = logging.getLogger("floorguard.proxy")
+
+
 class BackendHealth:
     def __init__(
         self,
@@ -68,6 +72,10 @@ class BackendHealth:
 
     def any_up(self) -> bool:
         return any(self.healthy)
+
+    def states(self) -> list[bool]:
+        """Each backend's health now (the `floorguard_backend_up` gauge)."""
+        return list(self.healthy)
 
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         """One probe of every backend, then hand any slot that came up to the queue."""
@@ -96,5 +104,12 @@ class BackendHealth:
             return False
 
     def _set(self, backend: int, up: bool) -> None:
+        if self.healthy[backend] != up:
+            log.info(
+                "backend %d (%s) is %s",
+                backend,
+                self._urls[backend],
+                "up: it answers its health probe" if up else "down: it gets no requests",
+            )
         self.healthy[backend] = up
         self._stack.set_backend_available(backend, up)

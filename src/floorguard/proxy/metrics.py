@@ -105,6 +105,8 @@ class GuardMetrics:
         self.gaps = _Histogram(GAP_BUCKETS_S)
         self.pools = dict(pools)
         self._backend_ids = {k: list(v) for k, v in (backend_ids or {}).items()}
+        self.backends_up: dict[str, Callable[[], Sequence[bool]]] = {}
+        """By model: each backend's health now (the edge sets it once its pools exist)."""
         self._timings: dict[Any, Timing] = {}
         self.ended: dict[Any, tuple[Timing, TraceEvent]] | None = None
         """With an access log: each ended request's timing and terminal event, until the
@@ -325,6 +327,20 @@ class _GuardCollector(Collector):
             yield degraded
         yield from gauges
         yield credits
+        yield self._backends_up()
+
+    def _backends_up(self) -> GaugeMetricFamily:
+        up = GaugeMetricFamily(
+            "floorguard_backend_up",
+            "1 while the backend answers its health probe",
+            labels=["model", "backend"],
+        )
+        m = self._metrics
+        for model, healthy in m.backends_up.items():
+            ids = m._backend_ids.get(model)
+            for n, ok in enumerate(healthy()):
+                up.add_metric([model, ids[n] if ids else str(n)], float(ok))
+        return up
 
 
 def _counter(
