@@ -97,25 +97,13 @@ class GuardServer:
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
         self._mtls = config.identity.mode == "mtls"
-        rotate = config.decision_log_rotate
-        self._log = (
-            DecisionLog(
-                config.decision_log,
-                max_bytes=int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
-                max_age_s=rotate.max_age_s if rotate else None,
-            )
-            if config.decision_log
-            else None
-        )
-        self._access = (
-            LineLog(
-                config.access_log,
-                max_bytes=int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
-                max_age_s=rotate.max_age_s if rotate else None,
-            )
-            if config.access_log
-            else None
-        )
+        rotate = config.decision_log_rotate  # both logs rotate alike
+        rotation: dict[str, Any] = {
+            "max_bytes": int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
+            "max_age_s": rotate.max_age_s if rotate else None,
+        }
+        self._log = DecisionLog(config.decision_log, **rotation) if config.decision_log else None
+        self._access = LineLog(config.access_log, **rotation) if config.access_log else None
         self.served: Counter[str] = Counter()
         """Requests answered, by status class (`2xx`, `4xx`, …): said at shutdown."""
         self._background: list[asyncio.Task[None]] = []

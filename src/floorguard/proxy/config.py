@@ -383,6 +383,7 @@ class GuardServerConfig(_Strict):
     """The decision log (and the access log) is written in batches, at least this often
     (and at shutdown)."""
     decision_log_rotate: RotateSpec | None = None
+    """Rotation of the decision log, and of the access log alike."""
     access_log: str | None = None
     """One JSON line per request (request id, tenant, class, model, decision, status,
     outcome, timings): `-` for stdout, or a file; none: no access log."""
