@@ -46,15 +46,21 @@ __all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ContractSpec(_Strict):
     tenant: str = Field(min_length=1)
+    """The tenant's name, as its identity (JWT claim, certificate, gateway header) gives it."""
     cls: ContractClass = Field(alias="class")
+    """`assured`: a floor of `floor` requests per window; `opportunistic`: the surplus only."""
     deadline_ms: float = Field(gt=0)
+    """The deadline `d` of each request, from its arrival (SPEC §4): doom is judged against it."""
     floor: int = Field(default=0, ge=0)
+    """`B`: requests (or tokens, with `meter: token`) reserved per window, admitted whatever
+    the learner says (AF)."""
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT
+    """An assured tenant's requests past its floor: refused, or demoted to the surplus."""
     models: list[str] | None = Field(default=None, min_length=1)
     """With `models:` pools: the models this contract covers (default: every one). A floor
     is reserved in each pool it covers; a tenant has at most one contract per model."""
@@ -65,6 +71,7 @@ class ContractSpec(_Strict):
 
 class BackendSpec(_Strict):
     url: str = Field(pattern=r"^https?://")
+    """The backend's base URL (http or https)."""
     slots: int = Field(ge=1, le=4096)
     """`C` this guard may have in flight there: the whole backend's slot count for one
     guard, this replica's partition of it in a fleet (docs/replicas.md)."""
@@ -85,17 +92,23 @@ class ModelSpec(_Strict):
 
 class JwtSpec(_Strict):
     algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(min_length=1)
+    """The algorithms a token may be signed with (never `none`)."""
     secret: str | None = None
     """HS256 shared secret (or `secret_env`: the name of an environment variable)."""
     secret_env: str | None = None
+    """The environment variable holding the HS256 secret."""
     public_key_file: Path | None = None
     """PEM public key for RS256 / ES256."""
     jwks_file: Path | None = None
     """Or a JWKS (JSON Web Key Set) file for RS256 / ES256: the token's `kid` picks the key."""
     issuer: str | None = None
+    """The `iss` a token must carry (none: not checked)."""
     audience: str | None = None
+    """The `aud` a token must carry (none: not checked)."""
     tenant_claim: str = "sub"
+    """The claim that names the tenant."""
     leeway_s: float = Field(default=0.0, ge=0, le=300)
+    """Clock skew allowed on `exp` / `nbf`."""
 
 
 class MtlsSpec(_Strict):
@@ -106,7 +119,10 @@ class MtlsSpec(_Strict):
 
 class IdentitySpec(_Strict):
     mode: Literal["jwt", "mtls", "header"]
+    """Where the tenant comes from: a JWT bearer token, a client certificate, or a header
+    set by a named gateway."""
     jwt: JwtSpec | None = None
+    """`mode: jwt`: how tokens are checked."""
     mtls: MtlsSpec = MtlsSpec()
     """`mode: mtls`: needs `tls.client_ca_file` (the CA that signs tenants' certificates)."""
     header: str | None = None
@@ -137,7 +153,9 @@ class IdentitySpec(_Strict):
 
 class TlsSpec(_Strict):
     cert_file: Path
+    """The server certificate (PEM)."""
     key_file: Path
+    """Its private key (PEM)."""
     client_ca_file: Path | None = None
     """Verify client certificates against this CA bundle (needed by `identity.mode: mtls`).
     A client that presents none reaches the guard and gets 401; one that presents a
@@ -173,6 +191,8 @@ class StoreSpec(_Strict):
     replicas: int = Field(default=1, ge=1, le=1024)
     """N: how many guard replicas share this floor (fail-static grants ⌊B/N⌋ each)."""
     on_unavailable: Unavailable = Unavailable.FAIL_STATIC
+    """While Redis cannot be reached: `fail_static` grants each replica ⌊B/N⌋ locally
+    (docs/replicas.md)."""
     timeout_ms: float = Field(default=50.0, gt=0, le=10_000)
     """A Redis call (once connected) that takes longer fails; `attempts` failed calls in a
     row make Redis unavailable."""
@@ -189,6 +209,7 @@ class StoreSpec(_Strict):
     retry_s: float = Field(default=1.0, gt=0, le=300)
     """While Redis is unavailable, try it again at most this often."""
     prefix: str = Field(default="floorguard", min_length=1)
+    """Prefix of every key this guard writes to the store."""
     slots: Literal["partition", "leased"] = "partition"
     """How the replicas share each backend's slots (docs/replicas.md): `partition`, each
     replica's `backends[].slots` is its share; `leased`, `slots` is the backend's whole `C`
@@ -203,6 +224,7 @@ class LimitsSpec(_Strict):
     """What one request may ask for; the guard rewrites the body to it (docs/http.md)."""
 
     max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
+    """A request body larger than this is refused (413)."""
     max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
     """The largest output cap `ℓ` a request may ask for."""
     default_max_tokens: int = Field(default=16, ge=1)
@@ -273,9 +295,11 @@ class QueueSpec(_Strict):
     the floor and never refused for it); over a limit: 429 `queue_full`."""
 
     max_opportunistic: int | None = Field(default=1024, ge=0)
+    """Surplus requests waiting in the guard at most."""
     max_assured_excess: int | None = Field(default=1024, ge=0)
     """Demoted burst-excess (`excess_policy: demote`)."""
     max_per_tenant: int | None = Field(default=None, ge=0)
+    """Requests one tenant may have waiting at most (none: no bound)."""
 
 
 class UpstreamSpec(_Strict):
@@ -283,6 +307,7 @@ class UpstreamSpec(_Strict):
     legitimate stream)."""
 
     connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """Until the backend's TCP (and TLS) connection is up."""
     first_byte_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Until the backend's first byte: its headers and, streaming, the first chunk (a
     non-streamed completion answers only when done: this bounds its service)."""
@@ -298,11 +323,13 @@ class AdminSpec(_Strict):
     """`/admin/*` and `/metrics` (tenant names, credits): never open to tenants."""
 
     token: str | None = Field(default=None, min_length=16)
+    """The bearer token the admin paths need (≥ 16 characters), or `token_env`."""
     token_env: str | None = None
     """The bearer token, or the environment variable that holds it."""
     port: int | None = Field(default=None, ge=0, le=65535)
     """Serve them on a listener of their own (`host`:`port`) instead of the main one."""
     host: str = "127.0.0.1"
+    """The admin listener's address (with `port`)."""
 
 
 class RotateSpec(_Strict):
@@ -310,22 +337,31 @@ class RotateSpec(_Strict):
     the segments as one log)."""
 
     max_mb: float | None = Field(default=None, gt=0, le=1_000_000)
+    """Start a new file past this many MiB."""
     max_age_s: float | None = Field(default=None, ge=1)
+    """Start a new file past this age."""
 
 
 class GuardServerConfig(_Strict):
     host: str = "127.0.0.1"
+    """The address the guard listens on."""
     port: int = Field(default=8080, ge=0, le=65535)
+    """Its port."""
     window_s: float = Field(default=1.0, gt=0)
+    """`W`: the length of the tumbling window the floors are counted in."""
     origin_at: float = 0.0
+    """`t0`: the shared epoch the windows are counted from (every replica the same)."""
     contracts: list[ContractSpec] = Field(min_length=1)
+    """One contract per tenant (per model with `models:`)."""
     backends: list[BackendSpec] = Field(default_factory=list)
     """One pool of backends serving whatever model a request names; or `models`."""
     models: dict[str, ModelSpec] | None = None
     """Pools by model name: a request is guarded by the pool of its body's `model` (404
     `model_not_found` for one not listed); `/v1/models` lists these names."""
     identity: IdentitySpec
+    """How each request's tenant is authenticated, before any learner runs."""
     tls: TlsSpec | None = None
+    """Serve HTTPS (and, with `identity.mode: mtls`, verify client certificates)."""
     store: StoreSpec | None = None
     """Share the floor with other replicas through Redis (`store: redis://…` for short);
     none: this process's memory."""
@@ -335,6 +371,7 @@ class GuardServerConfig(_Strict):
     learner: str = "always-admit"
     """A registered learner, a `package.module:factory` path, or `http` (`learner_http`)."""
     learner_http: LearnerHttpSpec | None = None
+    """`learner: http`: the external learner service."""
     learner_options: LearnerOptionsSpec = LearnerOptionsSpec()
     profile: str | None = "v100-moe"
     """Service envelope (L for the doom gate, s_max for the monitors); None: no doom gate."""
@@ -379,6 +416,7 @@ class GuardServerConfig(_Strict):
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
+    """The decision log (JSONL trace events, `floorguard verify` reads it); none: off."""
     decision_log_flush_s: float = Field(default=0.2, gt=0, le=60)
     """The decision log (and the access log) is written in batches, at least this often
     (and at shutdown)."""

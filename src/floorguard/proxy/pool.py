@@ -71,6 +71,10 @@ __all__ = ["Pool"]
 
 log = logging.getLogger("floorguard.proxy")
 
+DECISION: web.RequestKey[str] = web.RequestKey("floorguard.decision", str)
+"""The request's admission (`entitled` / `surplus`), kept on the aiohttp request."""
+
+
 _LEASE_RETRY_S = 0.005
 """How long a backend is held off after the fleet had no lease for a start there."""
 
@@ -712,10 +716,6 @@ class Pool:
         """The shared floor's state: `shared`, or degraded under its fallback policy."""
         assert self.shared_floor is not None
         return self.shared_floor.status()
-
-
-DECISION = "floorguard.decision"
-"""The request's admission (`entitled` / `surplus`), kept on the aiohttp request."""
 
 
 async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:
