@@ -5,6 +5,7 @@ assured tenant is served on time and the decision log verifies (`guard_process`)
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import time
 from typing import Any
@@ -329,3 +330,42 @@ def test_the_documented_headers_are_present_and_the_access_log_is_true(tmp_path,
     left = next(line for line in lines if line["status"] == 499)
     assert (left["decision"], left["outcome"]) == ("surplus", "abort")
     assert max(len(line.get("model") or "") for line in lines) <= 200
+
+
+def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_path, scripted):
+    """Twenty 1 MB bodies of 20,000 messages each from the opportunistic tenant, refused
+    (`prompt_too_long`), sent beside the assured tenant's eight: they are counted off the
+    event loop, one at a time for that tenant, so every assured request is entitled and on
+    time."""
+    backend, url = scripted
+    backend.mode = "ok"
+    messages = [{"role": "user", "content": "x" * 40}] * 20_000
+    big = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 4})
+    assert len(big) > 900_000
+
+    async def attack(guard_url: str):
+        async with aiohttp.ClientSession() as session:
+
+            async def refused() -> int:
+                async with session.post(
+                    guard_url + "/v1/chat/completions",
+                    data=io.BytesIO(big),
+                    headers={**BEARER["free"], "Content-Type": "application/json"},
+                ) as r:
+                    await r.read()
+                    return r.status
+
+            flood = [asyncio.create_task(refused()) for _ in range(20)]
+            await asyncio.sleep(0.05)
+            assured = await _assured_on_time(guard_url, 8)
+            return await asyncio.gather(*flood), assured
+
+    with guard_process(tmp_path, [url], limits={"max_body_bytes": 2_000_000}) as guard:
+        statuses, assured = asyncio.run(attack(guard.url))
+    assert statuses == [400] * 20
+    assert [s for s, _ in assured] == [200] * 8 and max(t for _, t in assured) < DEADLINE_S
+    admitted = [
+        e for e in read_jsonl(str(tmp_path / "decisions.jsonl"))
+        if e.kind is EventKind.ADMIT and e.tenant == "acme"
+    ]  # fmt: skip
+    assert len(admitted) == 8 and all(e.entitled for e in admitted)
