@@ -342,3 +342,36 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
     assert report.num_entitled == result["completed"]  # every completion was the floor's
     assert result["completed"] <= 4 * (math.ceil(48 / 12) + 1)  # B per window, never more
     assert result["mean_ttft_ms"] > 0 and result["total_output_tokens"] == 8 * result["completed"]
+
+
+def test_the_edges_field_bounds_on_vllm(live, vllm):
+    """Issue 28 on the real backend: within their bounds, the fields the guard now bounds
+    reach vLLM and it serves them (4 stop strings, a small `logit_bias`, `top_logprobs` 5
+    with at most 5 alternatives per token, `documents` in `chat_template_kwargs`, counted
+    into the metered prompt); past them, or unmetered, a 400 before vLLM."""
+    url, _ = live.guard(guard_config(vllm, slots=SLOTS))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("free"), max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=4,
+        stop=[f"zz{i}" for i in range(4)],
+        logit_bias={"5": 1},
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"chat_template_kwargs": {"documents": [{"text": "a short document"}]}},
+    )
+    assert chat.choices[0].logprobs is not None
+    assert all(len(t.top_logprobs) <= 5 for t in chat.choices[0].logprobs.content)
+    for extra, code in (
+        ({"top_logprobs": 20, "logprobs": True}, "field_too_large"),
+        ({"stop": [f"zz{i}" for i in range(5)]}, "field_too_large"),  # vLLM's own limit is 4
+        ({"prompt_logprobs": 5}, "costly_field"),
+        ({"chat_template_kwargs": {"chat_template": "{{ 'x' * 100 }}"}}, "costly_field"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4, extra_body=extra
+            )
+        assert refused.value.code == code

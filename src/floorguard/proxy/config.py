@@ -245,8 +245,9 @@ class LimitsSpec(_Strict):
     max_response_bytes: int = Field(default=16_000_000, ge=1024, le=1_000_000_000)
     """A backend reply larger than this is not relayed: a non-streamed one is a 502, a
     stream ends with an SSE error event (so no request's reply grows without bound)."""
-    max_stop: int = Field(default=16, ge=0, le=100_000)
-    """Stop strings one request may give (each at most `max_constraint_bytes`)."""
+    max_stop: int = Field(default=4, ge=0, le=100_000)
+    """Stop strings one request may give (each at most `max_constraint_bytes`); 4 is
+    OpenAI's limit and vLLM's own."""
     max_list_items: int = Field(default=1024, ge=0, le=10_000_000)
     """Entries of `stop_token_ids`, `allowed_token_ids` and `bad_words`."""
     max_logit_bias: int = Field(default=300, ge=0, le=10_000_000)

@@ -129,7 +129,7 @@ class EdgeLimits:
     """Tokens a chat template adds per message (role markers), counted on top of the text."""
     unknown_fields: Literal["refuse", "drop", "forward"] = "refuse"
     allow_fields: frozenset[str] = frozenset()
-    max_stop: int = 16
+    max_stop: int = 4
     """Stop strings (each at most `max_constraint_bytes`)."""
     max_list_items: int = 1024
     """Entries of `stop_token_ids`, `allowed_token_ids`, `bad_words`."""
