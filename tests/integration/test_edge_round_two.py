@@ -369,3 +369,51 @@ def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_pat
         if e.kind is EventKind.ADMIT and e.tenant == "acme"
     ]  # fmt: skip
     assert len(admitted) == 8 and all(e.entitled for e in admitted)
+
+
+@pytest.mark.parametrize("half_close", ["refuse", "serve"])
+def test_a_half_closed_client_gets_an_answer(tmp_path, scripted, half_close):
+    """A client that sends a whole request and then closes its sending side (shutdown
+    SHUT_WR) is answered, not dropped in silence: by default a 400 `half_closed` at once and
+    the request aborted (its slot freed), with `half_close: serve` the whole answer."""
+    backend, url = scripted
+    backend.mode = "slow-stream"  # two seconds of stream: the FIN comes long before the end
+    body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True})
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token('acme')}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    try:
+        config = {} if half_close == "refuse" else {"half_close": half_close}  # the default
+        with guard_process(tmp_path, [url], **config) as guard:
+            port = int(guard.url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(request)
+                sock.shutdown(socket.SHUT_WR)
+                started, reply = time.monotonic(), b""
+                while chunk := sock.recv(65536):
+                    reply += chunk
+                elapsed = time.monotonic() - started
+            assert sum(_wait_idle(guard)["queues"]["in_flight"]) == 0
+            backend.mode = "ok"
+            _serves_entitled_on_time(guard)
+    finally:
+        backend.mode = "ok"
+    ends = [
+        e
+        for e in read_jsonl(str(tmp_path / "decisions.jsonl"))
+        if e.kind in (EventKind.COMPLETE, EventKind.ABORT)
+    ]
+    if half_close == "refuse":
+        assert reply.startswith(b"HTTP/1.1 400") and b'"code":"half_closed"' in reply
+        assert elapsed < 1.0
+        # aborted once it had arrived, or answered before its handler ran (never arrived)
+        assert [e.kind for e in ends] in (
+            [EventKind.ABORT, EventKind.COMPLETE],
+            [EventKind.COMPLETE],
+        )
+    else:
+        assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"data: ") == 12, reply[-300:]
+        assert b"data: [DONE]" in reply and reply.endswith(b"\r\n0\r\n\r\n") and elapsed > 1.5
+        assert [e.kind for e in ends] == [EventKind.COMPLETE, EventKind.COMPLETE]

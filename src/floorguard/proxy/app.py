@@ -588,12 +588,30 @@ _LARGE_BODY_BYTES = 65_536
 """A body larger than this is parsed and counted off the event loop, one at a time per
 tenant: one tenant's megabyte bodies cannot delay another's arrivals (issue 28)."""
 
-_HTTP09_BODY = orjson.dumps(error_body("http_version", "send HTTP/1.0 or later", status=505))
-_HTTP09_REFUSAL = (
-    b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_HTTP09_BODY), _HTTP09_BODY)
+
+def _raw_json_error(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response with `Connection: close`, for writing straight to a
+    transport where aiohttp's response machinery cannot answer."""
+    body = orjson.dumps(error_body(code, message, status=status))
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nx-should-retry: false\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (status, reason.encode(), len(body), body)
+    )
+
+
+_HTTP09_REFUSAL = _raw_json_error(
+    505, "HTTP Version Not Supported", "http_version", "send HTTP/1.0 or later"
 )
 """The answer to an HTTP/0.9 request line, written raw (aiohttp would answer it in 0.9)."""
+_HALF_CLOSE_REFUSAL = _raw_json_error(
+    400,
+    "Bad Request",
+    "half_closed",
+    "the client closed its sending side before the answer: this guard reads that as the "
+    "client leaving and aborts the request (keep the connection open until the response, "
+    "or ask the operator for half_close: serve)",
+)
 
 _LOGGED_CHARS = 200
 """A client-controlled string (the body's `model`) is clipped to this in the logs."""
@@ -632,6 +650,10 @@ async def _json_errors(
         return json_error(500, "internal_error", "the guard failed on this request")
 
 
+_EOF_HOPS = 8
+"""Loop turns a half-closed connection's request may take to reach its handler."""
+
+
 class _JsonErrorHandler(RequestHandler):
     """The HTTP parser's refusals (a malformed request line or header) in JSON, and the
     connection counted against the edge's cap (connections.py)."""
@@ -653,6 +675,41 @@ class _JsonErrorHandler(RequestHandler):
         super().connection_made(transport)
         cap = getattr(self._manager, "cap", None)
         if cap is not None and not cap.opened(self):
+            transport.close()
+
+    def eof_received(self) -> bool:
+        """The client sent FIN. Between requests that ends the connection, as before. A
+        client that half-closes after a whole request gets an answer: with `half_close:
+        refuse` (the default) a 400 `half_closed` and the request aborted at once (its slot
+        or queue place freed), since a client that left and one that only stopped sending
+        look the same until a write fails; with `serve` the request goes on and the
+        connection closes after its answer (a client that left is then found at the first
+        failed write). Decided once the request's handler has started (`_after_eof`)."""
+        if self._waiter is not None and not self._messages:  # idle between requests
+            return False
+        if self.transport is None or self.transport.get_extra_info("sslcontext") is not None:
+            return False  # TLS has no half-close (asyncio closes it whatever we say)
+        self._loop.call_soon(self._after_eof, _EOF_HOPS)
+        return True
+
+    def _after_eof(self, hops: int) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        request = self._current_request
+        if request is None:
+            if hops > 0 and (self._waiter is None or self._messages):  # not started yet
+                self._loop.call_soon(self._after_eof, hops - 1)
+            else:
+                transport.close()
+            return
+        if not request.content.is_eof():  # a body cut short: the parser is told at close
+            transport.close()
+        elif getattr(self._manager, "half_close", "refuse") == "serve":
+            self.close()  # once this answer is written: no further request can come
+        else:
+            if request._payload_writer.output_size == 0:  # nothing of an answer sent yet
+                transport.write(_HALF_CLOSE_REFUSAL)
             transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -678,6 +735,7 @@ class _JsonErrorHandler(RequestHandler):
 
 class _JsonErrorServer(web.Server):
     cap: ConnectionCap | None = None
+    half_close: str = "refuse"
 
     def __call__(self) -> RequestHandler:
         return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
@@ -687,14 +745,23 @@ class GuardRunner(web.AppRunner):
     """An `AppRunner` whose connections answer HTTP parser errors in JSON and, given a
     `cap`, are bounded by it."""
 
-    def __init__(self, app: web.Application, *, cap: ConnectionCap | None = None, **kw: Any):
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        cap: ConnectionCap | None = None,
+        half_close: str = "refuse",
+        **kw: Any,
+    ):
         super().__init__(app, **kw)
         self._cap = cap
+        self._half_close = half_close
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer  # same object, one method more specific
         server.cap = self._cap  # type: ignore[attr-defined]
+        server.half_close = self._half_close  # type: ignore[attr-defined]
         return server
 
 

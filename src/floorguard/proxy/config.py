@@ -396,6 +396,12 @@ class GuardServerConfig(_Strict):
     client_write_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """A reply write the client does not take within this long cuts it (`client_too_slow`).
     The slot is not held meanwhile: the backend is read at its own pace."""
+    half_close: Literal["refuse", "serve"] = "refuse"
+    """A client that closes its sending side (TCP half-close) after a whole request:
+    `refuse` answers 400 `half_closed` and aborts the request at once, as nginx and most
+    servers treat it (a client that left and one that stopped sending look the same, and
+    a queued request whose client left must not wait for a slot); `serve` answers it in
+    full, and a client that left is then only found at the first failed write."""
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     """On SIGTERM: stop accepting, answer 503 `draining`, and give in-flight requests this
     long to finish before exiting."""

@@ -129,6 +129,7 @@ async def serve_guard(
     runner = GuardRunner(
         app,
         cap=cap,
+        half_close=config.half_close,
         handler_cancellation=True,
         keepalive_timeout=config.header_timeout_s,
         shutdown_timeout=_CLOSE_S,  # the drain happened before: this only closes
