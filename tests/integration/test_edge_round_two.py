@@ -333,10 +333,11 @@ def test_the_documented_headers_are_present_and_the_access_log_is_true(tmp_path,
 
 
 def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_path, scripted):
-    """Twenty 1 MB bodies of 20,000 messages each from the opportunistic tenant, refused
+    """A hundred 1 MB bodies of 20,000 messages each from the opportunistic tenant, refused
     (`prompt_too_long`), sent beside the assured tenant's eight: they are counted off the
     event loop, one at a time for that tenant, so every assured request is entitled and on
-    time."""
+    time (counted on the event loop, as before issue 28, the assured requests took ≈ 2.1 s
+    here: late)."""
     backend, url = scripted
     backend.mode = "ok"
     messages = [{"role": "user", "content": "x" * 40}] * 20_000
@@ -355,14 +356,14 @@ def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_pat
                     await r.read()
                     return r.status
 
-            flood = [asyncio.create_task(refused()) for _ in range(20)]
+            flood = [asyncio.create_task(refused()) for _ in range(100)]
             await asyncio.sleep(0.05)
             assured = await _assured_on_time(guard_url, 8)
             return await asyncio.gather(*flood), assured
 
     with guard_process(tmp_path, [url], limits={"max_body_bytes": 2_000_000}) as guard:
         statuses, assured = asyncio.run(attack(guard.url))
-    assert statuses == [400] * 20
+    assert statuses == [400] * 100
     assert [s for s, _ in assured] == [200] * 8 and max(t for _, t in assured) < DEADLINE_S
     admitted = [
         e for e in read_jsonl(str(tmp_path / "decisions.jsonl"))
