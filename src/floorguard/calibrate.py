@@ -45,7 +45,7 @@ import numpy as np
 from floorguard.core.contract import AffineEnvelope
 from floorguard.errors import FloorguardError
 from floorguard.profiles import ServiceProfile, save_profile
-from floorguard.sim.probe import fit_probe_model
+from floorguard.sim.probe import latency_model_for
 
 __all__ = ["CalibrationError", "CalibrationResult", "calibrate"]
 
@@ -94,7 +94,7 @@ class CalibrationResult:
         """The profile file: the fitted profile, what was measured, and the latency
         predictor fitted for it at `slots` slots (the predictor learners load it instead of
         fitting at server start)."""
-        latency = fit_probe_model(self.profile, slots)
+        latency = latency_model_for(self.profile, slots)
         save_profile(
             self.profile,
             path,

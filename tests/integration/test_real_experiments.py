@@ -35,7 +35,7 @@ def test_the_real_backend_runner_on_the_emulator_matches_the_simulator(live, tmp
             assert set(r["statuses"]) <= {"200", "429", "503"}, r
             if r["policy"] in ("guard", "gated-fifo"):
                 assert r["log_violations"] == 0, r
-    e1 = {(r["policy"], r["beta"]): r for r in rows("E1", "real") if r["predictor"] == "light"}
+    e1 = {(r["policy"], r["beta"]): r for r in rows("E1", "real") if r["predictor"] == "published"}
     assert e1["guard", 0.0]["a_late"] == 0 < e1["unguarded", 0.0]["a_late"], e1
     # E5 on a real backend: the reservation sweep of the reference profile only (--quick:
     # four floors, one rep), the assured stream alone

@@ -259,7 +259,7 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
         # vLLM's own account of the run: it ran what was forwarded, no more
         assert 0 < row["backend_requests"] <= row["statuses"].get("200", 0), row
         assert 0 < row["backend_service_mean_s"] < 30, row
-    e1 = {(r["policy"], r["beta"]): r for r in rows["E1"] if r["predictor"] == "light"}
+    e1 = {(r["policy"], r["beta"]): r for r in rows["E1"] if r["predictor"] == "published"}
     assert e1["guard", 0.0]["a_late"] < e1["unguarded", 0.0]["a_late"], e1
     fifo = [r for r in rows["E3"] if r["policy"] == "gated-fifo"]
     assert all("admission_identical" in r for r in fifo), fifo

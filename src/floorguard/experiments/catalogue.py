@@ -23,6 +23,7 @@ from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import mean_of, source_name, summarize
 from floorguard.profiles import ADA_SCALE, get_profile
 from floorguard.screen.model import ScreenConfig, ScreenModel, ScreenVerdict, aggregate, screen
+from floorguard.sim.probe import PREDICTOR_FITS, latency_model_for
 from floorguard.sim.targets import flood_services, saturated_capacity
 
 __all__ = ["catalogue", "data_dir"]
@@ -120,7 +121,7 @@ def _beta_grid(learner: str) -> Callable[[bool], list[Condition]]:
         betas = (0.0, 1.0) if quick else (0.0, 0.5, 1.0, 2.0)
         return [
             Condition(policy=p, learner=learner, beta=b, predictor=f, detail=True)
-            for f in ("light", "loaded")
+            for f in PREDICTOR_FITS
             for b in betas
             for p in ("guard", "unguarded")
         ]
@@ -128,20 +129,73 @@ def _beta_grid(learner: str) -> Callable[[bool], list[Condition]]:
     return grid
 
 
-def _by_predictor(rows: Sequence[Row], what: str) -> str:
+def _pooled_share(runs: Sequence[Row], cls: str) -> str:
+    """ "admitted/offered (share)" of class `cls` (`a` or `o`), pooled over `runs`."""
+    admitted = sum(r[f"{cls}_admitted"] for r in runs)
+    offered = sum(r[f"{cls}_offered"] for r in runs)
+    return f"{admitted}/{offered} ({admitted / offered:.0%})" if offered else "–"
+
+
+def _admitted_by_beta(rows: Sequence[Row], assured: bool) -> str:
+    """Per β, what the learner let through: the opportunistic share under each stack and,
+    for a learner that may reject any class, the assured share unguarded (where nothing
+    stops it)."""
+    cells = []
+    for beta in dict.fromkeys(r["beta"] for r in rows):
+        mine = [r for r in rows if r["beta"] == beta]
+        by = {
+            p: [r for r in mine if r["policy"] == p]
+            for p in dict.fromkeys(r["policy"] for r in mine)
+        }
+        parts = [f"O admitted {_pooled_share(runs, 'o')} {p}" for p, runs in by.items()]
+        if assured and "unguarded" in by:
+            parts.append(f"A admitted {_pooled_share(by['unguarded'], 'a')} unguarded")
+        cells.append(f"β {beta:g}: " + ", ".join(parts))
+    return "; ".join(cells)
+
+
+def _by_predictor(rows: Sequence[Row], what: str, assured: bool = False) -> str:
     parts = []
     for fit in dict.fromkeys(r["predictor"] for r in rows):
         mine = [r for r in rows if r["predictor"] == fit]
-        parts.append(f"*{fit} predictor* — " + _by_policy(mine, what))
+        model = latency_model_for(mine[0]["profile"], mine[0]["slots"], fit)
+        parts.append(
+            f"*{fit} predictor* ({model.num_samples} samples, R² {model.r2:.3f}, "
+            f"{model.coefficients[2] * 1e3:.0f} ms per queued request) — "
+            + _by_policy(mine, what)
+            + " What it admitted, pooled over the runs: "
+            + _admitted_by_beta(mine, assured)
+            + "."
+        )
     return " ".join(parts)
 
 
+def _against_published_29(rows: Sequence[Row]) -> str:
+    """SPEC §11's one figure for the published learner: class-agnostic at β = 1 on the
+    marquee it admitted 29 of 72 assured requests."""
+    runs = [
+        r
+        for r in rows
+        if r["predictor"] == "published" and r["beta"] == 1.0 and r["policy"] == "unguarded"
+    ]
+    if not runs:
+        return ""
+    per_run = np.mean([r["a_admitted"] for r in runs])
+    offered = np.mean([r["a_offered"] for r in runs])
+    return (
+        f" Against the published figure (class-agnostic, β = 1, the marquee: 29 of 72 assured "
+        f"admitted), the `published` fit admits {per_run:.1f} of {offered:.0f} per run "
+        "unguarded."
+    )
+
+
 _PREDICTORS = (
-    "Two latency predictors (least squares over in-flight, queued and ℓ, SLO = d): `light`, "
-    "the published one, fitted on 132 light-load probe samples (Poisson 2/s, ℓ 16/64), whose "
-    "queue feature never varied, so it predicts light-load latency under any queue; "
-    "`loaded`, a queue-aware one fitted on probes from 2 to 14/s (a far better learner than "
-    "the published one), reported beside it."
+    "Two latency predictors (least squares over in-flight, queued and ℓ, SLO = d; "
+    "`sim.probe.latency_model_for`, the builder `simulate` and `serve` use too): "
+    "`published`, as SPEC §11 states it, 132 samples from open-loop Poisson probes at 2 to "
+    "14/s (idle to past saturation, ℓ 16 or 64), taken evenly over each probe's run, so it "
+    "sees load and sheds; `light-only`, 132 samples at Poisson 2/s alone, whose queue "
+    "feature never varied: a learner that never sheds, reported beside it."
 )
 _MARQUEE = (
     "Marquee (C = 4, W = 1 s, B = 6, assured paced 6/s — 72 per run, each up to 20 ms late, "
@@ -175,7 +229,8 @@ E2 = Experiment(
     reps=10,
     shown=("predictor", "policy", "beta"),
     reading=lambda rows: (
-        _by_predictor(rows, "over the β sweep,")
+        _by_predictor(rows, "over the β sweep,", assured=True)
+        + _against_published_29(rows)
         + (
             " Unguarded, a pessimistic class-agnostic learner refuses assured requests itself; "
             "under the guard its refusals cannot reach the floor."
@@ -218,7 +273,7 @@ def _e3_reading(rows: Sequence[Row]) -> str:
 E3 = Experiment(
     "E3",
     "Dispatch fault injection: assured-first vs FIFO at identical admission",
-    "Guard admission with the marquee's learner (the published `light` predictor, "
+    "Guard admission with the marquee's learner (the `published` predictor, "
     "sheddable-only, β = 1) and floor B = 6, assured paced 6/s, opportunistic Poisson swept "
     "over {3, 4, 6, 8, 12, 16}/s (ρ̂ from ≈ 1 to the marquee flood), doom gate off. "
     "Assured-first (`guard`) vs FIFO (`gated-fifo`) on byte-identical admission: the FIFO "
@@ -428,7 +483,7 @@ E8 = Experiment(
     "Server priority: admit-all straight into the server's own waiting queue, ordered by "
     "per-request priority (assured 0, opportunistic 1), over C = 4 non-preemptive slots (the "
     "queue is reordered, a running sequence is never evicted; the flood keeps every slot "
-    "busy). The guard: the marquee guard (the `light` predictor, sheddable-only, β = 1). "
+    "busy). The guard: the marquee guard (the `published` predictor, sheddable-only, β = 1). "
     "Marquee load, d ∈ {1284, 1100, 1000, 900} ms, doom gate off in both; reps 3.",
     lambda quick: [
         Condition(
@@ -860,7 +915,7 @@ def _e13_reading(rows: Sequence[Row]) -> str:
 E13 = Experiment(
     "E13",
     "Floor-entitled attainment and the phase sweep",
-    "E1's marquee (the `light` predictor) at β ∈ {0, 2} and E12's slices on v100-moe at "
+    "E1's marquee (the `published` predictor) at β ∈ {0, 2} and E12's slices on v100-moe at "
     "factor 1.5 (d = 1230 ms, B = 3, guard/reject), guard vs unguarded. Attainment is "
     "recomputed with the contract's window origin shifted by φ = 0, 50, …, 950 ms; the "
     "guard's own windows stay at t0 = 0.",
@@ -1161,7 +1216,7 @@ E17 = Experiment(
     "40 configurations: {assured-first, FIFO} dispatch × B ∈ {2, 4, 6, 8} (assured paced "
     "B/s) × offered ρ̂ ∈ {1.08, 1.25, 1.6, 2.5, 4.06} (the opportunistic Poisson rate is "
     "ρ̂·μ_sat − B, μ_sat measured), C = 4, v100-moe, under the guard's admission with the "
-    "published learner (the `light` latency predictor, sheddable-only, β = 1, its SLO "
+    "published learner (the `published` latency predictor, sheddable-only, β = 1, its SLO "
     "1820 ms); doom gate off, so every admitted assured sojourn is measured whole, then "
     "re-thresholded at the 33 deadlines 300, 400, …, 3500 ms; reps 3. Screens: first-moment "
     "(the published kind, under evaluation) and makespan (floorguard's), side by side. The "

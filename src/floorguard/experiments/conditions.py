@@ -3,7 +3,7 @@
 A `Condition` holds only primitives, so it pickles to worker processes. `run_condition`
 builds the scenario, runs the chosen stack on the simulator, and measures it from the trace
 exactly as `floorguard simulate` does. Per-process memos (`functools.cache`) keep the
-measured `μ_sat`, the fitted latency model and loaded traces from being recomputed per run.
+measured `μ_sat` and loaded traces from being recomputed per run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal
 from floorguard.core.ledger import assumptions_of
 from floorguard.core.request import Request
-from floorguard.learners.latency import LatencyModel
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
 from floorguard.sim.probe import latency_model_for
@@ -56,7 +55,6 @@ from floorguard.sim.workloads import (
 __all__ = [
     "Condition",
     "build_scenario",
-    "latency_model_of",
     "learner_options_of",
     "load_of",
     "measured_row",
@@ -103,9 +101,9 @@ class Condition:
     """Flow control's queue TTL; 0: each request's own deadline budget."""
     assured_poisson: bool = False
     """The marquee's assured stream as Poisson (the variant) instead of paced."""
-    predictor: str = "light"
-    """The latency predictor's fit (`sim.probe`): `light` (the published one) or `loaded`
-    (queue-aware)."""
+    predictor: str = "published"
+    """The latency predictor's fit (`sim.probe`): `published` (probes idle to saturated)
+    or `light-only` (light-load probes alone: it never sheds)."""
     replay_admission: bool = False
     """Admit exactly what the guard (assured-first) run of the same seed admitted: the
     learner is replaced by that run's decisions (E3's byte-identical admission)."""
@@ -127,13 +125,6 @@ class Condition:
 @functools.cache
 def mu_sat_of(profile: str, slots: int) -> float:
     return saturated_capacity(get_profile(profile), 16, slots)[0]
-
-
-@functools.cache
-def latency_model_of(profile: str, slots: int, fit: str = "light") -> LatencyModel:
-    """The predictor a condition's learner uses: the same one `floorguard serve` would
-    (`sim.probe.latency_model_for`), memoized per process."""
-    return latency_model_for(profile, slots, fit)
 
 
 @functools.cache
@@ -307,7 +298,7 @@ def load_of(m: RunMetrics, mu_sat: float) -> tuple[float, float]:
 def learner_options_of(c: Condition) -> LearnerOptions:
     """β and the SLO of `c`'s learner; a predictor's model fitted once per profile and C."""
     model = (
-        latency_model_of(c.profile, c.slots, c.predictor)
+        latency_model_for(c.profile, c.slots, c.predictor)
         if needs_latency_model(c.learner)
         else None
     )

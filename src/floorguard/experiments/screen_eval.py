@@ -16,8 +16,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from floorguard.core.learner import LoadSnapshot
-from floorguard.experiments.conditions import Condition, latency_model_of, mu_sat_of
+from floorguard.experiments.conditions import Condition, mu_sat_of
 from floorguard.experiments.figures import subplots
 from floorguard.experiments.spec import Row
 from floorguard.screen.evaluate import (
@@ -30,6 +29,7 @@ from floorguard.screen.evaluate import (
     score,
 )
 from floorguard.screen.model import ScreenModel
+from floorguard.sim.probe import latency_model_for
 
 T = TypeVar("T")
 
@@ -294,16 +294,15 @@ def _load_facts(rows: Sequence[Row]) -> str:
     admitted = sum(r["o_admitted"] for r in rows)
     mu = {r["slots"]: r["mu_sat"] for r in rows}
     profile = rows[0]["profile"]
-    ceiling = max(
-        latency_model_of(profile, c, "light").predict_s(LoadSnapshot(c, 100, 100, c), 16)
-        for c in mu
-    )
+    fits = {c: latency_model_for(profile, c, rows[0]["predictor"]) for c in sorted(mu)}
     return (
         f"The published learner admitted {admitted} of {offered} opportunistic requests "
-        f"({admitted / offered:.1%}): its light-load fit never saw a queue (queue coefficient "
-        f"0) and in-flight is at most C, so its prediction tops out at {ceiling * 1e3:.0f} ms "
-        "(β = 1, ℓ = 16), inside its 1820 ms SLO whatever the backlog; the admitted load is "
-        "the offered load, not near capacity. Measured μ_sat: "
+        f"({admitted / offered:.1%}); its fits ({rows[0]['predictor']}, per C: samples, R², "
+        "seconds per queued request): "
+        + ", ".join(
+            f"C = {c} {m.num_samples}, {m.r2:.3f}, {m.coefficients[2]:.3f}" for c, m in fits.items()
+        )
+        + ". Measured μ_sat: "
         + ", ".join(f"C = {c} {m:.2f}/s" for c, m in sorted(mu.items()))
         + "."
     )

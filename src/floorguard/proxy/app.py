@@ -677,7 +677,7 @@ class _JsonErrorHandler(RequestHandler):
         if cap is not None and not cap.opened(self):
             transport.close()
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio reads the bool
         """The client sent FIN. Between requests that ends the connection, as before. A
         client that half-closes after a whole request gets an answer: with `half_close:
         refuse` (the default) a 400 `half_closed` and the request aborted at once (its slot

@@ -177,10 +177,10 @@ class LearnerOptionsSpec(_Strict):
     """Miscalibration: predictions are scaled by β (1: as fitted; 0: everything looks fast)."""
     slo_ms: float | None = Field(default=None, gt=0)
     """The latency SLO; default: the smallest opportunistic deadline."""
-    fit: Literal["loaded", "light"] = "loaded"
-    """`loaded`: the queue-aware fit (probes below and above capacity; the one `floorguard
-    calibrate` saves); `light`: the published predictor, 132 light-load probe samples
-    (fitted on simulated probes of the profile)."""
+    fit: Literal["published", "light-only"] = "published"
+    """`published`: the published predictor, 132 probe samples from idle to saturated (the
+    one `floorguard calibrate` saves with a profile, else fitted on simulated probes of the
+    profile); `light-only`: 132 light-load samples alone, a learner that never sheds."""
 
 
 class StoreSpec(_Strict):

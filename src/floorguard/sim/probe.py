@@ -2,18 +2,22 @@
 
 A recording learner admits everything and keeps the `LoadSnapshot` each request arrived to —
 exactly the features a learner sees in production — and the trace supplies the measured
-latency (arrival → completion). Two probe sets (SPEC §11, E1/E2):
+latency (arrival → completion). `latency_model_for` is the one builder every driver uses
+(`simulate`, `experiment`, `serve`, the real-backend runs, `calibrate`), with one of two
+fits (SPEC §11, E1/E2):
 
-* `light` — the published predictor: 132 samples at light load (Poisson 2/s, mixed output
-  lengths). The queue never builds, so the fit knows nothing about queueing: its features'
-  range is the probes' range, and under a flood it predicts light-load latency.
-* `loaded` — a queue-aware predictor: open-loop Poisson probes at several rates, below and
-  above capacity, so every coefficient is identifiable. A far better learner than the
-  published one, reported beside it.
+* `published` — the published predictor: 132 samples from open-loop Poisson probes that
+  span idle to saturated (2 to 14 requests/s against a capacity near 9.6/s), taken evenly
+  over each probe's run, so the in-flight and queued features take the values a flood gives
+  them. It sees load and sheds.
+* `light-only` — 132 samples at light load alone (Poisson 2/s): its queue feature never
+  varies, so it predicts light-load latency under any queue and never sheds a flood. Kept,
+  under a name that says so, to show what a learner that never sheds does to a stack.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +34,9 @@ from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import BimodalLength, PoissonArrivals, SyntheticStream
 
 __all__ = [
-    "LIGHT_PROBE_SAMPLES",
     "PREDICTOR_FITS",
     "PROBE_RATES_PER_S",
+    "PUBLISHED_SAMPLES",
     "collect_probe_samples",
     "fit_probe_model",
     "latency_model_for",
@@ -40,9 +44,12 @@ __all__ = [
 ]
 
 PROBE_RATES_PER_S = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
-LIGHT_PROBE_SAMPLES = 132
-"""The published predictor's sample count."""
-PREDICTOR_FITS = ("light", "loaded")
+"""The published fit's probe rates: idle to past saturation."""
+PUBLISHED_SAMPLES = 132
+"""The published predictor's sample count (SPEC §11)."""
+PREDICTOR_FITS = ("published", "light-only")
+
+Sample = tuple[LoadSnapshot, int, float]
 
 
 class _Recorder:
@@ -58,6 +65,34 @@ class _Recorder:
         return Proposal(admit=True)
 
 
+def _probe(
+    profile: ServiceProfile, slots: int, rate_per_s: float, duration_s: float, seed: int
+) -> list[Sample]:
+    """The completed requests of one open-loop Poisson probe at `rate_per_s`, in arrival
+    order: (the load each arrived to, ℓ, its latency)."""
+    scenario = Scenario(
+        name="probe",
+        contracts=(Contract("probe", ContractClass.OPPORTUNISTIC, 1e6),),
+        streams=(
+            SyntheticStream(
+                "probe", PoissonArrivals(rate_per_s), BimodalLength(16, 64, 0.3), duration_s
+            ),
+        ),
+        profile=profile,
+        slots=(slots,),
+        doom_gate=False,
+    )
+    recorder = _Recorder()
+    run = simulate_once(scenario, seed=seed, learner=lambda rng: recorder)
+    assert run.events is not None
+    samples = []
+    for record in sorted(fold_trace(run.events).records, key=lambda r: r.arrival_at):
+        if record.outcome == "completed":
+            load, tokens = recorder.loads[record.request_id]
+            samples.append((load, tokens, record.sojourn_s))
+    return samples
+
+
 def collect_probe_samples(
     profile: ServiceProfile,
     slots: int,
@@ -65,64 +100,69 @@ def collect_probe_samples(
     seed: int = 0,
     duration_s: float = 20.0,
     rates_per_s: tuple[float, ...] = PROBE_RATES_PER_S,
-) -> list[tuple[LoadSnapshot, int, float]]:
-    samples: list[tuple[LoadSnapshot, int, float]] = []
-    for i, rate in enumerate(rates_per_s):
-        scenario = Scenario(
-            name="probe",
-            contracts=(Contract("probe", ContractClass.OPPORTUNISTIC, 1e6),),
-            streams=(
-                SyntheticStream(
-                    "probe", PoissonArrivals(rate), BimodalLength(16, 64, 0.3), duration_s
-                ),
-            ),
-            profile=profile,
-            slots=(slots,),
-            doom_gate=False,
+    num_samples: int | None = None,
+) -> list[Sample]:
+    """Probe samples at each rate in turn. With `num_samples`, that many in all, shared
+    evenly between the rates and spread evenly over each probe's run (its start, where a
+    queue is short, and its end, where an overloaded probe's queue is long)."""
+    per_rate = [
+        _probe(profile, slots, rate, duration_s, seed * 1000 + i)
+        for i, rate in enumerate(rates_per_s)
+    ]
+    if num_samples is None:
+        return [s for samples in per_rate for s in samples]
+    shares = np.diff(np.linspace(0, num_samples, len(rates_per_s) + 1).round().astype(int))
+    picked: list[Sample] = []
+    for samples, share in zip(per_rate, shares, strict=True):
+        require(
+            len(samples) >= share,
+            "probe",
+            len(samples),
+            f"needs {share} completed samples at each rate ({duration_s} s is too short)",
         )
-        recorder = _Recorder()
-        run = simulate_once(scenario, seed=seed * 1000 + i, learner=lambda rng, r=recorder: r)  # type: ignore[misc]
-        assert run.events is not None
-        for record in fold_trace(run.events).records:
-            if record.outcome == "completed":
-                load, tokens = recorder.loads[record.request_id]
-                samples.append((load, tokens, record.sojourn_s))
-    return samples
+        picked += [samples[int(i)] for i in np.linspace(0, len(samples) - 1, share).round()]
+    return picked
 
 
 def fit_probe_model(
-    profile: ServiceProfile, slots: int, *, seed: int = 0, fit: str = "loaded"
+    profile: ServiceProfile, slots: int, *, seed: int = 0, fit: str = "published"
 ) -> LatencyModel:
-    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes:
-    `fit` is `loaded` (the queue-aware one) or `light` (the published one)."""
-    if fit == "light":
-        samples = collect_probe_samples(
-            profile, slots, seed=seed, duration_s=90.0, rates_per_s=(2.0,)
+    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes
+    (`fit`: `published` or `light-only`, module docstring)."""
+    require(fit in PREDICTOR_FITS, "predictor fit", fit, f"must be one of {PREDICTOR_FITS}")
+    rates = PROBE_RATES_PER_S if fit == "published" else (2.0,)
+    duration_s = 20.0 if fit == "published" else 90.0
+    return fit_latency_model(
+        collect_probe_samples(
+            profile,
+            slots,
+            seed=seed,
+            duration_s=duration_s,
+            rates_per_s=rates,
+            num_samples=PUBLISHED_SAMPLES,
         )
-        require(
-            len(samples) >= LIGHT_PROBE_SAMPLES,
-            "light probe",
-            len(samples),
-            f"needs {LIGHT_PROBE_SAMPLES} samples",
-        )
-        return fit_latency_model(samples[:LIGHT_PROBE_SAMPLES])
-    require(fit == "loaded", "predictor fit", fit, f"must be one of {PREDICTOR_FITS}")
-    return fit_latency_model(collect_probe_samples(profile, slots, seed=seed))
+    )
 
 
-def latency_model_for(profile: str, slots: int, fit: str = "loaded") -> LatencyModel:
-    """The latency predictor for a profile (a shipped name or a profile file) with `slots`
-    slots: for the `loaded` fit, the one `floorguard calibrate` saved with the file for those
-    slots, else fitted now on simulated probes (a shipped profile, a file written before
-    calibrate saved one, other slots, or the `light` fit)."""
-    if fit == "loaded" and profile.endswith((".yaml", ".yml")):
-        saved = load_latency_model(Path(profile))
-        if saved is not None and saved.get("slots") == slots:
-            return LatencyModel.from_dict(saved)
-    return fit_probe_model(get_profile(profile), slots, fit=fit)
+@functools.cache
+def latency_model_for(
+    profile: str | ServiceProfile, slots: int, fit: str = "published"
+) -> LatencyModel:
+    """The one builder of the latency predictor: for a profile (a shipped name, a profile
+    file, or a `ServiceProfile`) with `slots` slots. For the `published` fit and a profile
+    file that `floorguard calibrate` saved one with for those slots, that one; else fitted
+    once per process on simulated probes (seed 0), so every driver that names the same
+    profile, slots and fit runs the same learner."""
+    if isinstance(profile, str):
+        if fit == "published" and profile.endswith((".yaml", ".yml")):
+            saved = load_latency_model(Path(profile))
+            if saved is not None and saved.get("slots") == slots:
+                return LatencyModel.from_dict(saved)
+        profile = get_profile(profile)
+    return fit_probe_model(profile, slots, fit=fit)
 
 
-def prediction_error(model: LatencyModel, samples: list[tuple[LoadSnapshot, int, float]]) -> float:
+def prediction_error(model: LatencyModel, samples: list[Sample]) -> float:
     """Root-mean-square error of the model on samples (seconds)."""
     errors = [model.predict_s(load, tokens) - latency for load, tokens, latency in samples]
     return float(np.sqrt(np.mean(np.square(errors)))) if errors else 0.0

@@ -19,7 +19,7 @@ from floorguard.core.events import write_jsonl
 from floorguard.core.ledger import assumptions_of
 from floorguard.errors import FloorguardError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
-from floorguard.sim.probe import fit_probe_model
+from floorguard.sim.probe import latency_model_for
 from floorguard.sim.run import SimRun, simulate_once
 from floorguard.sim.scenarios import Scenario
 
@@ -36,13 +36,13 @@ def trace_path(base: Path, rep: int, reps: int) -> Path:
     return base if reps == 1 else base.with_name(f"{base.stem}-rep{rep}{base.suffix or '.jsonl'}")
 
 
-def learner_options_for(
-    scenario: Scenario, learner: str, *, beta: float = 1.0, seed: int = 0
-) -> LearnerOptions:
-    """β and the SLO for the predictors, with a model fitted once on probes of this backend."""
+def learner_options_for(scenario: Scenario, learner: str, *, beta: float = 1.0) -> LearnerOptions:
+    """β and the SLO for the predictors, with the published fit for this backend: the one
+    `floorguard experiment` and `serve` use for the same profile and C
+    (`sim.probe.latency_model_for`)."""
     model = None
     if needs_latency_model(learner):
-        model = fit_probe_model(scenario.profile, scenario.slots[0], seed=seed)
+        model = latency_model_for(scenario.profile, scenario.slots[0])
     slo_s = min(c.deadline_budget_s for c in scenario.contracts)
     return LearnerOptions(beta=beta, slo_s=slo_s, latency_model=model)
 
@@ -64,7 +64,7 @@ def simulate(
     if reps < 1:
         raise FloorguardError(f"--reps = {reps}: must be ≥ 1")
     started = time.perf_counter()
-    learner_options = learner_options_for(scenario, learner, beta=beta, seed=seed)
+    learner_options = learner_options_for(scenario, learner, beta=beta)
     runs: list[SimRun] = []
     metrics: list[RunMetrics] = []
     for rep, rep_seed in enumerate(rep_seeds(seed, reps)):
