@@ -76,8 +76,11 @@ class ServiceProfile:
     `L(ℓ)` stays the model's exact minimum."""
     stall_per_decoding_s: float = 0.0
     """Sustained-load coupling: a joiner's prefill stalls the batch for `prefill_s` plus this
-    much per sequence already decoding (SPEC §11). A batch started together has no running
-    decode to stall, so the clean same-batch line is unaffected."""
+    much per sequence already decoding, counted up to `reference_slots − 1` (SPEC §11). A
+    batch started together has no running decode to stall, so the clean same-batch line is
+    unaffected. Past the reference width no figure is published; the assumption is that a
+    joiner's stall grows no further while decode stays memory-bound, so a wider batch
+    raises throughput (SPEC §11 "Width") instead of lowering it."""
     coupled: bool = True
     """False: deterministic slots, service = `L(ℓ)` exactly, no coupling, no jitter."""
     prefill_per_prompt_token_s: float = 0.0

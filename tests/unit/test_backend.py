@@ -5,8 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from floorguard.profiles import DETERMINISTIC, V100_MOE
+from floorguard.profiles import ADA_FP8, DETERMINISTIC, V100_MOE
 from floorguard.sim.backend import BatchingBackend, FixedServiceBackend
+from floorguard.sim.targets import saturated_capacity
 from tests.helpers import make_request
 
 QUIET = replace(V100_MOE, jitter_sigma=0.0, stall_per_decoding_s=0.0)
@@ -110,6 +111,17 @@ def test_step_time_never_falls_and_keeps_growing_past_the_reference_width():
     assert V100_MOE.step_s(8) > V100_MOE.step_s(6) > V100_MOE.step_s(4)
     linear = replace(V100_MOE, coupling_shape=1.0)
     assert linear.step_s(2) - linear.step_s(1) == pytest.approx(linear.step_s(8) - linear.step_s(7))
+
+
+@pytest.mark.parametrize("profile", [V100_MOE, ADA_FP8], ids=lambda p: p.name)
+def test_a_wider_batch_never_lowers_throughput(profile):
+    """SPEC §11 "Width": decode is memory-bound, so more slots raise the saturated
+    completion rate (C = 1 … 12), though each request's service grows."""
+    measured = [saturated_capacity(profile, 16, c) for c in (1, 2, 3, 4, 6, 8, 12)]
+    rates = [rate for rate, _ in measured]
+    services = [service for _, service in measured]
+    assert rates == sorted(rates) and rates[-1] > 1.2 * rates[3]
+    assert services == sorted(services)
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ class BatchingBackend:
         prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
         if p.stall_per_decoding_s > 0:
             decoding = sum(1 for span in self._spans.values() if span[3] <= now)
-            prefill_s += p.stall_per_decoding_s * decoding
+            prefill_s += p.stall_per_decoding_s * min(decoding, p.reference_slots - 1)
         self._stalled_until = max(self._stalled_until, now) + prefill_s
         self._seq += 1
         finish_v = self._v + request.num_output_tokens * self._jitter()
