@@ -19,7 +19,7 @@ import numpy as np
 from floorguard.analysis.metrics import RunMetrics, entitled_ids, measure
 from floorguard.analysis.records import TraceRecords, fold_trace
 from floorguard.baselines.flow_control import FlowControlOptions, MappingFault, Objective
-from floorguard.baselines.registry import StackOptions
+from floorguard.baselines.registry import RateLimits, StackOptions
 from floorguard.core.contract import (
     CapacityAction,
     Contract,
@@ -116,6 +116,10 @@ class Condition:
     assured_fraction: float = 0.3
     max_tokens: int = 48
     burst_size: int = 40
+    static_caps_at_capacity: bool = False
+    """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
+    assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
+    `μ_sat`; false: `RateLimits`' defaults."""
     detail: bool = False
     """Keep per-request assured timings of this run (for a figure)."""
     keep_samples: bool = False
@@ -317,6 +321,15 @@ def _admitted_ids(c: Condition, seed: int) -> frozenset[object]:
     return frozenset(r.request_id for r in fold_trace(run.events).records if r.admitted)
 
 
+def _rate_limits(c: Condition) -> RateLimits:
+    if not c.static_caps_at_capacity:
+        return RateLimits()
+    mu_sat = mu_sat_of(c.profile, c.slots)
+    return RateLimits(
+        opportunistic_per_s=max(mu_sat - c.floor / c.window_s, 0.0), flat_per_s=mu_sat
+    )
+
+
 def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     """Run one seeded replication of `c`; return its tidy row (plus nested extras)."""
     scenario = build_scenario(c)
@@ -331,6 +344,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         learner=learner,
         learner_options=learner_options_of(c),
         stack_options=StackOptions(
+            rate_limits=_rate_limits(c),
             flow_control=FlowControlOptions(
                 objectives={
                     ContractClass.ASSURED: Objective("premium", 10),
@@ -341,7 +355,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
                 },
                 mapping_fault=MappingFault(c.mapping_fault),
                 queue_ttl_s=c.queue_ttl_s if c.queue_ttl_s > 0 else None,
-            )
+            ),
         ),
     )
     assert run.events is not None
