@@ -1011,6 +1011,7 @@ def _e15(quick: bool) -> list[Condition]:
     cells = ((6, 1820), (14, 400)) if quick else _E15_CELLS
     return [
         Condition(
+            learner="predictor-sheddable",
             floor=b,
             assured_rate=float(b),
             deadline_ms=d,
@@ -1070,7 +1071,9 @@ E15 = Experiment(
     "E15",
     "Doom gate: firings and false drops",
     "15 overload / tight-deadline guard cells: B ∈ {6, 10, 14} (assured paced at B/s) × d ∈ "
-    "{1820, 1200, 800, 600, 400} ms under the 16/s flood (always-admit). Gate on with the "
+    "{1820, 1200, 800, 600, 400} ms under the 16/s flood, run as SPEC §11 states E15: the "
+    "published learner (the `published` predictor, sheddable-only, β = 1, SLO = d) governs "
+    "the surplus, not an always-admit flood whose queue grows without bound. Gate on with the "
     f"published wiring, one constant L = {PUBLISHED_L_MS:.0f} ms (the batch-1 median) for "
     "every length, vs off, same seeds; reps 5. A false drop is a drop with t + L_model(ℓ) ≤ D, "
     "L_model the profile's exact minimum service: a request that could still have been on "
