@@ -50,6 +50,17 @@ async def _assured_on_time(url: str, count: int) -> list[tuple[int, float]]:
         return await asyncio.gather(*(one(session) for _ in range(count)))
 
 
+async def _flood_beside_assured(
+    url: str, send: Any, count: int, lead_s: float
+) -> tuple[list[int], list[tuple[int, float]]]:
+    """`count` concurrent `send()` calls and, `lead_s` after they start, eight assured
+    requests: (the flood's statuses, each assured request's (status, latency))."""
+    flood = [asyncio.create_task(send()) for _ in range(count)]
+    await asyncio.sleep(lead_s)
+    assured = await _assured_on_time(url, 8)
+    return list(await asyncio.gather(*flood)), assured
+
+
 def _wait_idle(guard: Guard, timeout_s: float = 10.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -187,10 +198,7 @@ def test_unauthenticated_model_listings_share_nothing_admitted_work_needs(tmp_pa
                     await r.read()
                     return r.status
 
-            listings = [asyncio.create_task(listing()) for _ in range(200)]
-            await asyncio.sleep(0.3)
-            assured = await _assured_on_time(guard_url, 8)
-            return await asyncio.gather(*listings), assured
+            return await _flood_beside_assured(guard_url, listing, 200, 0.3)
 
     try:
         with guard_process(tmp_path, [url]) as guard:
@@ -356,10 +364,7 @@ def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_pat
                     await r.read()
                     return r.status
 
-            flood = [asyncio.create_task(refused()) for _ in range(100)]
-            await asyncio.sleep(0.05)
-            assured = await _assured_on_time(guard_url, 8)
-            return await asyncio.gather(*flood), assured
+            return await _flood_beside_assured(guard_url, refused, 100, 0.05)
 
     with guard_process(tmp_path, [url], limits={"max_body_bytes": 2_000_000}) as guard:
         statuses, assured = asyncio.run(attack(guard.url))
