@@ -375,3 +375,22 @@ def test_the_edges_field_bounds_on_vllm(live, vllm):
                 model=MODEL, messages=messages, max_tokens=4, extra_body=extra
             )
         assert refused.value.code == code
+
+
+def test_bench_backlog_holds_a_backlog_inside_vllm(vllm):
+    """`floorguard bench backlog` really holds the backlog in vLLM's own queue (vLLM's
+    gauge says so) with the probes running ahead of it, and reports each size beside the
+    empty queue."""
+    out = subprocess.run(
+        [sys.executable, "-m", "floorguard", "bench", "backlog", "--backend", vllm,
+         "--model", MODEL, "--waiting", "24", "--repeats", "1", "--json"],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    rows = {r["waiting"]: r for r in json.loads(out.stdout)["rows"]}
+    assert set(rows) == {0, 24}
+    assert rows[0]["held_service_ratio"] == 1.0
+    # the fillers were waiting inside vLLM while the probes ran (one may have started
+    # after the probes were done, before the gauge was read)
+    assert rows[24]["waiting_seen"] >= 23
+    for row in rows.values():
+        assert 0 < row["held_step_ms"] < row["held_service_ms"]

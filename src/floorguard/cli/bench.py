@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
+from floorguard.bench.backlog import bench_backlog, render_backlog
 from floorguard.bench.calibration import bench_calibration, render_calibration
 from floorguard.bench.proxy import bench_proxy
 from floorguard.bench.sim import bench_fleet, bench_sim
@@ -60,6 +61,25 @@ def register(commands: Any) -> None:
         "--fit", action="store_true", help="also re-run the least-squares fit (minutes)"
     )
     bench_cal.add_argument("--json", action="store_true")
+    bench_backlog_cmd = kinds.add_parser(
+        "backlog",
+        help="what requests waiting inside a vLLM server cost the ones it runs "
+        "(beside an empty queue)",
+    )
+    bench_backlog_cmd.add_argument(
+        "--backend", required=True, help="a vLLM server run with --scheduling-policy priority"
+    )
+    bench_backlog_cmd.add_argument("--model", required=True, help="its served model name")
+    bench_backlog_cmd.add_argument(
+        "--slots", type=int, default=4, help="its --max-num-seqs (default 4)"
+    )
+    bench_backlog_cmd.add_argument(
+        "--waiting",
+        default="0,100,300",
+        help="backlog sizes to hold in its queue, comma-separated (default 0,100,300)",
+    )
+    bench_backlog_cmd.add_argument("--repeats", type=int, default=3)
+    bench_backlog_cmd.add_argument("--json", action="store_true")
     bench.set_defaults(run=run)
 
 
@@ -83,6 +103,28 @@ def run(args: argparse.Namespace, console: Console) -> int:
             concurrency=args.concurrency,
             repeats=args.repeats,
         )
+    elif args.bench == "backlog":
+        try:
+            sizes = [int(n) for n in args.waiting.split(",") if n.strip()]
+        except ValueError:
+            raise FloorguardError(
+                f"--waiting {args.waiting!r}: must be comma-separated whole numbers"
+            ) from None
+
+        def on_rep(rep: int, waiting: int, row: dict[str, float]) -> None:
+            console.print(
+                f"rep {rep + 1}: {waiting} waiting: step {row['held_step_ms']:.1f} ms, "
+                f"service {row['held_service_ms']:.0f} ms",
+                style="dim",
+            )
+
+        result = bench_backlog(
+            args.backend, args.model, slots=args.slots, sizes=sizes, repeats=args.repeats,
+            progress=None if args.json else on_rep,
+        )  # fmt: skip
+        if not args.json:
+            render_backlog(result, console)
+            return 0
     else:
 
         def progress(evaluations: int, cost: float) -> None:
