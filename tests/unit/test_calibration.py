@@ -1,8 +1,9 @@
 """The published targets (SPEC §5, §11) against the simulated profiles, measured through
 the full guard from the trace. The fit is least squares over targets that cannot all be met
-(three measure one sustained service: 590 ms, 460 ms and 4/μ_sat ≈ 415 ms), so the tests
+(SPEC's light-load mean is lighter than its own 4/s cell, docs/calibration.md), so the tests
 hold what the model must show — the fit's residuals stay near what docs/calibration.md
-reports, the dispersion and the coupling exist — not every figure within 10 %."""
+reports, the regimes of SPEC §11 stay apart, the dispersion is one-sided — not every figure
+within 10 %."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from floorguard.sim.backend import BatchingBackend
 from floorguard.sim.targets import (
     TARGETS,
     light_mean_ms,
-    light_services,
     measure_figures,
     residuals,
 )
@@ -35,43 +35,49 @@ def within(measured: float, target: float, tolerance: float) -> bool:
 
 def test_every_target_is_measured_and_the_fit_stays_where_it_was_committed(v100):
     """Each target has a figure; the shipped fit's sum of squared relative residuals is the
-    one docs/calibration.md reports (0.19), and no residual is worse than 30 %."""
+    one docs/calibration.md reports (0.24), and no residual is worse than 35 % (the worst is
+    the light-load mean SPEC's own 4/s cell contradicts)."""
     r = residuals(v100)
     assert set(r) == {t.key for t in TARGETS}
-    assert sum(v * v for v in r.values()) < 0.21
-    assert max(abs(v) for v in r.values()) < 0.30
+    assert sum(v * v for v in r.values()) < 0.27
+    assert max(abs(v) for v in r.values()) < 0.35
 
 
 def test_v100_fitted_targets_that_the_model_reaches(v100):
-    """Batch-1 median, the clean same-batch line at ℓ = 64, the width-4 probe, light and
-    flood means: within 7 %."""
-    for key in ("batch1_median_ms", "clean_64_ms", "width4_64_ms", "light_mean_ms"):
+    """The batch lines, the width probe, μ_sat, the sustained break cells and the batched
+    minimum: within 7 %."""
+    keys = ("width1_64_ms", "width4_64_ms", "clean_64_ms", "clean_128_ms", "clean_256_ms")
+    for key in (*keys, "mu_sat_per_s", "paced7_ms", "paced8_ms", "flood_min_ms"):
         target = next(t.published for t in TARGETS if t.key == key)
         assert within(v100[key], target, 0.07), key
-    assert within(v100["flood_mean_ms"], 460, 0.07)
-    assert v100["light_mean_ms"] < v100["flood_mean_ms"]
 
 
-def test_light_load_service_is_dispersed_not_constant():
-    """SPEC §11: light-load services spread widely (published 234–601 ms); the model's
-    spread (max − min) is at least a third of its mean, where a few per cent of jitter gave
-    almost a constant."""
-    ms = np.asarray(light_services(V100_MOE)) * 1e3
-    assert (ms.max() - ms.min()) > ms.mean() / 3
-    assert ms.min() < 250  # the published lower end: 234 ms
+def test_the_regimes_stay_apart(v100):
+    """SPEC §11: a saturating probe whose batches run in step sits near the clean line
+    (μ_sat ≈ C / 421 ms), sustained desynchronized load well above it (E5's cells ≈ 595 ms),
+    the flood under the learner between them; light load below all three."""
+    in_step_ms = 4 / v100["mu_sat_per_s"] * 1e3
+    clean_16_ms = (V100_MOE.prefill_s * 4 + 16 * V100_MOE.step_s(4)) * 1e3
+    assert in_step_ms == pytest.approx(clean_16_ms, rel=0.02)
+    assert v100["light_mean_ms"] < in_step_ms < v100["flood_mean_ms"] < v100["paced8_ms"]
+    assert v100["paced8_ms"] > in_step_ms * 1.2
 
 
-def test_sustained_load_stalls_the_batch_beyond_the_clean_line(v100):
-    """Joiners' prefills stall a running batch: sustained batch-C service at ℓ = 16 is above
-    the clean same-batch figure at the same ℓ (published: 590 vs 421 ms)."""
-    clean_16 = V100_MOE.prefill_s * 4 + 16 * V100_MOE.step_s(4)
-    assert v100["sustained_ms"] > clean_16 * 1e3 * 1.05
+def test_the_dispersion_is_one_sided_and_comes_from_the_load(v100):
+    """SPEC §11: nothing below the batch-1 floor, nothing above the 660 ms ceiling, and the
+    spread under the flood comes from the coupling (who joins the batch and when): the
+    flood's services span more than a third of their mean, from near the published batched
+    minimum (281 ms) up."""
+    assert v100["flood_above_ceiling"] == 0
+    assert v100["flood_max_ms"] <= v100["ceiling_ms"]
+    assert v100["flood_max_ms"] - v100["flood_min_ms"] > v100["flood_mean_ms"] / 3
+    assert v100["light_min_ms"] >= V100_MOE.lower.at(16) * 1e3 - 1e-9
 
 
 def test_a_batch_started_together_has_no_running_decode_to_stall():
     """The coupling counts only sequences already decoding: four joining at once pay four
     plain prefills, so the clean line is the model's, not the stall's."""
-    quiet = replace(V100_MOE, jitter_sigma=0.0)
+    quiet = replace(V100_MOE, jitter_mean=0.0, jitter_cap=0.0)
     backend = BatchingBackend(quiet, 4, np.random.default_rng(0))
     for i in range(4):
         backend.join(make_request(tokens=16, request_id=i), 0.0)
