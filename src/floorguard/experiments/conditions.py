@@ -124,6 +124,9 @@ class Condition:
     """Keep per-request assured timings of this run (for a figure)."""
     keep_samples: bool = False
     """Keep the assured sojourns and all service times (the screen's evaluation)."""
+    keep_ids: bool = False
+    """Keep the ids of the requests the doom gate dropped and of those completed on time
+    (E15's counterfactual replay against the same seed with the gate off)."""
 
 
 @functools.cache
@@ -383,6 +386,11 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "dr_firings": sum(
             1 for e in run.events if e.kind is EventKind.DROP and e.reason == "doomed"
         ),
+        "dr_firings_assured": sum(
+            1
+            for e in run.events
+            if e.kind is EventKind.DROP and e.reason == "doomed" and e.cls is ContractClass.ASSURED
+        ),
         "false_drops": _false_drops(run.events, scenario),
         "a_wait_growth_ms_per_s": _wait_growth_ms_per_s(trace),
         **_short_and_entitled(c, trace),
@@ -403,6 +411,11 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]
         row["services"] = [r.service_s for r in done]
         row["o_admitted_per_s"] = m.opportunistic.admitted / c.duration_s
+    if c.keep_ids:
+        row["doomed_ids"] = sorted(
+            r.request_id for r in trace.records if r.outcome == "dropped" and r.reason == "doomed"
+        )
+        row["on_time_ids"] = sorted(r.request_id for r in trace.records if r.on_time)
     if c.detail:
         row["detail"] = [
             (

@@ -31,8 +31,10 @@ __all__ = [
     "write_csv",
 ]
 
-CONDITION_FIELDS = [f.name for f in fields(Condition) if f.name not in ("detail", "keep_samples")]
-NESTED = ("phase_counts", "detail", "a_sojourns", "services")
+CONDITION_FIELDS = [
+    f.name for f in fields(Condition) if f.name not in ("detail", "keep_samples", "keep_ids")
+]
+NESTED = ("phase_counts", "detail", "a_sojourns", "services", "doomed_ids", "on_time_ids")
 
 
 def condition_of(row: Row) -> tuple[Any, ...]:
