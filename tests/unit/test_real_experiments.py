@@ -10,12 +10,23 @@ from dataclasses import replace
 import pytest
 
 from floorguard.cli import main
-from floorguard.experiments import Condition
+from floorguard.core.request import Request
+from floorguard.experiments import Condition, catalogue, real
 from floorguard.experiments.conditions import mu_sat_of
-from floorguard.experiments.fidelity import admission, drift, service_mean
-from floorguard.experiments.real import RealBackend, backend_counters, backend_times, scaled
+from floorguard.experiments.fidelity import admission, drift, paired_differences, service_mean
+from floorguard.experiments.real import (
+    RealBackend,
+    backend_counters,
+    backend_times,
+    paired,
+    scaled,
+)
 from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_section
+from floorguard.experiments.runner import Task, plan
+from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.profiles import V100_MOE, save_profile
+from floorguard.rig.loadgen import ClientResult
+from floorguard.sim.scenarios import ASSURED_TENANT
 
 
 def _backend(tmp_path, mu_sat, profile=V100_MOE):
@@ -165,3 +176,69 @@ def test_whether_the_fifo_runs_admitted_what_the_assured_first_runs_did_is_said(
     )
     text = admission([{"admission_identical": True}, {"admission_identical": False}])
     assert "in 1 of 2 runs" in text and "similar, not identical" in text
+
+
+def test_the_real_runs_are_paired_back_to_back_with_the_order_alternating():
+    """Each rep's two stacks run back to back on the same seed, guard first on even reps and
+    server priority first on odd ones; every task runs once."""
+
+    e8 = catalogue()["E8"]
+    tasks = plan([e8], lambda _: 3, quick=True)
+    ordered = paired(tasks)
+    assert sorted(t.key for t in ordered) == sorted(t.key for t in tasks)
+    for rep in range(3):
+        mine = [t for t in ordered if t.rep == rep]
+        assert len({t.seed for t in mine}) == 1  # one seed: the same arrivals for both
+        assert [t.key for t in ordered[: len(mine) * (rep + 1)]][-len(mine) :] == [
+            t.key for t in mine
+        ]  # a rep's runs are consecutive
+        policies = list(dict.fromkeys(t.condition.policy for t in mine))
+        expected = ["guard", "server-priority"]
+        assert policies == (expected if rep % 2 == 0 else expected[::-1])
+
+
+def test_the_paired_difference_is_per_rep_with_a_t_interval():
+    """Pairs are the same condition and seed across the two stacks; the table gives the
+    mean of the per-rep differences and its 95 % t interval."""
+
+    e8 = catalogue()["E8"]
+    base = {f: getattr(Condition(), f) for f in CONDITION_FIELDS}
+    rows = []
+    # guard misses 0/10 in every rep; server priority 2/10, 4/10, 6/10
+    for seed, late in ((1, 2), (2, 4), (3, 6)):
+        for policy, a_late, goodput in (("guard", 0, 9.0), ("server-priority", late, 8.0)):
+            rows.append(
+                {**base, "policy": policy, "seed": seed, "deadline_ms": 900.0,
+                 "a_late": a_late, "a_admitted": 10, "goodput_per_s": goodput}
+            )  # fmt: skip
+    text = paired_differences(e8, rows, CONDITION_FIELDS)
+    assert "guard − server-priority" in text
+    line = next(x for x in text.splitlines() if x.startswith("| 900"))
+    # differences −0.2, −0.4, −0.6: mean −0.4, sd 0.2, t(0.975, 2) = 4.303 → ±0.497
+    assert "| 3 | -0.400 [-0.897, +0.097] | +1.000 [+1.000, +1.000] |" in line
+
+
+def test_e3s_admission_sentence_holds_when_the_fifo_run_comes_first(tmp_path, monkeypatch):
+    """Paired order runs FIFO before assured-first on odd reps: the FIFO row still says
+    whether it admitted the assured-first run's set, once that run is done."""
+    backend = _backend(tmp_path, mu_sat_of("v100-moe", 4))
+    admitted = {"guard": [1, 2, 3], "gated-fifo": [1, 2, 3]}
+
+    def serve(c, seed, backend, folder):
+        return [
+            ClientResult(Request(i, ASSURED_TENANT, 0.0, 16), 0.0, 0.0, 0.0, 200)
+            for i in admitted[c.policy]
+        ], {}
+
+    monkeypatch.setattr(real, "_serve_real", serve)
+    monkeypatch.setattr(real, "backend_counters", lambda url: None)
+    monkeypatch.setattr(real, "real_row", lambda c, seed, results, backend: {"policy": c.policy})
+    runs = real._RealRuns(backend, tmp_path)
+    guard = Condition(policy="guard")
+    fifo = Condition(policy="gated-fifo", replay_admission=True)
+    tasks = [Task("E3", 1, 1, fifo, 7), Task("E3", 0, 1, guard, 7)]
+    rows = [runs(t) for t in tasks]
+    assert rows[0]["admission_identical"] is True
+    admitted["gated-fifo"] = [1, 2]
+    again = [runs(Task("E3", 1, 3, fifo, 9)), runs(Task("E3", 0, 3, guard, 9))]
+    assert again[0]["admission_identical"] is False

@@ -73,6 +73,7 @@ from floorguard.experiments.fidelity import (
     RealResult,
     fidelity_report,
     fidelity_table,
+    paired_differences,
     served_runs,
     sim_service,
 )
@@ -80,6 +81,7 @@ from floorguard.experiments.figures import real_vs_sim
 from floorguard.experiments.report import write_real_section
 from floorguard.experiments.runner import Task, plan, run_tasks, write_rows
 from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
@@ -399,13 +401,16 @@ class _RealRuns:
     """The real side of the suite, one run at a time on the one backend. A deadline-blind
     stack's run is served once per (condition sans deadline, seed) and measured against each
     deadline; E3's FIFO run says whether its admitted set matched the assured-first run's of
-    the same seed (a real guard takes no replayed decisions)."""
+    the same seed (a real guard takes no replayed decisions), whichever of the two ran
+    first."""
 
     def __init__(self, backend: RealBackend, out: Path) -> None:
         self.backend = backend
         self.out = out
         self.blind: dict[tuple[str, Condition, int], tuple[list[ClientResult], Row]] = {}
         self.admitted_by: dict[tuple[str, Condition, int], frozenset[object]] = {}
+        self.waiting: dict[tuple[str, Condition, int], tuple[Row, frozenset[object]]] = {}
+        """FIFO rows whose pair's guard run comes after them (paired order, odd reps)."""
 
     def __call__(self, task: Task) -> Row:
         c, seed = task.condition, task.seed
@@ -425,11 +430,36 @@ class _RealRuns:
                 self.blind[key] = (results, measured)
         admitted = frozenset(r.request.request_id for r in results if r.status != 429)
         pair = (task.experiment_id, replace(c, policy="guard", replay_admission=False), seed)
+        row = {**real_row(c, seed, results, self.backend), **extra}
         if c.policy == "guard":
             self.admitted_by[pair] = admitted
+            if pair in self.waiting:  # the FIFO run of this pair ran first (an odd rep)
+                fifo_row, fifo_admitted = self.waiting.pop(pair)
+                fifo_row["admission_identical"] = fifo_admitted == admitted
         if c.replay_admission:
-            extra["admission_identical"] = self.admitted_by.get(pair) == admitted
-        return {**real_row(c, seed, results, self.backend), **extra}
+            if pair in self.admitted_by:
+                row["admission_identical"] = self.admitted_by[pair] == admitted
+            else:
+                row["admission_identical"] = False  # until the guard's run of the pair says
+                self.waiting[pair] = (row, admitted)
+        return row
+
+
+def paired(tasks: Sequence[Task]) -> list[Task]:
+    """The real runs in paired order (SPEC §11 "Real backend"): an experiment's reps one
+    after another, each rep's stacks back to back on the same arrivals (one seed per rep),
+    the stacks' order alternating between reps (the grid's order on even reps, reversed on
+    odd), so a backend whose speed drifts shifts both sides of a pair alike."""
+    experiments = list(dict.fromkeys(t.experiment_id for t in tasks))
+    out: list[Task] = []
+    for experiment_id in experiments:
+        mine = [t for t in tasks if t.experiment_id == experiment_id]
+        policies = list(dict.fromkeys(t.condition.policy for t in mine))
+        for rep in sorted({t.rep for t in mine}):
+            order = policies if rep % 2 == 0 else policies[::-1]
+            of_rep = [t for t in mine if t.rep == rep]
+            out += sorted(of_rep, key=lambda t: (order.index(t.condition.policy), t.index))
+    return out
 
 
 def run_real_experiments(
@@ -461,8 +491,13 @@ def run_real_experiments(
         if task.condition.policy not in POLICIES:
             raise FloorguardError(f"policy {task.condition.policy} has no real-backend form")
     real = run_tasks(
-        tasks, _RealRuns(backend, out), console=console, label=f"real runs on {backend.url}"
+        paired(tasks),
+        _RealRuns(backend, out),
+        console=console,
+        label=f"real runs on {backend.url}",
     )
+    grid_order = {task.key: i for i, task in enumerate(tasks)}
+    real.sort(key=lambda d: grid_order[d.task.key])  # the rows in grid order, as the sim's
     sim = run_tasks(tasks, console=console, label="simulator predictions")
     rows: dict[str, tuple[list[Row], list[Row]]] = {e.id: ([], []) for e in experiments}
     for side, finished in enumerate((real, sim)):
@@ -476,6 +511,8 @@ def run_real_experiments(
         write_rows(real_rows, folder, "real_runs")
         write_rows(sim_rows, folder, "sim_runs")
         table = fidelity_table(experiment, real_rows, sim_rows)
+        if pairs := paired_differences(experiment, real_rows, CONDITION_FIELDS):
+            table += "\n\n" + pairs
         (folder / "fidelity.md").write_text(f"# {experiment.id}: {experiment.title}\n\n{table}\n")
         done.append(RealResult(experiment, real_rows, sim_rows, table))
     return done
