@@ -394,3 +394,23 @@ def test_bench_backlog_holds_a_backlog_inside_vllm(vllm):
     assert rows[24]["waiting_seen"] >= 23
     for row in rows.values():
         assert 0 < row["held_step_ms"] < row["held_service_ms"]
+
+
+def test_bench_handoff_measures_both_queues_on_vllm(vllm):
+    """`floorguard bench handoff`: a real guard process in front of vLLM and vLLM's own
+    queue, each with requests that waited for a freed slot, and the guard's process gone
+    afterwards."""
+    out = subprocess.run(
+        [sys.executable, "-m", "floorguard", "bench", "handoff", "--backend", vllm,
+         "--model", MODEL, "--requests", "14", "--repeats", "1", "--json"],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    for name in ("direct", "guard"):
+        path = result["paths"][name]
+        assert path["handoffs"] >= 5, name  # 14 requests, the first 4 start at once
+        assert 0 < path["median_ms"] <= path["p90_ms"]
+    assert len(result["guard_adds_per_rep_ms"]) == 1
+    # the guard process the bench started (its config in a floorguard-handoff- folder) is gone
+    alive = subprocess.run(["pgrep", "-f", "floorguard-handoff-"], check=False, capture_output=True)
+    assert alive.returncode == 1, alive.stdout

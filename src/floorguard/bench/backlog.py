@@ -39,14 +39,14 @@ from rich.table import Table
 
 from floorguard.errors import FloorguardError
 
-__all__ = ["bench_backlog", "render_backlog"]
+__all__ = ["Stream", "bench_backlog", "gauges", "render_backlog", "stream_completion"]
 
 _FILLER_TOKENS = 16
 _FILLER_PRIORITY = 10
 
 
 @dataclass
-class _Stream:
+class Stream:
     sent_at: float
     token_at: list[float] = field(default_factory=list)
 
@@ -63,17 +63,19 @@ class _Stream:
         ]
 
 
-async def _completion(
+async def stream_completion(
     session: aiohttp.ClientSession,
     url: str,
     model: str,
     *,
     tokens: int,
-    priority: int,
+    priority: int | None = None,
     first: asyncio.Event | None = None,
-) -> _Stream:
-    """One streamed completion of exactly `tokens` tokens, each chunk's arrival noted."""
-    body = {
+    headers: dict[str, str] | None = None,
+) -> Stream:
+    """One streamed completion of exactly `tokens` tokens, each chunk's arrival noted;
+    `priority` is vLLM's field (None: not sent, as through the guard, which owns it)."""
+    body: dict[str, Any] = {
         "model": model,
         "prompt": "the guard holds the floor",
         "max_tokens": tokens,
@@ -81,10 +83,11 @@ async def _completion(
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
-        "priority": priority,
     }
-    stream = _Stream(time.perf_counter())
-    async with session.post(url + "/v1/completions", json=body) as response:
+    if priority is not None:
+        body["priority"] = priority
+    stream = Stream(time.perf_counter())
+    async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
         if response.status != 200:
             raise FloorguardError(
                 f"{url} answered {response.status}: {(await response.text())[:300]} "
@@ -102,7 +105,7 @@ async def _completion(
     return stream
 
 
-async def _gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+async def gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(url + "/metrics") as response:
         text = await response.text()
     out: dict[str, float] = {}
@@ -117,11 +120,11 @@ async def _until(
 ) -> None:
     deadline = time.perf_counter() + timeout_s
     while True:
-        gauges = await _gauges(session, url)
-        if check(gauges):
+        seen = await gauges(session, url)
+        if check(seen):
             return
         if time.perf_counter() > deadline:
-            raise FloorguardError(f"{url}: {what} not reached within {timeout_s:.0f} s ({gauges})")
+            raise FloorguardError(f"{url}: {what} not reached within {timeout_s:.0f} s ({seen})")
         await asyncio.sleep(0.05)
 
 
@@ -138,7 +141,9 @@ async def _rep(
     started = [asyncio.Event() for _ in range(slots)]
     blockers = [
         asyncio.create_task(
-            _completion(session, url, model, tokens=blocker_tokens, priority=0, first=started[i])
+            stream_completion(
+                session, url, model, tokens=blocker_tokens, priority=0, first=started[i]
+            )
         )
         for i in range(slots)
     ]
@@ -146,7 +151,7 @@ async def _rep(
     arrival_from = time.perf_counter()
     fillers = [
         asyncio.create_task(
-            _completion(session, url, model, tokens=_FILLER_TOKENS, priority=_FILLER_PRIORITY)
+            stream_completion(session, url, model, tokens=_FILLER_TOKENS, priority=_FILLER_PRIORITY)
         )
         for _ in range(waiting)
     ]
@@ -158,12 +163,14 @@ async def _rep(
             )  # fmt: skip
         arrival_to = time.perf_counter()
         probes = [
-            asyncio.create_task(_completion(session, url, model, tokens=probe_tokens, priority=0))
+            asyncio.create_task(
+                stream_completion(session, url, model, tokens=probe_tokens, priority=0)
+            )
             for _ in range(slots)
         ]
         done_blockers = await asyncio.wait_for(asyncio.gather(*blockers), 120)
         done_probes = await asyncio.wait_for(asyncio.gather(*probes), 120)
-        held = await _gauges(session, url)
+        held = await gauges(session, url)
     finally:
         for task in fillers:
             task.cancel()

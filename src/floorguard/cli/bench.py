@@ -9,6 +9,7 @@ from rich.console import Console
 
 from floorguard.bench.backlog import bench_backlog, render_backlog
 from floorguard.bench.calibration import bench_calibration, render_calibration
+from floorguard.bench.handoff import bench_handoff, render_handoff
 from floorguard.bench.proxy import bench_proxy
 from floorguard.bench.sim import bench_fleet, bench_sim
 from floorguard.bench.soak import bench_soak
@@ -80,10 +81,26 @@ def register(commands: Any) -> None:
     )
     bench_backlog_cmd.add_argument("--repeats", type=int, default=3)
     bench_backlog_cmd.add_argument("--json", action="store_true")
+    bench_handoff_cmd = kinds.add_parser(
+        "handoff",
+        help="the hand-off into a freed slot through the guard, beside the backend's own "
+        "queue (the dispatch gap)",
+    )
+    bench_handoff_cmd.add_argument("--backend", required=True, help="an OpenAI-compatible URL")
+    bench_handoff_cmd.add_argument("--model", required=True, help="its served model name")
+    bench_handoff_cmd.add_argument("--slots", type=int, default=4, help="its concurrency (4)")
+    bench_handoff_cmd.add_argument("--requests", type=int, default=60, help="per path and rep")
+    bench_handoff_cmd.add_argument("--tokens", type=int, default=16, help="output tokens (16)")
+    bench_handoff_cmd.add_argument("--repeats", type=int, default=2)
+    bench_handoff_cmd.add_argument("--json", action="store_true")
     bench.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.bench == "handoff":
+        return _handoff(args, console)
+    if args.bench == "backlog":
+        return _backlog(args, console)
     if args.bench == "sim" and args.fleet:
         result = bench_fleet(repeats=args.repeats)
     elif args.bench == "sim":
@@ -103,28 +120,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
             concurrency=args.concurrency,
             repeats=args.repeats,
         )
-    elif args.bench == "backlog":
-        try:
-            sizes = [int(n) for n in args.waiting.split(",") if n.strip()]
-        except ValueError:
-            raise FloorguardError(
-                f"--waiting {args.waiting!r}: must be comma-separated whole numbers"
-            ) from None
-
-        def on_rep(rep: int, waiting: int, row: dict[str, float]) -> None:
-            console.print(
-                f"rep {rep + 1}: {waiting} waiting: step {row['held_step_ms']:.1f} ms, "
-                f"service {row['held_service_ms']:.0f} ms",
-                style="dim",
-            )
-
-        result = bench_backlog(
-            args.backend, args.model, slots=args.slots, sizes=sizes, repeats=args.repeats,
-            progress=None if args.json else on_rep,
-        )  # fmt: skip
-        if not args.json:
-            render_backlog(result, console)
-            return 0
     else:
 
         def progress(evaluations: int, cost: float) -> None:
@@ -136,4 +131,47 @@ def run(args: argparse.Namespace, console: Console) -> int:
             render_calibration(result, console)
             return 0
     print_result(result, args.json, console)
+    return 0
+
+
+def _handoff(args: argparse.Namespace, console: Console) -> int:
+    def on_path(rep: int, name: str, row: dict[str, float]) -> None:
+        console.print(
+            f"rep {rep + 1}: {name}: median hand-off {row['median_ms']:.1f} ms", style="dim"
+        )
+
+    result = bench_handoff(
+        args.backend, args.model, slots=args.slots, requests=args.requests,
+        tokens=args.tokens, repeats=args.repeats, progress=None if args.json else on_path,
+    )  # fmt: skip
+    if args.json:
+        print_result(result, True, console)
+    else:
+        render_handoff(result, console)
+    return 0
+
+
+def _backlog(args: argparse.Namespace, console: Console) -> int:
+    try:
+        sizes = [int(n) for n in args.waiting.split(",") if n.strip()]
+    except ValueError:
+        raise FloorguardError(
+            f"--waiting {args.waiting!r}: must be comma-separated whole numbers"
+        ) from None
+
+    def on_rep(rep: int, waiting: int, row: dict[str, float]) -> None:
+        console.print(
+            f"rep {rep + 1}: {waiting} waiting: step {row['held_step_ms']:.1f} ms, "
+            f"service {row['held_service_ms']:.0f} ms",
+            style="dim",
+        )
+
+    result = bench_backlog(
+        args.backend, args.model, slots=args.slots, sizes=sizes, repeats=args.repeats,
+        progress=None if args.json else on_rep,
+    )  # fmt: skip
+    if args.json:
+        print_result(result, True, console)
+    else:
+        render_backlog(result, console)
     return 0
