@@ -252,3 +252,23 @@ def test_config_values_may_name_environment_variables(tmp_path):
     assert loaded.replica == "cost-$5"
     with pytest.raises(ConfigError, match=r"backends\[0\]\.url.*VLLM_URL is not set"):
         load_config(path, environ={})
+
+
+def test_a_pool_with_no_assured_floor_starts_and_says_so(monkeypatch):
+    """A guard in front of opportunistic tenants only (no floor to bound) reports that,
+    instead of dying on SPEC §6's ρ_A, which has no value there."""
+    from floorguard.proxy.serve import start_report, start_warnings  # noqa: PLC0415
+
+    config = GuardServerConfig.model_validate(
+        {
+            "contracts": [{"tenant": "free", "class": "opportunistic", "deadline_ms": 60_000}],
+            "backends": [{"url": "http://127.0.0.1:9", "slots": 4}],
+            "identity": {
+                "mode": "header",
+                "header": "X-Tenant",
+                "trusted_upstreams": ["127.0.0.0/8"],
+            },
+        }
+    )
+    assert start_report(config) == ["no assured floor: SPEC §6 has nothing to bound"]
+    start_warnings(config)  # and the warnings do not die either

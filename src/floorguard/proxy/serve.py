@@ -57,7 +57,9 @@ def start_report(config: GuardServerConfig) -> list[str]:
         of = f"model {name}: " if name is not None else ""
         tokens = pool.limits.default_max_tokens
         report = assumption_report(pool.guard_config(), num_output_tokens=tokens)
-        if report.inside and report.bound_s is not None:
+        if not any(c.assured for c in pool.guard_config().contracts):
+            out.append(f"{of}no assured floor: SPEC §6 has nothing to bound")
+        elif report.inside and report.bound_s is not None:
             out.append(
                 f"{of}SPEC §6 at ℓ = {tokens}: inside (ρ_A = {report.rho_a:.2f}; the floor's "
                 f"sojourn ≤ s_max·(1+⌈B/C⌉) = {report.bound_s:.3f} s ≤ d = "
