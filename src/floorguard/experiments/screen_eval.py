@@ -48,8 +48,12 @@ SCREENS = tuple(m.value for m in ScreenModel)
 HEADLINE = ("p50", "p99")
 """The aggregations every screen is shown with (SPEC §11: the published screen fed p50 or
 p99 ŝ)."""
-REGIME_AGGREGATIONS = ("median", "mean", "p99", "max")
-"""E18's split (SPEC §11: max / mean / median; median is p50)."""
+OUTCOME_AGGREGATIONS = ("max", "mean", "median")
+"""The regime table's split (SPEC §11, E18): a cell's measured outcome aggregated over its
+reps — its SLO met in every rep (the worst rep's p95 ≤ D), by the mean of the reps' p95, by
+the median rep's — with ŝ fixed at `REGIME_SERVICE`, so each screen has one accept count
+per regime for all three."""
+REGIME_SERVICE = "p50"
 HELD_OUT_AGGREGATION = "p99"
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 E17_KNEE = (1.0, 1.4)
@@ -198,14 +202,35 @@ def _regimes(cells: Sequence[Cell], knee: tuple[float, float]) -> dict[str, list
     return {name: group for name, group in groups.items() if group}
 
 
+def _outcome_cells(rows: Sequence[Row], how: str) -> tuple[Cell, ...]:
+    """The in-sample cells (ŝ = `REGIME_SERVICE`) with `met` decided by the reps' measured
+    outcomes aggregated by `how` (`OUTCOME_AGGREGATIONS`) instead of the pooled p95."""
+    pick = {"max": np.max, "mean": np.mean, "median": np.median}[how]
+
+    def compute() -> tuple[Cell, ...]:
+        p95 = {
+            name: [
+                float(np.percentile(r["a_sojourns"], 95)) if r["a_sojourns"] else math.inf
+                for r in runs
+            ]
+            for name, runs in _by_config(rows).items()
+        }
+        return tuple(
+            replace(c, met=float(pick(p95[c.config])) <= c.deadline_s)
+            for c in _cells(rows, REGIME_SERVICE)
+        )
+
+    return _memo("outcome", rows, how, compute)
+
+
 def _regime_table(rows: Sequence[Row], knee: tuple[float, float]) -> list[str]:
     head = " | ".join(f"{s} accepts | precision | recall" for s in SCREENS)
     lines = [
-        f"| regime | ŝ | cells | met | {head} |",
+        f"| regime | outcome over reps | cells | met | {head} |",
         "|---|---|---|---|" + "---|---|---|" * len(SCREENS),
     ]
-    for how in REGIME_AGGREGATIONS:
-        for regime, group in _regimes(_cells(rows, how), knee).items():
+    for how in OUTCOME_AGGREGATIONS:
+        for regime, group in _regimes(_outcome_cells(rows, how), knee).items():
             parts = []
             for verdict in SCREENS:
                 s = score(group, verdict)
@@ -323,8 +348,10 @@ def screen_extra(rows: Sequence[Row], knee: tuple[float, float]) -> str:
             "",
             *_scores_table(rows),
             "",
-            "By regime × aggregation (accept counts, precision and recall of each screen; "
-            "`met` = cells whose measured SLO held):",
+            f"By regime × aggregation of the measured outcome over a cell's reps (SPEC §11: "
+            f"met in every rep / by the reps' mean p95 / in the median rep; ŝ fixed at "
+            f"{REGIME_SERVICE}, so each screen's accepts are the same for all three; `met` = "
+            "cells whose SLO held by that aggregation):",
             "",
             *_regime_table(rows, knee),
             "",
