@@ -116,6 +116,8 @@ class Condition:
     assured_fraction: float = 0.3
     max_tokens: int = 48
     burst_size: int = 40
+    burst_assured: int = 5
+    """Assured requests inside the burst (paced over its 0.5 s from 50 ms)."""
     static_caps_at_capacity: bool = False
     """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
     assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
@@ -166,7 +168,9 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
         )
     if c.workload == "burst":
         burst = SyntheticStream(OPPORTUNISTIC_TENANT, PacedArrivals(c.burst_size / 0.5), short, 0.5)
-        assured = SyntheticStream(ASSURED_TENANT, PacedArrivals(5 / 0.5), short, 0.5, start_s=0.05)
+        assured = SyntheticStream(
+            ASSURED_TENANT, PacedArrivals(c.burst_assured / 0.5), short, 0.5, start_s=0.05
+        )
         return (burst, assured)
     if c.workload == "gamma":
         lengths = BimodalLength(c.tokens, c.max_tokens, 0.5)
@@ -394,6 +398,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "false_drops": _false_drops(run.events, scenario),
         "a_wait_growth_ms_per_s": _wait_growth_ms_per_s(trace),
         **_short_and_entitled(c, trace),
+        "capacity_alarms": stack.capacity.num_alarms if hasattr(stack, "capacity") else None,
         "max_service_s": stack.envelope.max_service_s,
         "num_above_ceiling": stack.envelope.num_above_upper,
         "rho_a": region.rho_a,
