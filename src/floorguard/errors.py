@@ -32,6 +32,12 @@ class ConfigError(FloorguardError, ValueError):
         return (type(self), (self.field, self.value, self.allowed))
 
 
+class ProtocolError(FloorguardError, RuntimeError):
+    """A driver broke the stack's surface protocol (`core/surface.py`): answered an arrival
+    already decided, or answered a need with the wrong kind of answer. Raised at the call
+    site, before any state changes."""
+
+
 class WorkloadError(FloorguardError, ValueError):
     """A workload specification or trace file is unusable."""
 

@@ -14,6 +14,7 @@ from floorguard.core.contract import (
 from floorguard.core.events import EventKind
 from floorguard.core.guard import Dispatch, Drop, RejectReason
 from floorguard.core.learner import Proposal
+from floorguard.errors import ProtocolError
 from floorguard.learners.adversaries import AlwaysReject
 from tests.helpers import make_config, make_guard, make_request
 
@@ -240,3 +241,23 @@ def test_lower_floor_action_refuses_what_measured_capacity_cannot_serve():
 
     assert run(CapacityAction.LOWER_FLOOR) == [None, None, "floor_lowered", "floor_lowered"]
     assert run(CapacityAction.ALARM) == [None, None, None, None]
+
+
+def test_answering_a_decided_arrival_again_is_refused_at_the_call_site():
+    """issue 25: a second `continue_arrival` on a decided `Pending` admitted the request
+    again (two tickets; the next `poll` died with a KeyError far from the cause). Now it
+    raises at the call, and the guard holds one ticket; so does a store call answered with
+    something other than a Grant."""
+    guard = make_guard(make_config(floor=2))
+    pending = guard.begin_arrival(make_request(request_id=1), 0.0)
+    need = pending.need
+    grant = guard.answer(need, 0.0)
+    assert guard.continue_arrival(pending, 0.0, grant).admission.admitted
+    with pytest.raises(ProtocolError, match="already decided"):
+        guard.continue_arrival(pending, 0.0, grant)
+    assert [type(d) for d in guard.poll(0.0)] == [Dispatch]
+    assert guard.poll(0.0) == []
+    other = guard.begin_arrival(make_request(request_id=2), 0.0)
+    with pytest.raises(ProtocolError, match="not a Grant"):
+        guard.continue_arrival(other, 0.0, Proposal(admit=True))
+    assert other.need is not None and other.admission is None  # nothing changed

@@ -26,7 +26,15 @@ from floorguard.core.dispatcher import AssuredFirstDispatcher, Ticket
 from floorguard.core.learner import Learner, Proposal
 from floorguard.core.ledger import Ledger
 from floorguard.core.request import Request
-from floorguard.core.surface import Answer, Dispatch, Drop, Pending, RejectReason, Sink
+from floorguard.core.surface import (
+    Answer,
+    Dispatch,
+    Drop,
+    Pending,
+    RejectReason,
+    Sink,
+    require_undecided,
+)
 
 __all__ = ["Decision", "ServerOrder", "ServerStack"]
 
@@ -103,6 +111,7 @@ class ServerStack(Ledger, ABC):
         return self._decided(pending, now, None)
 
     def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
+        require_undecided(pending, answer)
         return self._decided(pending, now, self._consulted(pending, now, answer))
 
     def _decided(self, pending: Pending, now: float, proposal: Proposal | None) -> Pending:

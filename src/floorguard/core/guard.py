@@ -37,7 +37,9 @@ from floorguard.core.surface import (
     RejectReason,
     Sink,
     StoreCall,
+    require_undecided,
 )
+from floorguard.errors import ProtocolError
 from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
 
@@ -134,8 +136,13 @@ class Guard(Ledger):
     def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
         """Decide with the answer to `pending.need`; a demoted arrival needs the learner
         next (SPEC §4.1: entitled from the floor, else the excess policy)."""
+        require_undecided(pending, answer)
         if type(pending.need) is StoreCall:
-            assert type(answer) is Grant, f"a store call answered with {answer!r}"
+            if type(answer) is not Grant:
+                raise ProtocolError(
+                    f"request {pending.request.request_id!r}: a store call answered with "
+                    f"{answer!r}, not a Grant"
+                )
             return self._charged(pending, now, answer)
         return self._proposed(pending, now, answer)
 

@@ -29,6 +29,7 @@ from floorguard.core.contract import Contract, ContractClass, GuardConfig
 from floorguard.core.events import TraceEvent
 from floorguard.core.learner import Consultation, LoadSnapshot
 from floorguard.core.request import Request, RequestId
+from floorguard.errors import ProtocolError
 from floorguard.store.base import Grant
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ __all__ = [
     "Sink",
     "Stack",
     "StoreCall",
+    "require_undecided",
 ]
 
 Sink = Callable[[TraceEvent], None]
@@ -142,6 +144,16 @@ class Pending:
         self.demoted = False
         self.window_index: int | None = None
         """The window a demoted arrival was charged in (it is admitted or refused there)."""
+
+
+def require_undecided(pending: Pending, answer: object) -> None:
+    """`continue_arrival`'s precondition: the arrival still waits on a need. Answering a
+    decided arrival again would admit it twice (two tickets for one request)."""
+    if pending.need is None:
+        raise ProtocolError(
+            f"continue_arrival on request {pending.request.request_id!r}, already decided "
+            f"({pending.admission!r}); answered with {answer!r}"
+        )
 
 
 class Dispatch(NamedTuple):
