@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -255,3 +257,35 @@ def test_simulate_a_serve_config_pool_by_pool(monkeypatch, capsys):
         assert assured["attainment"] == 1.0 and assured["late"] == 0
         assert pools[name]["opportunistic"]["unmet"] > 0.3
     assert main(["simulate", "--config", "examples/guard-models.yaml", "--flood", "-1"]) == 2
+
+
+def test_tool_edges_are_clear_answers_not_tracebacks(tmp_path, capsys, monkeypatch):
+    """issue 26's tool edges: `verify` on a missing file is a usage error (2) that names the
+    file, not a traceback with exit 1 (its violation code); `load --help` prints a literal
+    percent; `screen` on a serve config takes the deadline from its contracts."""
+    missing = tmp_path / "nope.jsonl"
+    assert main(["verify", str(missing)]) == 2
+    assert f"cannot read {missing}: No such file or directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["load", "--help"])
+    assert "(30 % assured)" in capsys.readouterr().out
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    assert main(["screen", "--config", "examples/guard.yaml", "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["deadline_s"] == pytest.approx(1.82)  # acme's contract in the example
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`floorguard … --json | head`: the reader closes the pipe; the command stops with
+    128 + SIGPIPE and no BrokenPipe traceback."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "floorguard", "simulate", "--scenario", "marquee", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # before it writes
+    with child.stderr:
+        err = child.stderr.read().decode()
+    assert child.wait(60) == 141, err
+    assert "Traceback" not in err

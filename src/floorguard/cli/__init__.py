@@ -10,6 +10,7 @@ floorguard screen | serve | calibrate | emulate | load | demo | bench …
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version as package_version
@@ -36,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BROKEN_PIPE = 141
+"""The exit code of a command whose reader went away (`… --json | head`): 128 + SIGPIPE,
+what a shell tool killed by it reports."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console(stderr=True) if getattr(args, "json", False) else Console()
@@ -43,4 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args, console))
     except FloorguardError as exc:
         print(f"floorguard {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # the reader closed the pipe: say nothing more, and keep the interpreter's own
+        # flush at exit from raising again (the Python docs' recipe for SIGPIPE)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(
+            f"floorguard {args.command}: error: cannot read {exc.filename}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 2

@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
     load = commands.add_parser("load", help="open-loop load against an OpenAI-compatible URL")
     load.add_argument("--target", required=True, help="base URL (the guard or a backend)")
     load.add_argument("--scenario", choices=sorted(SCENARIOS), default="marquee")
-    load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 % assured)")
+    load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 %% assured)")
     load.add_argument("--trace-duration-s", type=float, default=60.0)
     load.add_argument(
         "--model", default="floorguard", help="the model name to ask for (vLLM checks it)"

@@ -42,7 +42,12 @@ def register(commands: Any) -> None:
         default=0.0,
         help="with a serve config: the admitted opportunistic load (default 0)",
     )
-    scr.add_argument("--deadline-ms", type=float, required=True)
+    scr.add_argument(
+        "--deadline-ms",
+        type=float,
+        help="the deadline to screen against; with a serve config, default: each pool's "
+        "tightest assured contract deadline",
+    )
     scr.add_argument(
         "--service-samples",
         type=Path,
@@ -112,6 +117,21 @@ def _pool_screen(
     return derived
 
 
+def _contract_deadlines(args: argparse.Namespace) -> dict[str | None, float]:
+    """Per pool of a serve config, its tightest assured contract's deadline budget (s)."""
+    out = {}
+    for name, pool in load_config(args.config).pools().items():
+        budgets = [c.deadline_budget_s for c in pool.guard_config().contracts if c.assured]
+        if not budgets:
+            of = f"model {name}" if name is not None else "the config"
+            raise FloorguardError(
+                f"--config {args.config}: {of} has no assured contract to screen; give "
+                "--deadline-ms"
+            )
+        out[name] = min(budgets)
+    return out
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
         data = yaml.safe_load(args.config.read_text())
@@ -123,11 +143,22 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.service_samples is not None:
         samples = read_service_samples(str(args.service_samples))
         service_s = aggregate(samples, args.aggregation)
+    deadlines: dict[str | None, float] = {}
     if "contracts" in data and ("backends" in data or "models" in data):
         configs = _from_serve_config(args, service_s, console)
+        if args.deadline_ms is None:
+            deadlines = _contract_deadlines(args)
     else:
         configs = {None: ScreenConfig.from_dict(data, service_s)}
-    verdicts = {name: screen(c, args.deadline_ms / 1e3, args.model) for name, c in configs.items()}
+        if args.deadline_ms is None:
+            raise FloorguardError(f"--config {args.config} names no contract: give --deadline-ms")
+    verdicts = {
+        name: screen(
+            c, args.deadline_ms / 1e3 if args.deadline_ms is not None else deadlines[name],
+            args.model,
+        )
+        for name, c in configs.items()
+    }  # fmt: skip
     if args.json:
         out = (
             verdicts[None].as_dict()
