@@ -590,10 +590,13 @@ def _e8_reading(rows: Sequence[Row]) -> str:
             "learner's shedding only shortens a queue the assured requests jump anyway. "
             "SPEC §11 attributes "
             "server priority's published slip to the backlog admit-all holds *inside* the "
-            "server; measured on the vLLM CPU backend (`floorguard bench backlog`, "
-            "docs/calibration.md), hundreds of requests held in vLLM's queue leave running "
-            "requests' step time within the rep-to-rep spread, so the model charges none, "
-            "and on the measured physics this measurement is what rules the separation out."
+            "server. Measured on the vLLM CPU backend (`floorguard bench backlog`, "
+            "docs/calibration.md), hundreds of requests *held* in vLLM's queue leave running "
+            "requests' step time within the rep-to-rep spread, so the model charges none. "
+            "The real paired runs separate all the same (the real section below: server "
+            "priority misses more as d tightens). What this model lacks is the cost of the "
+            "flood's *arrival* at the server: every request parsed, tokenized and queued by "
+            "vLLM's API server, which on that backend slows decode 1.2–1.7× while they arrive."
         )
     return text + (
         " Server priority reorders the waiting queue but never evicts a running sequence, so "
