@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -205,7 +205,12 @@ def _regimes(cells: Sequence[Cell], knee: tuple[float, float]) -> dict[str, list
 def _outcome_cells(rows: Sequence[Row], how: str) -> tuple[Cell, ...]:
     """The in-sample cells (ŝ = `REGIME_SERVICE`) with `met` decided by the reps' measured
     outcomes aggregated by `how` (`OUTCOME_AGGREGATIONS`) instead of the pooled p95."""
-    pick = {"max": np.max, "mean": np.mean, "median": np.median}[how]
+    picks: dict[str, Callable[[list[float]], Any]] = {
+        "max": np.max,
+        "mean": np.mean,
+        "median": np.median,
+    }
+    pick = picks[how]
 
     def compute() -> tuple[Cell, ...]:
         p95 = {
