@@ -24,9 +24,6 @@ import asyncio
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +35,7 @@ from rich.table import Table
 
 from floorguard.bench.backlog import Stream, stream_completion
 from floorguard.errors import FloorguardError
-from floorguard.experiments.real import backend_counters, backend_times
+from floorguard.experiments.real import backend_counters, backend_times, wait_ready
 from floorguard.proxy.config import GuardServerConfig
 from floorguard.rig.net import free_ports
 
@@ -114,18 +111,15 @@ def _guard(backend: str, slots: int, folder: Path) -> tuple[subprocess.Popen[byt
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise FloorguardError(f"floorguard serve exited with {child.returncode} ({folder})")
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1) as response:
-                if response.status == 200:
-                    return child, url
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    child.terminate()
-    raise FloorguardError(f"floorguard serve in front of {backend} was not ready in 60 s")
+    try:
+        wait_ready(url, child)
+    except FloorguardError:
+        child.terminate()
+        child.wait(30)
+        raise FloorguardError(
+            f"floorguard serve in front of {backend} did not start (its log: {folder}/guard.log)"
+        ) from None
+    return child, url
 
 
 def _path(

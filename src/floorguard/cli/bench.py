@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -144,11 +145,7 @@ def _handoff(args: argparse.Namespace, console: Console) -> int:
         args.backend, args.model, slots=args.slots, requests=args.requests,
         tokens=args.tokens, repeats=args.repeats, progress=None if args.json else on_path,
     )  # fmt: skip
-    if args.json:
-        print_result(result, True, console)
-    else:
-        render_handoff(result, console)
-    return 0
+    return _emit(result, args, console, render_handoff)
 
 
 def _backlog(args: argparse.Namespace, console: Console) -> int:
@@ -170,8 +167,18 @@ def _backlog(args: argparse.Namespace, console: Console) -> int:
         args.backend, args.model, slots=args.slots, sizes=sizes, repeats=args.repeats,
         progress=None if args.json else on_rep,
     )  # fmt: skip
+    return _emit(result, args, console, render_backlog)
+
+
+def _emit(
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    console: Console,
+    render: Callable[[dict[str, Any], Console], None],
+) -> int:
+    """JSON on stdout with `--json`, else the bench's own tables."""
     if args.json:
         print_result(result, True, console)
     else:
-        render_backlog(result, console)
+        render(result, console)
     return 0

@@ -99,6 +99,7 @@ __all__ = [
     "run_on_backend",
     "run_real_experiments",
     "scaled",
+    "wait_ready",
 ]
 
 REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8")
@@ -197,7 +198,9 @@ def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> G
     )
 
 
-def _wait_ready(url: str, child: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def wait_ready(url: str, child: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until a `floorguard serve` child answers `/readyz` 200 (FloorguardError if it exits
+    first or is not ready within `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if child.poll() is not None:
@@ -237,7 +240,7 @@ def _through_guard(
             stderr=subprocess.STDOUT,
         )
         try:
-            _wait_ready(url, child)
+            wait_ready(url, child)
             headers = {t: {TENANT_HEADER: t} for t in (ASSURED_TENANT, OPPORTUNISTIC_TENANT)}
             results = asyncio.run(
                 replay(
