@@ -363,3 +363,33 @@ def test_the_dispatch_order_is_configurable(live, tmp_path, dispatch, first):
     assert check_trace(events).ok()
     dispatched = [e.tenant for e in events if e.kind.value == "dispatch"]
     assert dispatched[1] == first
+
+
+def test_refusals_before_admission_are_counted_by_status_and_reason(live, backend):
+    """issue 26: a 401, a 400 and a 404 the edge answers before any guard decides appear in
+    /metrics by status and reason (they were in no metric), and an admitted request is not
+    counted there."""
+    url, _ = live.guard(guard_config(backend))
+    refusals = [
+        _call(live, url, GOOD, {"Content-Type": "application/json"}),  # no credentials
+        _call(live, url, "{not json", _bearer(token("acme"))),
+        _call(live, url, GOOD, _bearer(token("nobody"))),  # a tenant with no contract
+    ]
+    assert _call(live, url, GOOD, _bearer(token("acme")))[0] == 200
+    expected: dict[tuple[str, str], int] = {}
+    for status, body, _ in refusals:
+        assert 400 <= status < 500, body
+        key = (str(status), body["error"]["code"])
+        expected[key] = expected.get(key, 0) + 1
+
+    async def scrape():
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            return await r.text()
+
+    counted = {
+        (s.labels["status"], s.labels["reason"]): s.value
+        for family in text_string_to_metric_families(live.run(scrape()))
+        for s in family.samples
+        if s.name == "floorguard_refused_before_admission_total"
+    }
+    assert counted == expected

@@ -484,6 +484,7 @@ class GuardServer:
                 tenant, work, pool = await self._prepare(request, path, seen)
             except RefusedError as refused:
                 response = refused.response
+                self.metrics.on_refused(response.status, _error_code(response))
             else:
                 response = await pool.handle(
                     request, path, work, tenant=tenant, rid=rid, request_id=request_id
@@ -543,9 +544,8 @@ class GuardServer:
             line["ttft_ms"] = ms(timing.arrived_at, timing.first_token_at)
             line["service_ms"] = ms(timing.dispatched_at, event.at)
             line["total_ms"] = ms(timing.arrived_at, event.at)
-        elif response is not None and response.status >= 400 and isinstance(response, web.Response):
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                line["reason"] = orjson.loads(response.body)["error"]["code"]  # type: ignore[arg-type]
+        elif response is not None and response.status >= 400:
+            line["reason"] = _error_code(response)
         return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())
 
     # -- status ---------------------------------------------------------------------------
@@ -564,6 +564,15 @@ class GuardServer:
         states = [p.store_status() for p in self.pools.values() if p.shared_floor is not None]
         degraded = [s for s in states if s["state"] != "shared"]
         return (degraded or states)[0]
+
+
+def _error_code(response: web.StreamResponse) -> str | None:
+    """The `error.code` of a JSON error answer (OpenAI's shape); None for anything else."""
+    if not isinstance(response, web.Response):
+        return None
+    with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+        return str(orjson.loads(response.body)["error"]["code"])  # type: ignore[arg-type]
+    return None
 
 
 def _close_after_response(request: web.Request) -> None:

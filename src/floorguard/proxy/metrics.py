@@ -4,7 +4,9 @@ The per-request path only bumps plain counts and bucket tallies (`on_event`, `on
 `on_chunk_gap`); the exposition is built when `/metrics` is scraped (a custom collector),
 so a request pays no metric-library locking per event.
 
-Every series carries `model` (the pool: its model name, `default` without `models:`).
+Every series of an admitted request carries `model` (the pool: its model name, `default`
+without `models:`); refusals before admission (`floorguard_refused_before_admission`) are
+by status and reason only, since no pool has been chosen for them.
 Label values are bounded by the configuration: tenants, classes, models and backends come
 from it, reasons are the guard's own codes (anything else is `other`). Tenant × backend is
 never one series (that product grows with the fleet): latencies are by tenant, service
@@ -99,6 +101,9 @@ class GuardMetrics:
         """(model, tenant, class, outcome, reason) → terminal outcomes."""
         self.late: Tally[tuple[str, str, str]] = Tally()
         """(model, tenant, class) → completions after their deadline."""
+        self.refused: Tally[tuple[str, str]] = Tally()
+        """(status, reason) → requests refused before admission: identity, the body, its
+        fields, routing, no healthy backend — before any guard decided (issue 26)."""
         self.queue_wait = _Histogram(LATENCY_BUCKETS_S)
         self.ttft = _Histogram(LATENCY_BUCKETS_S)
         self.service = _Histogram(LATENCY_BUCKETS_S)
@@ -126,6 +131,10 @@ class GuardMetrics:
             label = reason if _CODE.match(reason) and len(self._reasons) < 256 else "other"
             self._reasons[reason] = label
         return label
+
+    def on_refused(self, status: int, reason: str | None) -> None:
+        """A request the edge refused before any guard saw it."""
+        self.refused[str(status), self._reason(reason) or "other"] += 1
 
     def _backend(self, model: str, backend: int | None) -> str:
         ids = self._backend_ids.get(model)
@@ -267,6 +276,13 @@ class _GuardCollector(Collector):
             "Completions after their deadline",
             ["model", "tenant", "cls"],
             m.late,
+        )
+        yield _counter(
+            "floorguard_refused_before_admission",
+            "Requests refused before admission (identity, body, fields, routing), by status "
+            "and reason",
+            ["status", "reason"],
+            m.refused,
         )
         yield _counter(
             "floorguard_learner_callouts",
