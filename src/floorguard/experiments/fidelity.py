@@ -136,10 +136,6 @@ def _pair_key(row: Row, fields: Sequence[str]) -> tuple[Any, ...]:
     return (row["seed"], *(row[f] for f in fields))
 
 
-def _policies(rows: Sequence[Row]) -> list[str]:
-    return list(dict.fromkeys(r["policy"] for r in rows))
-
-
 def _interval(values: Sequence[float]) -> str:
     """Mean and its 95 % t interval over the reps' paired differences."""
     mean = float(np.mean(values))
@@ -155,25 +151,21 @@ def paired_differences(experiment: Experiment, real: Sequence[Row], fields: Sequ
     goodput, with its 95 % t interval; '' when the experiment compares fewer than two
     stacks. `fields` are the condition's fields (the pair key is them less
     `PAIR_KEY_EXCLUDES`)."""
-    policies = _policies(real)
+    policies = list(dict.fromkeys(r["policy"] for r in real))
     if len(policies) != 2:
         return ""
     first, second = policies
     key_fields = [f for f in fields if f not in PAIR_KEY_EXCLUDES]
-    by_key = {(r["policy"], _pair_key(r, key_fields)): r for r in real}
+    shown = [i for i, f in enumerate(experiment.shown) if f not in PAIR_KEY_EXCLUDES]
+    seconds = {_pair_key(r, key_fields): r for r in real if r["policy"] == second}
     cells: dict[tuple[str, ...], list[tuple[Row, Row]]] = {}
-    for (policy, key), row in by_key.items():
-        other = by_key.get((second, key))
-        if policy == first and other is not None:
-            label = tuple(
-                _label(experiment, row)[i]
-                for i, f in enumerate(experiment.shown)
-                if f not in PAIR_KEY_EXCLUDES
-            )
+    for row in real:
+        other = seconds.get(_pair_key(row, key_fields)) if row["policy"] == first else None
+        if other is not None:
+            label = tuple(_label(experiment, row)[i] for i in shown)
             cells.setdefault(label, []).append((row, other))
     if not cells:
         return ""
-    shown = [f for f in experiment.shown if f not in PAIR_KEY_EXCLUDES]
 
     def miss(row: Row) -> float:
         return row["a_late"] / row["a_admitted"] if row["a_admitted"] else 0.0
@@ -182,7 +174,9 @@ def paired_differences(experiment: Experiment, real: Sequence[Row], fields: Sequ
         f"Paired, {first} − {second} (each rep's two runs back to back on the same arrivals, "
         "the order alternating between reps; mean over reps [95 % t interval]):",
         "",
-        "| " + " | ".join([*shown, "reps", "A miss", "goodput /s"]) + " |",
+        "| "
+        + " | ".join([*(experiment.shown[i] for i in shown), "reps", "A miss", "goodput /s"])
+        + " |",
         "|" + "---|" * (len(shown) + 3),
     ]
     for label, pairs in cells.items():

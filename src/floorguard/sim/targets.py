@@ -114,10 +114,13 @@ _BOUNDS = {
 }
 
 
-def _completed(scenario: Scenario, seeds: range) -> list[float]:
+def _completed(scenario: Scenario, seeds: range, learner: str = "always-admit") -> list[float]:
+    """The completed requests' services over `seeds`, under `learner` (a predictor gets the
+    one builder's fit for the scenario's profile, `learner_options_for`)."""
+    options = learner_options_for(scenario, learner)
     out: list[float] = []
     for seed in seeds:
-        run = simulate_once(scenario, seed=seed)
+        run = simulate_once(scenario, seed=seed, learner=learner, learner_options=options)
         assert run.events is not None
         out += [r.service_s for r in fold_trace(run.events).records if r.outcome == "completed"]
     return out
@@ -195,14 +198,7 @@ def flood_services(profile: ServiceProfile, num_reps: int = 24) -> list[float]:
     """Services of both classes in the marquee (B = 6, C = 4, the 16/s opportunistic flood)
     under the marquee's learner, the published predictor (`sim.probe.latency_model_for`),
     as the published flood figures were measured."""
-    scenario = replace(marquee(), profile=profile)
-    options = learner_options_for(scenario, MARQUEE_LEARNER)
-    out: list[float] = []
-    for seed in range(num_reps):
-        run = simulate_once(scenario, seed=seed, learner=MARQUEE_LEARNER, learner_options=options)
-        assert run.events is not None
-        out += [r.service_s for r in fold_trace(run.events).records if r.outcome == "completed"]
-    return out
+    return _completed(replace(marquee(), profile=profile), range(num_reps), MARQUEE_LEARNER)
 
 
 def light_mean_ms(profile: ServiceProfile, seeds: range = range(10)) -> float:
