@@ -30,7 +30,8 @@ def test_window_index_is_floor_of_offset_over_length():
         (lambda: Contract("a", ContractClass.ASSURED, -1.0, floor=1), "deadline_budget_s"),
         (lambda: Contract("", ContractClass.ASSURED, 1.0, floor=1), "tenant"),
         (lambda: AffineEnvelope(-0.1, 0.01), "base_s"),
-        (lambda: make_config(slots=(4, 0)), "slots[1]"),
+        (lambda: make_config(slots=(4, -1)), "slots[1]"),
+        (lambda: make_config(slots=(0, 0)), "slots"),
         (lambda: GuardConfig(contracts=()), "contracts"),
     ],
 )

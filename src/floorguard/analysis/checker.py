@@ -43,6 +43,7 @@ from floorguard.core.contract import (
     DispatchOrder,
     GuardConfig,
     MeterKind,
+    reload_refusals,
 )
 from floorguard.core.events import (
     TERMINAL_KINDS,
@@ -135,6 +136,32 @@ class _Open:
     backend: int | None = None
 
 
+def _floors_of(config: GuardConfig) -> dict[str, int]:
+    return {c.tenant: c.floor for c in config.contracts if c.assured}
+
+
+@dataclass
+class _Floors:
+    """Each configuration's floors and the first window they govern: a reload's `config`
+    event names its window (SPEC §14: a window already open keeps its floors)."""
+
+    changes: list[tuple[float, dict[str, int]]]
+
+    def at(self, window: int) -> dict[str, int]:
+        for first, floors in reversed(self.changes):
+            if window >= first:
+                return floors
+        return self.changes[0][1]
+
+    @property
+    def tenants(self) -> set[str]:
+        return {t for _, floors in self.changes for t in floors}
+
+    @property
+    def reloaded(self) -> bool:
+        return len(self.changes) > 1
+
+
 class _Checker:
     def __init__(
         self, config: GuardConfig, report: CheckReport, *, shared_floor: bool = False
@@ -143,7 +170,7 @@ class _Checker:
         self.report = report
         self.shared_floor = shared_floor
         """AF is judged across the fleet's logs (`check_fleet`), not per log."""
-        self.floors = {c.tenant: c.floor for c in config.contracts if c.assured}
+        self.floors = _Floors([(-math.inf, _floors_of(config))])
         self.used: dict[tuple[str, int], int] = {}
         self.granted: Counter[tuple[str, int]] = Counter()
         self.requests: dict[RequestId, _Open] = {}
@@ -155,6 +182,32 @@ class _Checker:
 
     def violate(self, prop: str, request_id: RequestId | None, message: str) -> None:
         self.report.violations.append(Violation(prop, self.index, request_id, message))
+
+    def reload(self, event: TraceEvent, config: GuardConfig) -> None:
+        """A reload's `config` event: slots and queue limits at once, floors from its
+        window, which must not be open yet; what cannot change in a reload must not."""
+        window = event.window
+        assert window is not None
+        open_window = math.floor(
+            (event.at - self.config.schedule.origin_at) / self.config.schedule.window_s
+        )
+        if window <= open_window:
+            self.violate(
+                "AF",
+                None,
+                f"a reload at t = {event.at:.3f} gives window {window} new floors, but window "
+                f"{open_window} is already open",
+            )
+        if reload_refusals(self.config, config):
+            raise TraceError(
+                f"event {self.index}: a reload changed what only a restart may: "
+                + "; ".join(reload_refusals(self.config, config))
+            )
+        while self.floors.changes[-1][0] >= window:  # a reload replacing one not yet in force
+            self.floors.changes.pop()
+        self.floors.changes.append((window, _floors_of(config)))
+        self.in_flight += [0] * (len(config.slots) - len(self.in_flight))
+        self.config = config
 
     def on_event(self, event: TraceEvent) -> None:
         kind, rid = event.kind, event.request_id
@@ -195,11 +248,13 @@ class _Checker:
             else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
-        floor = self.floors.get(event.tenant or "")
-        if floor is None or self.shared_floor:
+        if self.shared_floor:
             return
         schedule = self.config.schedule
         window = math.floor((event.at - schedule.origin_at) / schedule.window_s)
+        floor = self.floors.at(window).get(event.tenant or "")
+        if floor is None:
+            return
         weight = (
             state.num_prompt_tokens + state.num_output_tokens
             if self.config.meter is MeterKind.TOKEN
@@ -395,15 +450,17 @@ def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = Fals
 
 def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) -> CheckReport:
     report = CheckReport()
-    configs = []
+    checkers = []
     for number, events in enumerate(logs):
         start = len(report.violations)
-        configs.append(_check_one(events, report, allow_open=allow_open, shared_floor=True))
+        checkers.append(_check_one(events, report, allow_open=allow_open, shared_floor=True))
         report.violations[start:] = [replace(v, log=number) for v in report.violations[start:]]
-    floors = {c.tenant: c.floor for c in configs[0].contracts if c.assured} if configs else {}
-    for config in configs[1:]:
-        if {c.tenant: c.floor for c in config.contracts if c.assured} != floors:
-            raise TraceError("the logs' configs give different floors: not one fleet")
+    configs = [c.config for c in checkers]
+    floors = [c.floors for c in checkers]
+    if not any(f.reloaded for f in floors) and any(
+        f.changes[0][1] != floors[0].changes[0][1] for f in floors
+    ):
+        raise TraceError("the logs' configs give different floors: not one fleet")
     if configs:
         _fleet_af(logs, configs[0], floors, report)
         _fleet_slots(logs, configs, report)
@@ -603,7 +660,7 @@ def _scan_log(
     number: int,
     events: Sequence[TraceEvent],
     config: GuardConfig,
-    floors: dict[str, int],
+    tenants: set[str],
     fleet: _FleetFloor,
 ) -> float:
     """Add one log's floor decisions to `fleet`; return the seconds its store was degraded."""
@@ -617,7 +674,7 @@ def _scan_log(
                     since = e.at
                 state = e.reason or "shared"
             continue
-        if e.tenant not in floors or e.request_id is None:
+        if e.tenant not in tenants or e.request_id is None:
             continue
         if e.kind is EventKind.ARRIVE:
             weights[e.request_id] = (
@@ -650,25 +707,29 @@ def _scan_log(
 def _fleet_af(
     logs: Sequence[Sequence[TraceEvent]],
     config: GuardConfig,
-    floors: dict[str, int],
+    floors: Sequence[_Floors],
     report: CheckReport,
 ) -> None:
     """AF across replicas, per (tenant, window the store reported). A (tenant, window) in
     which some replica decided while its store was degraded (between `store` events) is
-    judged conditionally: its findings go to `report.conditional`."""
+    judged conditionally: its findings go to `report.conditional`. Where a reload reached
+    the replicas at different times, a window may be governed by either floor: no more
+    than the largest is granted, and no replica refuses below its own."""
     fleet = _FleetFloor()
     report.degraded_s = [
-        _scan_log(number, events, config, floors, fleet) for number, events in enumerate(logs)
+        _scan_log(number, events, config, floors[number].tenants, fleet)
+        for number, events in enumerate(logs)
     ]
     for (tenant, window), total in sorted(fleet.granted.items()):
-        if total > floors[tenant]:
+        limit = max(f.at(window).get(tenant, 0) for f in floors)
+        if total > limit:
             conditional = (tenant, window) in fleet.local
             (report.conditional if conditional else report.violations).append(
                 Violation(
                     "AF",
                     0,
                     None,
-                    f"fleet: {tenant} was granted {total} > B = {floors[tenant]} from the "
+                    f"fleet: {tenant} was granted {total} > B = {limit} from the "
                     f"floor in window {window}"
                     + (
                         " (the store's fallback or a lost state decided there)"
@@ -678,7 +739,8 @@ def _fleet_af(
                 )
             )
     for tenant, window, weight, rid, number, index, state in fleet.refused:
-        if fleet.granted[tenant, window] + weight <= floors[tenant]:
+        floor = floors[number].at(window).get(tenant, 0)
+        if fleet.granted[tenant, window] + weight <= floor:
             conditional = (tenant, window) in fleet.local
             why = (
                 f" (store {state}: the documented fallback)"
@@ -693,7 +755,7 @@ def _fleet_af(
                     index,
                     rid,
                     f"fleet: refused from the floor in window {window} while the fleet "
-                    f"granted {fleet.granted[tenant, window]} of B = {floors[tenant]}{why}",
+                    f"granted {fleet.granted[tenant, window]} of B = {floor}{why}",
                     log=number,
                 )
             )
@@ -701,9 +763,10 @@ def _fleet_af(
 
 def _check_one(
     events: Iterable[TraceEvent], report: CheckReport, *, allow_open: bool, shared_floor: bool
-) -> GuardConfig:
+) -> _Checker:
     """Check one log; a log of several pools (`models:`, events tagged with `pool`) is
-    checked per pool, each against its own config event. Returns the (first) config."""
+    checked per pool, each against its own config events (a reload's names the window its
+    floors govern from). Returns the (first pool's) checker."""
     checkers: dict[str | None, _Checker] = {}
     index = -1
     for index, event in enumerate(events):
@@ -711,9 +774,13 @@ def _check_one(
         if event.kind is EventKind.CONFIG:
             if event.data is None:
                 raise TraceError("config event without a configuration")
-            checkers[event.pool] = _Checker(
-                config_from_dict(event.data), report, shared_floor=shared_floor
-            )
+            config = config_from_dict(event.data)
+            known = checkers.get(event.pool)
+            if known is not None and event.window is not None:
+                known.index = index
+                known.reload(event, config)
+            else:
+                checkers[event.pool] = _Checker(config, report, shared_floor=shared_floor)
             continue
         checker = checkers.get(event.pool)
         if checker is None:
@@ -733,7 +800,7 @@ def _check_one(
             for rid, state in checker.requests.items():
                 if not state.ended:
                     checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
-    return next(iter(checkers.values())).config
+    return next(iter(checkers.values()))
 
 
 def format_prefix(events: Sequence[TraceEvent], violation: Violation, context: int = 8) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "MeterKind",
     "QueueLimits",
     "WindowSchedule",
+    "reload_refusals",
 ]
 
 
@@ -224,7 +225,13 @@ class GuardConfig:
         require(not duplicates, "contracts", duplicates, "each tenant may have only one contract")
         require(len(self.slots) > 0, "slots", self.slots, "needs at least one backend")
         for i, c in enumerate(self.slots):
-            require(isinstance(c, int) and c >= 1, f"slots[{i}]", c, "must be an integer C ≥ 1")
+            require(
+                isinstance(c, int) and c >= 0,
+                f"slots[{i}]",
+                c,
+                "must be an integer C ≥ 1 (0: a backend removed by a reload, draining)",
+            )
+        require(self.total_slots >= 1, "slots", self.slots, "needs at least one slot")
         for name, given in (
             ("backend_ids", self.backend_ids),
             ("backend_capacity", self.backend_capacity),
@@ -262,3 +269,36 @@ class GuardConfig:
     def total_floor(self) -> int:
         """Sum of the assured reservations: what capacity must hold against (SPEC §3, §6)."""
         return sum(c.floor for c in self.contracts)
+
+
+RESTART_ONLY = (
+    "schedule",
+    "dispatch",
+    "meter",
+    "lower_envelope",
+    "upper_envelope",
+    "capacity_action",
+    "slot_leases",
+)
+"""What a reload cannot change (`reload_refusals`): the windows the floors are counted in,
+the queue's order, the meter, the envelopes the doom gate and the monitors use."""
+
+
+def reload_refusals(old: GuardConfig, new: GuardConfig) -> list[str]:
+    """Why `new` cannot replace `old` in a running guard (empty: it can). Contracts, slots
+    and queue limits may change; backends only by position — `old`'s stay where they are
+    (a removed one with 0 slots, draining) and new ones are appended — so a request in
+    flight keeps its backend's index."""
+    out = [
+        f"{name} differs ({getattr(old, name)!r} → {getattr(new, name)!r}): it takes a restart"
+        for name in RESTART_ONLY
+        if getattr(old, name) != getattr(new, name)
+    ]
+    if len(new.slots) < len(old.slots) or new.backend_ids[: len(old.backend_ids)] != (
+        old.backend_ids
+    ):
+        out.append(
+            "backends must keep their positions: a removed backend stays with 0 slots and a "
+            "new one is appended"
+        )
+    return out

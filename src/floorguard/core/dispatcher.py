@@ -175,12 +175,28 @@ class SlotPool:
         self.num_free -= 1
         return backend
 
+    def resize(self, slots: tuple[int, ...]) -> None:
+        """New capacities (a reload): backends keep their positions and what runs there; new
+        ones are appended, available. A backend whose capacity falls below what it runs
+        (0: removed) gets nothing new until enough of it ends."""
+        if len(slots) < len(self.capacity):
+            raise ValueError("resize() may append backends, never remove one")
+        in_flight = [self.in_flight(b) for b in range(len(self.capacity))]
+        in_flight += [0] * (len(slots) - len(in_flight))
+        self._available += [True] * (len(slots) - len(self._available))
+        self.capacity = slots
+        self._free = [c - n for c, n in zip(slots, in_flight, strict=True)]
+        self.num_free = sum(
+            max(0, f) for f, up in zip(self._free, self._available, strict=True) if up
+        )
+
     def set_available(self, backend: int, available: bool) -> None:
         """A backend that is not available keeps its running requests but gets no new one."""
         if self._available[backend] == available:
             return
         self._available[backend] = available
-        self.num_free += self._free[backend] if available else -self._free[backend]
+        free = max(0, self._free[backend])
+        self.num_free += free if available else -free
 
     def acquire_on(self, backend: int) -> None:
         """Take a slot on one given backend (a stack whose backends keep their own queue)."""
@@ -194,7 +210,7 @@ class SlotPool:
         if self._free[backend] >= self.capacity[backend]:
             raise RuntimeError(f"release() of backend {backend} with no slot in use")
         self._free[backend] += 1
-        if self._available[backend]:
+        if self._available[backend] and self._free[backend] > 0:
             self.num_free += 1
 
     def in_flight(self, backend: int) -> int:

@@ -92,6 +92,13 @@ class Guard(Ledger):
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
         """The queue limit on each class's surplus (None: none); `per_tenant` beside it."""
 
+    def reconfigure(self, config: GuardConfig, now: float) -> int:
+        """`Ledger.reconfigure`; the surplus queue limits change at once."""
+        from_window = super().reconfigure(config, now)
+        limits = config.queue_limits
+        self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
+        return from_window
+
     # -- arrival --------------------------------------------------------------------------
 
     def begin_arrival(

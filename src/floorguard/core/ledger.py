@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from floorguard.core.contract import Contract, ContractClass, GuardConfig
+from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
 from floorguard.core.dispatcher import SlotPool, Ticket
 from floorguard.core.doom import DoomGate
 from floorguard.core.events import (
@@ -47,6 +47,7 @@ from floorguard.core.surface import (
     Stack,
     StoreCall,
 )
+from floorguard.errors import ConfigError
 from floorguard.store.base import CreditStore
 
 __all__ = ["DEFAULT_REPORT_TOKENS", "ClassStats", "GuardStats", "Ledger", "assumptions_of"]
@@ -127,9 +128,59 @@ class Ledger:
         self._seq = 0
         self._max_assured_tokens = 0
         self._total_slots = config.total_slots
+        self._reloaded: tuple[float, GuardConfig] | None = None
+        """A reload's configuration and the instant its contracts govern from."""
         self._sink = sink
         if sink is not None:
             sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
+
+    # -- reload -----------------------------------------------------------------------------
+
+    def reconfigure(self, config: GuardConfig, now: float) -> int:
+        """A reload (SPEC §14): `config`'s slots and queue limits govern at once, its
+        contracts (floors, deadlines, classes, tenants) from the start of the next window —
+        a window already open keeps the floors it opened with, so no reload over-grants
+        one, and what is queued or in flight keeps its contract. Returns that window; the
+        `config` event it logs carries it (`window`). A reload made before an earlier one
+        took effect replaces it. `ConfigError` where `config` cannot replace the running
+        one (`reload_refusals`), and nothing changes."""
+        refusals = reload_refusals(self.config, config)
+        if refusals:
+            raise ConfigError("reload", "the new configuration", "; ".join(refusals))
+        self.roll(now)
+        schedule = self.config.schedule
+        from_window = schedule.index_at(now) + 1
+        self._slots.resize(config.slots)
+        self._total_slots = config.total_slots
+        self.config = replace(
+            self.config,
+            slots=config.slots,
+            backend_ids=config.backend_ids,
+            backend_capacity=config.backend_capacity,
+            queue_limits=config.queue_limits,
+        )
+        self._reloaded = (schedule.start_of(from_window), config)
+        if self._sink is not None:
+            self._sink(
+                TraceEvent(now, EventKind.CONFIG, window=from_window, data=config_to_dict(config))
+            )
+        return from_window
+
+    def roll(self, now: float) -> None:
+        """Let a reloaded configuration's contracts govern once their window has begun."""
+        pending = self._reloaded
+        if pending is None or now < pending[0]:
+            return
+        self._reloaded = None
+        config = self.config = pending[1]
+        self._contracts = {c.tenant: c for c in config.contracts}
+        self.backlog.total_floor = config.total_floor
+        self.capacity.total_floor = config.total_floor
+
+    @property
+    def governs_from(self) -> float | None:
+        """When a reloaded configuration's contracts begin to govern (None: none waits)."""
+        return self._reloaded[0] if self._reloaded is not None else None
 
     # -- arrival, answered by the stack's own store and learner -----------------------------
 
@@ -202,6 +253,8 @@ class Ledger:
     def _arrive(self, request: Request, now: float, scheduled_at: float | None) -> Pending:
         """The `arrive` event and the counts; the tenant's contract fixes class and deadline
         (the pending arrival's `contract` stays None for an unknown tenant)."""
+        if self._reloaded is not None:
+            self.roll(now)
         contract = self._contracts.get(request.tenant)
         if self._sink is not None:
             self._sink(arrive_event(now, request, contract, scheduled_at))
@@ -513,6 +566,7 @@ class Ledger:
         return LoadSnapshot(len(self._in_flight), first, queued - first, self._total_slots)
 
     def credits_left(self, tenant: str, now: float) -> int | None:
+        self.roll(now)
         contract = self._contracts.get(tenant)
         if contract is None or not contract.assured or self._store is None:
             return None

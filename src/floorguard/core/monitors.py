@@ -64,7 +64,7 @@ class BacklogMonitor:
     """The assured backlog `Q_A` (floor-entitled requests queued, not yet started) vs `B`."""
 
     def __init__(self, total_floor: int) -> None:
-        self._total_floor = total_floor
+        self.total_floor = total_floor
         self.backlog = 0
         self.max_backlog = 0
         self.num_over_floor = 0
@@ -73,7 +73,7 @@ class BacklogMonitor:
     def on_enqueue(self) -> None:
         self.backlog += 1
         self.max_backlog = max(self.max_backlog, self.backlog)
-        if self.backlog > self._total_floor:
+        if self.backlog > self.total_floor:
             self.num_over_floor += 1
 
     def on_dequeue(self) -> None:
@@ -90,7 +90,7 @@ class CapacityMonitor:
 
     def __init__(self, schedule: WindowSchedule, total_floor: int, weight: float = 0.5) -> None:
         self._schedule = schedule
-        self._total_floor = total_floor
+        self.total_floor = total_floor
         self._weight = weight
         self._window = -1
         self._count = 0
@@ -114,7 +114,7 @@ class CapacityMonitor:
         self.estimate_per_s = (
             rate if previous is None else (self._weight * rate + (1 - self._weight) * previous)
         )
-        if self.estimate_per_s * self._schedule.window_s < self._total_floor:
+        if self.estimate_per_s * self._schedule.window_s < self.total_floor:
             self.num_alarms += 1
 
 
