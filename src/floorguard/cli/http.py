@@ -220,7 +220,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         console.print(f"floorguard guarding {backends} on {url}", markup=False)
 
     try:
-        run_guard(config, listening)
+        run_guard(config, listening, str(args.config))
     except OSError as exc:  # the port is taken, the address is not this host's, …
         raise FloorguardError(f"cannot listen on {config.host}:{config.port}: {exc}") from exc
     return 0

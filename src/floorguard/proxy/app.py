@@ -39,7 +39,7 @@ from floorguard.clock import Clock, WallClock
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.errors import ConfigError
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config import GuardServerConfig, load_config, reload_refusals
 from floorguard.proxy.connections import ConnectionCap
 from floorguard.proxy.decision_log import DecisionLog, LineLog
 from floorguard.proxy.health import BackendHealth
@@ -56,7 +56,7 @@ from floorguard.proxy.normalize import (
     normalize,
 )
 from floorguard.proxy.openai_format import error_body
-from floorguard.proxy.pool import DECISION, Pool
+from floorguard.proxy.pool import DECISION, Pool, Reload
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
@@ -93,7 +93,12 @@ class GuardServer:
         fault_hook: FaultHook | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
+        self._environ = environ
         self.config = config
+        self.config_path: str | None = None
+        """The file the configuration was read from (`serve`): a reload reads it again."""
+        self.reloads: list[dict[str, Any]] = []
+        """Each reload's summary, oldest first (`/admin/status`)."""
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
         self._mtls = config.identity.mode == "mtls"
@@ -142,15 +147,7 @@ class GuardServer:
         self.tokenizer: TokenCounter | None = (
             load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         )
-        self.admin_token = config.admin.token
-        if config.admin.token_env is not None:
-            self.admin_token = environ.get(config.admin.token_env) or None
-            if self.admin_token is None or len(self.admin_token) < 16:
-                raise ConfigError(
-                    "admin.token_env",
-                    config.admin.token_env,
-                    "names an environment variable that must hold a token of ≥ 16 characters",
-                )
+        self.admin_token = _admin_token(config, environ)
         self._ids = itertools.count()
         self.history: deque[dict[str, float]] = deque(maxlen=_HISTORY_S)
         """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
@@ -259,7 +256,7 @@ class GuardServer:
 
     async def _fetch_models(self) -> bytes | None:
         pool = self.pool
-        up = [b for b, ok in zip(pool.config.backends, pool.health.healthy, strict=True) if ok]
+        up = [b for b, ok in zip(pool.backends, pool.health.healthy, strict=True) if ok]
         url = (up or pool.config.backends)[0].url.rstrip("/") + "/v1/models"
         assert self._side_session is not None
         try:
@@ -345,6 +342,49 @@ class GuardServer:
             self.num_cut_at_deadline,
             f"written to {self.config.decision_log}" if self._log is not None else "off",
         )
+
+    # -- reload (SPEC §14) -----------------------------------------------------------------
+
+    def reload_file(self) -> dict[str, Any]:
+        """Read the configuration file again and `reload` it (SIGHUP, `POST /admin/reload`)."""
+        if self.config_path is None:
+            raise ConfigError("reload", None, "this guard was not started from a file")
+        return self.reload(load_config(self.config_path, self._environ))
+
+    def reload(self, config: GuardServerConfig) -> dict[str, Any]:
+        """Take `config` without a restart: contracts and floors govern from each pool's
+        next window (an open window keeps what it granted), backends, identity keys and
+        secrets, limits and queue limits at once; a removed tenant's and a removed
+        backend's requests finish. Everything is validated before anything changes: a
+        `ConfigError` leaves the running configuration as it is. Returns what changed."""
+        if self.draining:
+            raise ConfigError("reload", None, "the guard is draining: nothing is reloaded")
+        refusals = reload_refusals(self.config, config)
+        if refusals:
+            raise ConfigError("reload", self.config_path, "; ".join(refusals))
+        identity = create_identity(config.identity, self._environ)
+        limits = config.limits
+        tokenizer = load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
+        wanted = config.pools()
+        plans = {name: pool.plan_reload(wanted[name]) for name, pool in self.pools.items()}
+        changes = {pool.label: _changes(pool, plans[name]) for name, pool in self.pools.items()}
+        now = self.clock.now()
+        windows = {pool.label: pool.apply_reload(plans[n], now) for n, pool in self.pools.items()}
+        self.identity, self._mtls = identity, config.identity.mode == "mtls"
+        self.limits, self.tokenizer = limits.edge_limits(), tokenizer
+        self.replies.limit_bytes = limits.max_held_reply_bytes
+        self._tenants |= {t for pool in self.pools.values() for t in pool.contracts}
+        self.config = config
+        summary = {"at": now, "contracts_from_window": windows, "changes": changes}
+        self.reloads.append(summary)
+        for label, window in windows.items():
+            log.info(
+                "reloaded%s: %s; contracts govern from window %d, backends and limits now",
+                f" (model {label})" if len(windows) > 1 else "",
+                "; ".join(f"{k} {v}" for k, v in changes[label].items()) or "nothing changed",
+                window,
+            )
+        return summary
 
     # -- before admission -----------------------------------------------------------------
 
@@ -555,15 +595,48 @@ class GuardServer:
         with `models:`, one such object per model under `pools`; and the reply bytes held
         for clients (`replies`: held now, replies cut)."""
         replies = {"held_bytes": self.replies.held_bytes, "cut": self.replies.num_cut}
+        edge = {"replies": replies, "reloads": self.reloads[-10:]}
         if None in self.pools:
-            return {**self.pools[None].status(), "replies": replies}
-        return {"pools": {n: pool.status() for n, pool in self.pools.items()}, "replies": replies}
+            return {**self.pools[None].status(), **edge}
+        return {"pools": {n: pool.status() for n, pool in self.pools.items()}, **edge}
 
     def store_status(self) -> dict[str, Any]:
         """The shared floor's state (the one pool's; with several, the worst of them)."""
         states = [p.store_status() for p in self.pools.values() if p.shared_floor is not None]
         degraded = [s for s in states if s["state"] != "shared"]
         return (degraded or states)[0]
+
+
+def _admin_token(config: GuardServerConfig, environ: Mapping[str, str]) -> str | None:
+    if config.admin.token_env is None:
+        return config.admin.token
+    token = environ.get(config.admin.token_env) or None
+    if token is None or len(token) < 16:
+        raise ConfigError(
+            "admin.token_env",
+            config.admin.token_env,
+            "names an environment variable that must hold a token of ≥ 16 characters",
+        )
+    return token
+
+
+def _changes(pool: Pool, plan: Reload) -> dict[str, Any]:
+    """What a reload changes in one pool: tenants added and removed, floors changed,
+    backends added and removed (by URL)."""
+    old = {c.tenant: c for c in pool.guard.config.contracts}
+    new = {c.tenant: c for c in plan.guard_config.contracts}
+    out: dict[str, Any] = {
+        "tenants_added": sorted(new.keys() - old.keys()),
+        "tenants_removed": sorted(old.keys() - new.keys()),
+        "floors_changed": {
+            t: [old[t].floor, new[t].floor]
+            for t in sorted(old.keys() & new.keys())
+            if old[t].floor != new[t].floor
+        },
+        "backends_added": [b.url for b in plan.backends[len(pool.backends) :]],
+        "backends_removed": [plan.backends[i].url for i in sorted(plan.removed - pool.removed)],
+    }
+    return {k: v for k, v in out.items() if v}
 
 
 def _error_code(response: web.StreamResponse) -> str | None:
@@ -822,7 +895,21 @@ def _admin_routes(server: GuardServer, app: web.Application, *, loopback_only: b
             )
         return web.Response(body=page, content_type="text/html", headers=_PAGE_HEADERS)
 
+    async def admin_reload(request: web.Request) -> web.Response:
+        """Reload the configuration file (as SIGHUP does); a refused one is answered 400
+        with why, and the running configuration goes on."""
+        refused = allowed(request)
+        if refused is not None:
+            return refused
+        try:
+            summary = server.reload_file()
+        except ConfigError as exc:
+            log.error("reload refused, the running configuration goes on: %s", exc)
+            return json_error(400, "reload_refused", str(exc))
+        return web.json_response({"reloaded": True, **summary})
+
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/admin/reload", admin_reload)
     app.router.add_get("/admin/status", admin_status)
     app.router.add_get("/admin/history", admin_history)
     app.router.add_get("/admin/", admin_page)
@@ -898,7 +985,7 @@ def create_app(
     async def expect(request: web.Request) -> web.Response | None:
         """`Expect: 100-continue`: an oversized body is refused before the client sends it
         (413, the connection closed), not invited with 100 Continue."""
-        limit = config.limits.max_body_bytes
+        limit = server.config.limits.max_body_bytes
         if (request.content_length or 0) > limit:
             _close_after_response(request)
             return _too_large(limit).response

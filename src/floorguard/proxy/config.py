@@ -97,6 +97,9 @@ class JwtSpec(_Strict):
     """HS256 shared secret (or `secret_env`: the name of an environment variable)."""
     secret_env: str | None = None
     """The environment variable holding the HS256 secret."""
+    secret_file: Path | None = None
+    """Or a file holding it (a mounted Kubernetes Secret): read at start and again at each
+    reload, so a rotated secret takes effect without a restart."""
     public_key_file: Path | None = None
     """PEM public key for RS256 / ES256."""
     jwks_file: Path | None = None
@@ -659,6 +662,33 @@ def _interpolate(value: Any, environ: Mapping[str, str], key: str) -> Any:
         raise ConfigError(key or "config", value, f"the environment variable {name} is not set")
 
     return _ENV_REF.sub(one, value)
+
+
+RELOADABLE = ("contracts", "backends", "models", "identity", "limits", "queue", "drain_timeout_s")
+"""The keys a reload may change (SIGHUP, `POST /admin/reload`); any other takes a restart."""
+
+
+def reload_refusals(old: GuardServerConfig, new: GuardServerConfig) -> list[str]:
+    """Why `new` cannot replace the running `old` by a reload (empty: it can)."""
+    before, after = old.model_dump(), new.model_dump()
+    out = [
+        f"`{key}` changed: it takes a restart (a reload changes {', '.join(RELOADABLE)})"
+        for key in GuardServerConfig.model_fields
+        if key not in RELOADABLE and before[key] != after[key]
+    ]
+    if set(old.pools()) != set(new.pools()):
+        out.append("the models served (`models:`) changed: it takes a restart")
+    leased = old.store is not None and old.store.slots == "leased"
+    if leased and any(
+        [b.url for b in p.backends] != [b.url for b in new.pools()[name].backends]
+        for name, p in old.pools().items()
+        if name in new.pools()
+    ):
+        out.append(
+            "the backends of a fleet leasing slots (`store.slots: leased`) changed: it "
+            "takes a restart of every replica"
+        )
+    return out
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GuardServerConfig:

@@ -59,16 +59,32 @@ class BackendHealth:
         failures_to_down: int,
         on_change: Callable[[], None],
     ) -> None:
-        self._urls = [b.url.rstrip("/") + b.health_path for b in backends]
+        self._urls: list[str] = []
         self._stack = stack
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._failures_to_down = failures_to_down
         self._on_change = on_change
-        self.healthy = [False] * len(backends)
+        self.healthy: list[bool] = []
         """Whether each backend may get requests (for `/readyz` and dispatch)."""
-        self._failures = [0] * len(backends)
-        for backend in range(len(backends)):
-            stack.set_backend_available(backend, False)  # until its first probe answers
+        self._failures: list[int] = []
+        self._removed: frozenset[int] = frozenset()
+        self.reconfigure(backends, frozenset())
+
+    def reconfigure(self, backends: Sequence[BackendSpec], removed: frozenset[int]) -> None:
+        """The backends by position (a reload appends; `removed` ones are not probed and get
+        no request again): a new one is down until its first probe answers."""
+        known = len(self.healthy)
+        self._urls = [b.url.rstrip("/") + b.health_path for b in backends]
+        self.healthy += [False] * (len(backends) - known)
+        self._failures += [0] * (len(backends) - known)
+        for backend in range(known, len(backends)):
+            self._stack.set_backend_available(backend, False)  # until its first probe answers
+        for backend in removed - self._removed:
+            if self.healthy[backend]:
+                log.info("backend %d (%s) is removed: it drains", backend, self._urls[backend])
+            self.healthy[backend] = False
+            self._stack.set_backend_available(backend, False)
+        self._removed = removed
 
     def any_up(self) -> bool:
         return any(self.healthy)
@@ -79,8 +95,11 @@ class BackendHealth:
 
     async def probe_all(self, session: aiohttp.ClientSession) -> None:
         """One probe of every backend, then hand any slot that came up to the queue."""
-        answers = await asyncio.gather(*(self._probe(session, url) for url in self._urls))
-        for backend, up in enumerate(answers):
+        probed = [b for b in range(len(self._urls)) if b not in self._removed]
+        answers = await asyncio.gather(*(self._probe(session, self._urls[b]) for b in probed))
+        for backend, up in zip(probed, answers, strict=True):
+            if backend in self._removed:  # a reload removed it while it was probed
+                continue
             self._failures[backend] = 0 if up else self._failures[backend] + 1
             if up or self._failures[backend] >= self._failures_to_down:
                 self._set(backend, up)

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from floorguard.errors import ConfigError
-from floorguard.proxy.config import IdentitySpec
+from floorguard.proxy.config import IdentitySpec, JwtSpec
 
 __all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
 
@@ -173,6 +173,43 @@ def _single(headers: Mapping[str, str], name: str) -> str:
     return values[0] if values else ""
 
 
+def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
+    """The HS256 secret: given, or from its file (read again at each reload), or from its
+    environment variable; at least 32 characters."""
+    env = jwt_spec.secret_env
+    secret = jwt_spec.secret or (environ.get(env, "") if env else "")
+    if jwt_spec.secret_file is not None:
+        try:
+            secret = jwt_spec.secret_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                "identity.jwt.secret_file", str(jwt_spec.secret_file), f"cannot be read ({exc})"
+            ) from exc
+        if len(secret) < 32:
+            raise ConfigError(
+                "identity.jwt.secret_file",
+                str(jwt_spec.secret_file),
+                f"HS256 needs a secret of at least 32 characters; the file holds {len(secret)}",
+            )
+        return secret
+    if not jwt_spec.secret and env and env not in environ:
+        raise ConfigError(
+            "identity.jwt.secret_env",
+            env,
+            f"the environment variable {env} is not set: export it (HS256 needs a shared "
+            "secret of at least 32 characters)",
+        )
+    if len(secret) < 32:
+        from_env = not jwt_spec.secret and env is not None
+        raise ConfigError(
+            "identity.jwt.secret_env" if from_env else "identity.jwt.secret",
+            env if from_env else "<hidden>",
+            "HS256 needs a secret of at least 32 characters; "
+            f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
+        )
+    return secret
+
+
 def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
     environ = os.environ if environ is None else environ
     if spec.mode == "mtls":
@@ -191,24 +228,7 @@ def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None
             "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
         )
     if algorithms == {"HS256"}:
-        env = spec.jwt.secret_env
-        secret = spec.jwt.secret or (environ.get(env, "") if env else "")
-        if not spec.jwt.secret and env and env not in environ:
-            raise ConfigError(
-                "identity.jwt.secret_env",
-                env,
-                f"the environment variable {env} is not set: export it (HS256 needs a shared "
-                "secret of at least 32 characters)",
-            )
-        if len(secret) < 32:
-            from_env = not spec.jwt.secret and env is not None
-            raise ConfigError(
-                "identity.jwt.secret_env" if from_env else "identity.jwt.secret",
-                env if from_env else "<hidden>",
-                "HS256 needs a secret of at least 32 characters; "
-                f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
-            )
-        return Identity(spec, (secret, "HS256"))
+        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"))
     if spec.jwt.jwks_file is not None:
         return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms))
     if spec.jwt.public_key_file is None:

@@ -136,6 +136,10 @@ class GuardMetrics:
         """A request the edge refused before any guard saw it."""
         self.refused[str(status), self._reason(reason) or "other"] += 1
 
+    def backends_changed(self, model: str, ids: Sequence[str]) -> None:
+        """A reload appended backends (`model`'s pool, by position)."""
+        self._backend_ids[model] = list(ids)
+
     def _backend(self, model: str, backend: int | None) -> str:
         ids = self._backend_ids.get(model)
         if backend is None or backend < 0:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -28,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from floorguard.clock import Clock
-from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
@@ -46,7 +47,7 @@ from floorguard.core.surface import (
 )
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
-from floorguard.proxy.config import GuardServerConfig, StoreSpec
+from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.health import BackendHealth, reported_slots
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
@@ -67,7 +68,7 @@ from floorguard.store.shared import SharedFloor
 if TYPE_CHECKING:
     from floorguard.proxy.app import GuardServer
 
-__all__ = ["Pool"]
+__all__ = ["Pool", "Reload", "merge_backends"]
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -77,6 +78,32 @@ DECISION: web.RequestKey[str] = web.RequestKey("floorguard.decision", str)
 
 _LEASE_RETRY_S = 0.005
 """How long a backend is held off after the fleet had no lease for a start there."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reload:
+    """A pool's part of a reload, validated (`Pool.plan_reload`), not yet applied."""
+
+    config: GuardServerConfig
+    backends: list[BackendSpec]
+    removed: frozenset[int]
+    guard_config: GuardConfig
+
+
+def merge_backends(
+    running: Sequence[BackendSpec], wanted: Sequence[BackendSpec]
+) -> tuple[list[BackendSpec], frozenset[int]]:
+    """The backends after a reload, by position: each running one where it is (with the
+    new `slots` if it is still wanted; removed, draining, if not), then the new ones in
+    their order. A backend is its URL."""
+    by_url = {b.url.rstrip("/"): b for b in wanted}
+    merged, removed = [], set()
+    for i, backend in enumerate(running):
+        kept = by_url.pop(backend.url.rstrip("/"), None)
+        merged.append(kept if kept is not None else backend)
+        if kept is None:
+            removed.add(i)
+    return [*merged, *by_url.values()], frozenset(removed)
 
 
 class _UnreachableError(Exception):
@@ -148,6 +175,12 @@ class Pool:
             on_change=self.pump.pump,
         )
         self.contracts: dict[str, Contract] = {c.tenant: c for c in guard_config.contracts}
+        """Every tenant this pool has had a contract for, its latest (a reload adds, never
+        removes: the guard core decides whom it serves; this names classes)."""
+        self.backends: list[BackendSpec] = list(config.backends)
+        """By position: a reload appends new backends and keeps removed ones (draining)."""
+        self.removed: frozenset[int] = frozenset()
+        """Positions a reload removed: they get no new request."""
 
     @property
     def label(self) -> str:
@@ -193,6 +226,37 @@ class Pool:
         self.pump.close()
         if self.shared_floor is not None:
             await self.shared_floor.store.aclose()
+
+    # -- reload (SPEC §14) -----------------------------------------------------------------
+
+    def plan_reload(self, config: GuardServerConfig) -> Reload:
+        """This pool under `config`, validated; nothing changes (`ConfigError` names what a
+        reload cannot change)."""
+        backends, removed = merge_backends(self.backends, config.backends)
+        capacity = [b.capacity for b in backends]
+        guard_config = dataclasses.replace(
+            config.guard_config(),
+            slots=tuple(0 if i in removed else b.slots for i, b in enumerate(backends)),
+            backend_ids=tuple(b.url.rstrip("/") for b in backends),
+            backend_capacity=tuple(capacity) if any(c is not None for c in capacity) else (),
+        )
+        refusals = reload_refusals(self.guard.config, guard_config)
+        if refusals:
+            where = "reload" if self.name is None else f"reload of models.{self.name}"
+            raise ConfigError(where, "the new configuration", "; ".join(refusals))
+        return Reload(config, backends, removed, guard_config)
+
+    def apply_reload(self, plan: Reload, now: float) -> int:
+        """Take a planned reload: contracts from the window it returns, backends and limits
+        at once (a removed backend drains: it gets nothing new, what runs there ends)."""
+        window = self.guard.reconfigure(plan.guard_config, now)
+        self.config = plan.config
+        self.backends, self.removed = plan.backends, plan.removed
+        self.health.reconfigure(plan.backends, plan.removed)
+        self.contracts |= {c.tenant: c for c in plan.guard_config.contracts}
+        self.edge.metrics.backends_changed(self.label, [b.url.rstrip("/") for b in plan.backends])
+        self.pump.pump()
+        return window
 
     async def _check_partition(self, session: aiohttp.ClientSession) -> None:
         """Each backend's slots against what it reports as its own slot count (the gauge
@@ -275,6 +339,8 @@ class Pool:
         retry_s = 1
         if admission.retry_at is not None:
             retry_s = max(1, math.ceil(admission.retry_at - now))
+        if reason == RejectReason.UNKNOWN_TENANT:  # removed by a reload since it passed the edge
+            return json_error(403, reason, "refused: this tenant has no contract (any more)")
         headers = {
             "x-floorguard-decision": "rejected",
             "x-floorguard-class": str(admission.cls),
@@ -482,7 +548,7 @@ class Pool:
         exchange: Exchange,
     ) -> web.StreamResponse:
         rid = str(decision.request.request_id)
-        backend = self.config.backends[decision.backend]
+        backend = self.backends[decision.backend]
         upstream_config = self.config.upstream
         await self.edge.checkpoint("connect")
         try:

@@ -1,24 +1,28 @@
 """`floorguard serve`: the guard (and its admin listener, if configured) on real sockets,
-until SIGTERM or SIGINT; then a graceful drain (docs/http.md, Shutdown)."""
+until SIGTERM or SIGINT; then a graceful drain (docs/http.md, Shutdown). SIGHUP reloads the
+configuration file (docs/http.md, Reload)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections.abc import Callable
 
 from aiohttp import web
 
 from floorguard.core.monitors import assumption_report
-from floorguard.errors import FloorguardError
+from floorguard.errors import ConfigError, FloorguardError
 from floorguard.profiles import get_profile
-from floorguard.proxy.app import SERVER, GuardRunner, create_admin_app, create_app
+from floorguard.proxy.app import SERVER, GuardRunner, GuardServer, create_admin_app, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 from floorguard.proxy.connections import connection_cap
 from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
 from floorguard.sim.targets import flood_services
 
 __all__ = ["run_guard", "screen_config", "serve_guard", "start_report", "start_warnings"]
+
+log = logging.getLogger("floorguard.proxy")
 
 
 def screen_config(
@@ -118,14 +122,27 @@ _CLOSE_S = 1.0
 """After the drain: how long closing waits for handlers that were just cut."""
 
 
+def reload_on_signal(server: GuardServer) -> None:
+    """SIGHUP: read the configuration file again and reload it; a refused one is logged and
+    the running configuration goes on."""
+    try:
+        server.reload_file()
+    except ConfigError as exc:
+        log.error("reload refused, the running configuration goes on: %s", exc)
+
+
 async def serve_guard(
     config: GuardServerConfig,
     stop: asyncio.Event,
     on_listening: Callable[[str], None] | None = None,
+    config_path: str | None = None,
 ) -> None:
     """Serve until `stop` is set, then drain: new requests get 503 `draining`, in-flight
-    ones get up to `drain_timeout_s`, the decision log is written out."""
+    ones get up to `drain_timeout_s`, the decision log is written out. With `config_path`,
+    SIGHUP reloads that file."""
     app = create_app(config)
+    server = app[SERVER]
+    server.config_path = config_path
     upstream = sum(pool.guard.config.total_slots for pool in app[SERVER].pools.values()) + 34
     cap = connection_cap(config.max_connections, upstream)
     runner = GuardRunner(
@@ -145,11 +162,16 @@ async def serve_guard(
         admin_runner = GuardRunner(create_admin_app(app[SERVER]), access_log=None)
         await admin_runner.setup()
         await web.TCPSite(admin_runner, config.admin.host, config.admin.port).start()
+    loop = asyncio.get_running_loop()
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_on_signal, server)
     if on_listening is not None:
         scheme = "https" if ssl_context else "http"
         on_listening(f"{scheme}://{config.host}:{config.port}")
     try:
         await stop.wait()
+        if config_path is not None:
+            loop.remove_signal_handler(signal.SIGHUP)
         # SPEC §14: drain while still listening (new requests 503 `draining`, /readyz 503),
         # then cut what the deadline leaves, then close.
         await app[SERVER].drain()
@@ -160,14 +182,19 @@ async def serve_guard(
         await runner.cleanup()
 
 
-def run_guard(config: GuardServerConfig, on_listening: Callable[[str], None] | None = None) -> None:
-    """`serve_guard` in its own event loop, stopped by SIGTERM or SIGINT."""
+def run_guard(
+    config: GuardServerConfig,
+    on_listening: Callable[[str], None] | None = None,
+    config_path: str | None = None,
+) -> None:
+    """`serve_guard` in its own event loop, stopped by SIGTERM or SIGINT (SIGHUP reloads
+    `config_path`)."""
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve_guard(config, stop, on_listening)
+        await serve_guard(config, stop, on_listening, config_path)
 
     asyncio.run(main())
