@@ -198,10 +198,11 @@ class _Checker:
                 f"a reload at t = {event.at:.3f} gives window {window} new floors, but window "
                 f"{open_window} is already open",
             )
-        if reload_refusals(self.config, config):
+        refusals = reload_refusals(self.config, config)
+        if refusals:
             raise TraceError(
                 f"event {self.index}: a reload changed what only a restart may: "
-                + "; ".join(reload_refusals(self.config, config))
+                + "; ".join(refusals)
             )
         while self.floors.changes[-1][0] >= window:  # a reload replacing one not yet in force
             self.floors.changes.pop()
