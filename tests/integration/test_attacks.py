@@ -417,7 +417,8 @@ def test_hostile_http_gets_json_answers(tmp_path, emulator):
 
 
 def test_admin_paths_need_the_token_or_their_own_listener(tmp_path, emulator):
-    """With `admin.token`, /admin/status and /metrics answer 401 without it and 200 with it;
+    """With `admin.token`, /admin/status, /metrics and /admin/reload answer 401 without it and
+    200 with it;
     with `admin.port`, they are not on the main listener at all."""
     admin_token = "an-admin-token-0123456789"
 
@@ -425,7 +426,19 @@ def test_admin_paths_need_the_token_or_their_own_listener(tmp_path, emulator):
         async with aiohttp.ClientSession() as s, s.get(url, headers=headers or {}) as r:
             return r.status
 
+    async def reload(url: str, headers: dict[str, str] | None = None):
+        async with aiohttp.ClientSession() as s, s.post(url, headers=headers or {}) as r:
+            return r.status
+
     with guard_process(tmp_path / "a", [emulator], admin={"token": admin_token}) as guard:
+        for given in (None, {"Authorization": "Bearer not-the-admin-token"}):  # no reload
+            assert asyncio.run(reload(guard.url + "/admin/reload", given)) == 401
+        assert (
+            asyncio.run(
+                reload(guard.url + "/admin/reload", {"Authorization": f"Bearer {admin_token}"})
+            )
+            == 200
+        )
         for path in ("/admin/status", "/metrics"):
             assert asyncio.run(get(guard.url + path)) == 401
             assert (
