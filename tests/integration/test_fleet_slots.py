@@ -2,8 +2,9 @@
 `floorguard serve` replicas in front of the *same* backend, each keeping its share of the
 backend's slots, a real redis-server for the floor. The backend (the emulator, which
 reports its own slot count and its in-flight high-water mark) never holds more than its
-slots; the fleet's logs pass `verify` with SLOTS counted per backend across replicas; a
-partition that does not fit the backend refuses to start."""
+slots; each replica's share is ⌊C/N⌋ of what the backend reports, for the N replicas live;
+the fleet's logs pass `verify` with SLOTS counted per backend across replicas; slots that
+do not fit the backend refuse to start."""
 
 from __future__ import annotations
 
@@ -78,6 +79,11 @@ async def _flood(urls, n):
         )
 
 
+async def _slots(url):
+    async with aiohttp.ClientSession() as session, session.get(url + "/admin/status") as r:
+        return (await r.json())["queues"]["slots"]
+
+
 async def _backend_gauge(url, name):
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as r:
         text = await r.text()
@@ -90,10 +96,13 @@ def test_a_partitioned_fleet_never_overfills_the_backend(backend, tmp_path):
     try:
         for n in range(REPLICAS):
             log = tmp_path / f"r{n}.jsonl"
-            config = _config(url, redis_url, n, log, BACKEND_SLOTS // REPLICAS)
-            config["backends"][0]["capacity"] = BACKEND_SLOTS  # recorded for fleet SLOTS
+            # the whole backend, its capacity as it reports it: each live replica's share
+            # is ⌊6/3⌋ = 2 once the three have joined (the share follows the live fleet)
+            config = _config(url, redis_url, n, log, BACKEND_SLOTS)
             guard_url, process = serve(config, tmp_path / f"r{n}.yaml")
             replicas.append((guard_url, log, process))
+        shares = [asyncio.run(_slots(u)) for u, _, _ in replicas]
+        assert shares == [[BACKEND_SLOTS // REPLICAS]] * REPLICAS
         statuses = asyncio.run(_flood([u for u, _, _ in replicas], 20))
         assert statuses.count(200) >= 3 * REPLICAS  # every replica served
         peak = asyncio.run(_backend_gauge(url, "floorguard_backend_in_flight_max"))
@@ -113,11 +122,11 @@ def test_a_partitioned_fleet_never_overfills_the_backend(backend, tmp_path):
     assert REPLICAS < report["fleet_peak_in_flight"][url] <= BACKEND_SLOTS
 
 
-def test_a_partition_that_does_not_fit_the_backend_refuses_to_start(backend, tmp_path):
-    """3 replicas × 4 slots against a backend that reports 6 of its own: `serve` exits 2
-    naming the numbers, before it listens."""
+def test_slots_beyond_what_the_backend_reports_refuse_to_start(backend, tmp_path):
+    """8 slots against a backend that reports 6 of its own: `serve` exits 2 naming the
+    numbers, before it listens."""
     url, redis_url = backend
-    config = {**_config(url, redis_url, 0, tmp_path / "r.jsonl", 4), "port": free_port()}
+    config = {**_config(url, redis_url, 0, tmp_path / "r.jsonl", 8), "port": free_port()}
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(config))
     done = subprocess.run(
@@ -125,14 +134,14 @@ def test_a_partition_that_does_not_fit_the_backend_refuses_to_start(backend, tmp
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "3 replica(s) × 4 = 12 > the 6 slots" in done.stderr
+    assert "backends[0].slots" in done.stderr and "> the 6 slots" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_a_declared_capacity_that_the_partition_exceeds_is_a_config_error(tmp_path):
-    """Without reaching any backend: `capacity` 6 with 3 replicas × 4 slots is refused at
-    load, naming the backend."""
-    config = _config("http://127.0.0.1:9", "redis://127.0.0.1:9/0", 0, tmp_path / "r.jsonl", 4)
+def test_slots_beyond_a_declared_capacity_are_a_config_error(tmp_path):
+    """Without reaching any backend: 8 slots with `capacity` 6 is refused at load, naming
+    the backend."""
+    config = _config("http://127.0.0.1:9", "redis://127.0.0.1:9/0", 0, tmp_path / "r.jsonl", 8)
     config["backends"][0]["capacity"] = 6
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -141,7 +150,7 @@ def test_a_declared_capacity_that_the_partition_exceeds_is_a_config_error(tmp_pa
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "3 replica(s) × slots 4 = 12 in flight > its capacity 6" in done.stderr
+    assert "slots 8 > its capacity 6" in done.stderr
 
 
 LEASED_SLOTS = 4

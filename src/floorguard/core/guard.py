@@ -92,9 +92,9 @@ class Guard(Ledger):
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
         """The queue limit on each class's surplus (None: none); `per_tenant` beside it."""
 
-    def reconfigure(self, config: GuardConfig, now: float) -> int:
+    def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
         """`Ledger.reconfigure`; the surplus queue limits change at once."""
-        from_window = super().reconfigure(config, now)
+        from_window = super().reconfigure(config, now, reason)
         limits = config.queue_limits
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
         return from_window

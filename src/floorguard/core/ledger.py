@@ -136,14 +136,15 @@ class Ledger:
 
     # -- reload -----------------------------------------------------------------------------
 
-    def reconfigure(self, config: GuardConfig, now: float) -> int:
+    def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
         """A reload (SPEC §14): `config`'s slots and queue limits govern at once, its
         contracts (floors, deadlines, classes, tenants) from the start of the next window —
         a window already open keeps the floors it opened with, so no reload over-grants
         one, and what is queued or in flight keeps its contract. Returns that window; the
         `config` event it logs carries it (`window`). A reload made before an earlier one
         took effect replaces it. `ConfigError` where `config` cannot replace the running
-        one (`reload_refusals`), and nothing changes."""
+        one (`reload_refusals`), and nothing changes. `reason`: what changed it (a `reload`,
+        or the live fleet's `membership` resizing this replica's share of slots)."""
         refusals = reload_refusals(self.config, config)
         if refusals:
             raise ConfigError("reload", "the new configuration", "; ".join(refusals))
@@ -162,7 +163,13 @@ class Ledger:
         self._reloaded = (schedule.start_of(from_window), config)
         if self._sink is not None:
             self._sink(
-                TraceEvent(now, EventKind.CONFIG, window=from_window, data=config_to_dict(config))
+                TraceEvent(
+                    now,
+                    EventKind.CONFIG,
+                    window=from_window,
+                    reason=reason,
+                    data=config_to_dict(config),
+                )
             )
         return from_window
 
@@ -176,6 +183,12 @@ class Ledger:
         self._contracts = {c.tenant: c for c in config.contracts}
         self.backlog.total_floor = config.total_floor
         self.capacity.total_floor = config.total_floor
+
+    @property
+    def latest_config(self) -> GuardConfig:
+        """The configuration the next window opens with: a reload's not yet in force, else
+        the running one."""
+        return self._reloaded[1] if self._reloaded is not None else self.config
 
     @property
     def governs_from(self) -> float | None:

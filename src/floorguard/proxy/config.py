@@ -74,11 +74,13 @@ class BackendSpec(_Strict):
     """The backend's base URL (http or https)."""
     slots: int = Field(ge=1, le=4096)
     """`C` this guard may have in flight there: the whole backend's slot count for one
-    guard, this replica's partition of it in a fleet (docs/replicas.md)."""
+    guard; in a fleet with partitioned slots, the most this replica may take — its share
+    is `min(slots, ⌊capacity / N⌋)` for the N replicas live, where the capacity is known
+    (docs/replicas.md)."""
     capacity: int | None = Field(default=None, ge=1, le=1_000_000)
     """The backend's own slot count (vLLM's `--max-num-seqs`), shared by every replica in
-    front of it: checked against `slots × store.replicas` here, and at start against what
-    the backend reports (`floorguard_backend_slots` on its /metrics, where it reports it)."""
+    front of it: `slots` may not exceed it; checked at start against what the backend
+    reports (`floorguard_backend_slots` on its /metrics, where it reports it)."""
     health_path: str = Field(default="/health", pattern=r"^/")
     """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
 
@@ -192,7 +194,9 @@ class StoreSpec(_Strict):
     `redis+cluster://host:port[,host:port…]`, or the master a Sentinel names
     `redis+sentinel://host:port[,host:port…]/service[/db]`."""
     replicas: int = Field(default=1, ge=1, le=1024)
-    """N: how many guard replicas share this floor (fail-static grants ⌊B/N⌋ each)."""
+    """N until the live fleet is heard from (a replica that starts while Redis is away);
+    then the shares follow the replicas live in the store, and a live count that differs
+    from one written here is a warning (docs/replicas.md)."""
     on_unavailable: Unavailable = Unavailable.FAIL_STATIC
     """While Redis cannot be reached: `fail_static` grants each replica ⌊B/N⌋ locally
     (docs/replicas.md)."""
@@ -218,6 +222,9 @@ class StoreSpec(_Strict):
     replica's `backends[].slots` is its share; `leased`, `slots` is the backend's whole `C`
     and every start takes a fleet-wide lease through this Redis (at most `C` in flight per
     backend across replicas, assured-first across them)."""
+    membership_ttl_s: float = Field(default=3.0, ge=0.3, le=300)
+    """A replica that has not announced itself for this long is no longer live (it beats
+    every `membership_ttl_s / 3`; one that drains leaves at once)."""
     lease_ttl_s: float = Field(default=2.0, ge=0.2, le=60)
     """A lease not renewed for this long expires: a dead replica's slots come back within
     it (renewed every `lease_ttl_s / 4`)."""
@@ -501,17 +508,13 @@ class GuardServerConfig(_Strict):
         return {"url": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _slots_partition_the_backend(self) -> GuardServerConfig:
-        replicas = self.store.replicas if self.store is not None else 1
-        if self.store is not None and self.store.slots == "leased":
-            replicas = 1  # each replica's slots are the whole backend's, leased fleet-wide
+    def _slots_fit_the_backend(self) -> GuardServerConfig:
         for where, backend in self.all_backends():
-            if backend.capacity is not None and backend.slots * replicas > backend.capacity:
+            if backend.capacity is not None and backend.slots > backend.capacity:
                 raise ValueError(
-                    f"{where} ({backend.url}): {replicas} replica(s) × slots "
-                    f"{backend.slots} = {backend.slots * replicas} in flight > its capacity "
-                    f"{backend.capacity}: each replica's slots must be its share of the "
-                    "backend (docs/replicas.md)"
+                    f"{where} ({backend.url}): slots {backend.slots} > its capacity "
+                    f"{backend.capacity}: a guard may not have more in flight than the "
+                    "backend runs (docs/replicas.md)"
                 )
         return self
 

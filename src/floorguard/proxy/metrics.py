@@ -322,6 +322,12 @@ class _GuardCollector(Collector):
             "1 while Redis is unreachable and the fallback policy grants the floor",
             labels=["model"],
         )
+        replicas = GaugeMetricFamily(
+            "floorguard_store_replicas",
+            "The replicas live in the shared store: fail-static's ⌊B/N⌋ and the slot shares "
+            "follow it (docs/replicas.md)",
+            labels=["model"],
+        )
         gauges = [GaugeMetricFamily(name, doc, labels=["model"]) for name, doc, _ in _GAUGES]
         credits = GaugeMetricFamily(
             "floorguard_credits_left",
@@ -336,6 +342,7 @@ class _GuardCollector(Collector):
                 for outcome, count in sorted(floor.calls.items()):
                     store_calls.add_metric([model, outcome], count)
                 degraded.add_metric([model], float(floor.degraded))
+                replicas.add_metric([model], float(floor.replicas))
             for family, (_, _, read) in zip(gauges, _GAUGES, strict=True):
                 family.add_metric([model], read(guard))
             for contract in guard.config.contracts:
@@ -345,6 +352,7 @@ class _GuardCollector(Collector):
         if shared:
             yield store_calls
             yield degraded
+            yield replicas
         yield from gauges
         yield credits
         yield self._backends_up()

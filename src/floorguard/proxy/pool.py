@@ -62,6 +62,7 @@ from floorguard.proxy.replies import (
 )
 from floorguard.proxy.status import guard_status
 from floorguard.store.leases import SlotLeases
+from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
@@ -127,7 +128,13 @@ class Pool:
         """The model this pool serves (None: the one pool, any model)."""
         self.config = config
         self.clock: Clock = edge.clock
+        self.reported: dict[str, int] = {}
+        """Each backend's own slot count as it reported it at start (by URL)."""
         guard_config = config.guard_config()
+        guard_config = dataclasses.replace(
+            guard_config,
+            slots=self._shares(config.backends, frozenset(), self._replicas_configured),
+        )
         learner = (
             None  # the callout answers every learner ask (`_answer`)
             if edge.http_learner is not None
@@ -163,6 +170,20 @@ class Pool:
                 replicas=config.store.replicas,
                 ttl_s=config.store.lease_ttl_s,
                 waiting=lambda: self.guard.num_queued_entitled,
+            )
+        self.membership: Membership | None = None
+        """The live fleet sharing this pool's store (SPEC §14); None without a store."""
+        if config.store is not None:
+            assert self.shared_floor is not None
+            self.membership = Membership(
+                self.shared_floor.store,
+                replica=edge.replica,
+                group="members" if name is None else f"members:{name}",
+                ttl_s=config.store.membership_ttl_s,
+                configured=config.store.replicas,
+                explicit="replicas" in config.store.model_fields_set,
+                on_count=self._follow_fleet,
+                settled=self._settled,
             )
         self.pump = Pump(self.guard, self.clock)
         """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
@@ -218,14 +239,101 @@ class Pool:
         tasks = [
             asyncio.create_task(self.health.probe_every(session, self.config.health_interval_s))
         ]
+        if self.membership is not None:
+            self._follow_fleet(self.membership.count)  # the capacities reported just now
+            await self.membership.join()
+            tasks.append(asyncio.create_task(self.membership.beat_every()))
         if self.leases is not None:
             tasks.append(asyncio.create_task(self.leases.renew_every()))
         return tasks
 
     async def stop(self) -> None:
         self.pump.close()
+        if self.membership is not None:
+            await self.membership.leave()
         if self.shared_floor is not None:
             await self.shared_floor.store.aclose()
+
+    # -- membership (SPEC §14) -------------------------------------------------------------
+
+    @property
+    def _replicas_configured(self) -> int:
+        return self.config.store.replicas if self.config.store is not None else 1
+
+    @property
+    def replicas(self) -> int:
+        """The replica count this pool's shares follow: the live fleet's, once heard."""
+        return self.membership.count if self.membership is not None else 1
+
+    def _shares(
+        self, backends: Sequence[BackendSpec], removed: frozenset[int], count: int
+    ) -> tuple[int, ...]:
+        """Each backend's slots for this replica: with partitioned slots in a fleet,
+        `min(slots, ⌊capacity / count⌋)` where the backend's capacity is known (declared,
+        else reported), so the live replicas' shares never sum past it; else `slots`.
+        Removed backends: 0. A fleet with more replicas than a backend has slots gives
+        some a share of 0; if every share here is 0 the replica keeps one slot on its
+        largest backend (logged: the backend may then run more than its capacity)."""
+        store = self.config.store
+        partitioned = store is not None and store.slots == "partition"
+        shares = []
+        for i, backend in enumerate(backends):
+            capacity = self._capacity(backend)
+            if i in removed:
+                shares.append(0)
+            elif partitioned and capacity is not None:
+                shares.append(min(backend.slots, capacity // count))
+            else:
+                shares.append(backend.slots)
+        if not any(shares):
+            kept = max(
+                (i for i in range(len(backends)) if i not in removed),
+                key=lambda i: (
+                    backends[i].capacity or self.reported.get(backends[i].url.rstrip("/"), 0)
+                ),
+            )
+            shares[kept] = 1
+            log.warning(
+                "%d replicas live%s, more than the backends have slots for: this replica "
+                "keeps one slot on %s (its capacity may be exceeded; lease the slots, "
+                "docs/replicas.md)",
+                count,
+                self._of(),
+                backends[kept].url,
+            )
+        return tuple(shares)
+
+    def _capacity(self, backend: BackendSpec) -> int | None:
+        """The backend's own slot count: declared, else as it reported it at start."""
+        return backend.capacity or self.reported.get(backend.url.rstrip("/"))
+
+    def _capacities(self, backends: Sequence[BackendSpec]) -> tuple[int | None, ...]:
+        """Each backend's capacity as the decision log records it (for `verify`'s SLOTS
+        across replicas); () when none is known."""
+        capacity = tuple(self._capacity(b) for b in backends)
+        return capacity if any(c is not None for c in capacity) else ()
+
+    def _follow_fleet(self, count: int) -> None:
+        """The live replica count changed: fail-static's share and the leases' fallback
+        follow at once; so do partitioned slots (logged as a `config` event, reason
+        `membership`: a shrunk backend gets nothing new until enough of it ends)."""
+        if self.shared_floor is not None:
+            self.shared_floor.replicas = count
+        if self.leases is not None:
+            self.leases.replicas = count
+            return
+        latest = self.guard.latest_config
+        slots = self._shares(self.backends, self.removed, count)
+        capacity = self._capacities(self.backends)
+        if (slots, capacity) != (latest.slots, latest.backend_capacity):
+            following = dataclasses.replace(latest, slots=slots, backend_capacity=capacity)
+            self.guard.reconfigure(following, self.clock.now(), reason="membership")
+            self.pump.pump()
+
+    def _settled(self) -> bool:
+        """What this replica has in flight fits its shares on every backend."""
+        guard = self.guard
+        return all(guard.in_flight_on(b) <= c for b, c in enumerate(guard.config.slots))
 
     # -- reload (SPEC §14) -----------------------------------------------------------------
 
@@ -233,12 +341,11 @@ class Pool:
         """This pool under `config`, validated; nothing changes (`ConfigError` names what a
         reload cannot change)."""
         backends, removed = merge_backends(self.backends, config.backends)
-        capacity = [b.capacity for b in backends]
         guard_config = dataclasses.replace(
             config.guard_config(),
-            slots=tuple(0 if i in removed else b.slots for i, b in enumerate(backends)),
+            slots=self._shares(backends, removed, self.replicas),
             backend_ids=tuple(b.url.rstrip("/") for b in backends),
-            backend_capacity=tuple(capacity) if any(c is not None for c in capacity) else (),
+            backend_capacity=self._capacities(backends),
         )
         refusals = reload_refusals(self.guard.config, guard_config)
         if refusals:
@@ -259,12 +366,11 @@ class Pool:
         return window
 
     async def _check_partition(self, session: aiohttp.ClientSession) -> None:
-        """Each backend's slots against what it reports as its own slot count (the gauge
+        """Each backend's capacity against what it reports as its own slot count (the gauge
         `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
-        a replica's partition must fit. A mismatch refuses to start."""
-        replicas = self.config.store.replicas if self.config.store is not None else 1
-        if self.leases is not None:
-            replicas = 1  # the whole backend's slots, leased fleet-wide
+        a declared capacity must agree, and `slots` must fit; a mismatch refuses to start.
+        What a backend reports is kept: partitioned shares follow it (`_shares`)."""
+        partitioned = self.config.store is not None and self.config.store.slots == "partition"
         for i, backend in enumerate(self.config.backends):
             reported = await reported_slots(session, backend.url)
             declared = backend.capacity
@@ -274,22 +380,22 @@ class Pool:
                     declared,
                     f"{backend.url} reports {reported} slots of its own",
                 )
-            capacity = declared if declared is not None else reported
-            if capacity is not None and backend.slots * replicas > capacity:
+            if reported is not None:
+                self.reported[backend.url.rstrip("/")] = reported
+            if reported is not None and backend.slots > reported:
                 raise ConfigError(
                     f"{self._key(i)}.slots",
                     backend.slots,
-                    f"{replicas} replica(s) × {backend.slots} = {backend.slots * replicas} > "
-                    f"the {capacity} slots {backend.url} reports: each replica's slots must "
-                    "be its share (docs/replicas.md)",
+                    f"> the {reported} slots {backend.url} reports: a guard may not have "
+                    "more in flight than the backend runs (docs/replicas.md)",
                 )
-            if capacity is None and replicas > 1:
+            if partitioned and declared is None and reported is None:
                 log.warning(
-                    "%s (%s): %d replicas share it, but neither its capacity nor a "
-                    "reported slot count bounds the partition (set backends[].capacity)",
+                    "%s (%s): neither its capacity nor a reported slot count is known, so "
+                    "this replica's share cannot follow the live fleet: `slots` is taken as "
+                    "its share (set backends[].capacity)",
                     self._key(i),
                     backend.url,
-                    replicas,
                 )
 
     def _key(self, i: int) -> str:
@@ -770,12 +876,12 @@ class Pool:
 
     def status(self) -> dict[str, Any]:
         """The pool's window, queues, monitors, §6 report, and the store."""
-        floor = self.shared_floor
+        floor, fleet = self.shared_floor, self.membership
+        store = None
+        if floor is not None:
+            store = floor.status() | ({"membership": fleet.status()} if fleet else {})
         return guard_status(
-            self.guard,
-            self.clock.now(),
-            backends_healthy=self.health.healthy,
-            store=floor.status() if floor is not None else None,
+            self.guard, self.clock.now(), backends_healthy=self.health.healthy, store=store
         )
 
     def store_status(self) -> dict[str, Any]:

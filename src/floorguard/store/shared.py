@@ -5,7 +5,8 @@ Every store call goes to Redis (`RedisCreditStore`, one EVALSHA, a short timeout
 that fails is retried (`attempts`, with a short backoff): one refused or slow call is not an
 outage. When every attempt fails the floor is *degraded* and follows `on_unavailable`:
 
-* `fail-static` (default): each of the `N` configured replicas grants from a local floor of
+* `fail-static` (default): each of the `N` live replicas (the count last heard from the
+  store's membership, `members.py`; `replicas` here) grants from a local floor of
   `⌊B/N⌋` per window, so the fleet never admits more than `B` from the floor. In the window
   where Redis was lost the replica grants nothing more (it cannot know what the fleet
   already took there); `⌊B/N⌋` from the next window. The local windows follow the *Redis*

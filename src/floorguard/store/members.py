@@ -1,0 +1,183 @@
+"""The live fleet (SPEC §14): which guard replicas share this store, so that what depends
+on their number — fail-static's ⌊B/N⌋ share, each replica's share of a partitioned
+backend, the leases' fallback share ⌊C/N⌋ — follows the replicas that are live, not a
+number written in a file.
+
+Each replica beats every `ttl_s / 3` (`members.lua`, one EVALSHA): it announces itself
+until `ttl_s` later on the Redis clock and publishes the count its shares follow and
+whether what it has in flight fits them (*settled*). The live count is the members whose
+entries have not expired. A replica that leaves after its drain is gone at once; one that
+dies is gone within `ttl_s` of its last beat, and the others follow at their next beat.
+
+A replica *joins* before it serves: it announces itself and waits (up to `2 · ttl_s`) until
+every other member applies a count at least as large and has settled to it, so the shares
+of a grown fleet never sum past a backend's slots. While Redis cannot be reached the count
+stays what it last was (nothing can be learned; a replica that starts then uses the
+configured `store.replicas`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from floorguard.store.redis_store import RedisCreditStore
+
+__all__ = ["Membership", "View", "parse_members"]
+
+SCRIPT = resources.files("floorguard.store").joinpath("members.lua").read_text()
+_UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
+log = logging.getLogger("floorguard.members")
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What one member applies: the replica count its shares follow, and whether its
+    requests in flight fit those shares."""
+
+    count: int
+    settled: bool
+
+
+def parse_members(reply: list[Any]) -> dict[str, View]:
+    """The script's reply → every live member's view."""
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    views: dict[str, View] = {}
+    for member, value in zip(reply[1::2], reply[2::2], strict=True):
+        count, _, settled = text(value).partition("|")
+        views[text(member)] = View(int(count), settled == "1")
+    return views
+
+
+def others_settled(views: dict[str, View], me: str, count: int) -> bool:
+    """Every other member applies at least `count` replicas and fits its shares."""
+    return all(v.count >= count and v.settled for m, v in views.items() if m != me)
+
+
+class Membership:
+    def __init__(
+        self,
+        store: RedisCreditStore,
+        *,
+        replica: str,
+        group: str = "members",
+        ttl_s: float,
+        configured: int,
+        explicit: bool,
+        on_count: Callable[[int], None],
+        settled: Callable[[], bool],
+    ) -> None:
+        """`group`: the fleet's name in the store (one per pool: `members`, `members:<model>`)."""
+        self.replica = replica
+        self.ttl_s = ttl_s
+        self.configured = configured
+        """`store.replicas`: the count until the fleet is heard from."""
+        self.explicit = explicit
+        """The configuration names the count: a live count that differs is a warning."""
+        self.count = configured
+        """The replica count this replica's shares follow (`on_count` applies it)."""
+        self.members: dict[str, View] = {}
+        self.heard_at: float | None = None
+        """When the fleet last answered (wall clock); None: never."""
+        self.failures = 0
+        self._on_count = on_count
+        self._settled = settled
+        self._script = store.register_async(SCRIPT)
+        key = f"{store.prefix}:fleet:{{{group}}}"
+        self._keys = [key, f"{key}:view"]
+
+    @property
+    def warning(self) -> str | None:
+        if self.explicit and self.heard_at is not None and self.count != self.configured:
+            return (
+                f"{self.count} replica(s) live, but store.replicas says {self.configured}: "
+                "shares follow the live count"
+            )
+        return None
+
+    async def _call(self, op: str) -> dict[str, View]:
+        args = [op, self.replica, repr(self.ttl_s), self.count, int(self._settled())]
+        reply: list[Any] = await self._script(keys=self._keys, args=args)
+        return parse_members(reply)
+
+    async def beat(self) -> bool:
+        """Announce this replica and follow the live count; False if Redis did not answer
+        (the count stays)."""
+        try:
+            self.members = await self._call("beat")
+        except _UNREACHABLE as exc:
+            self.failures += 1
+            log.warning("membership: heartbeat failed: %s", exc)
+            return False
+        self.heard_at = time.time()
+        self._follow(max(1, len(self.members)))
+        return True
+
+    def _follow(self, count: int) -> None:
+        if count == self.count:
+            return
+        was, self.count = self.count, count
+        log.info("membership: %d replica(s) live (was %d): shares follow", count, was)
+        if self.warning is not None:
+            log.warning("membership: %s", self.warning)
+        self._on_count(count)
+
+    async def join(self) -> bool:
+        """Announce this replica, then wait (up to `2 · ttl_s`) until every other member
+        applies the grown count and fits its shares; False if they did not in time (or
+        Redis did not answer), and the replica serves anyway on its own share."""
+        deadline = time.monotonic() + 2 * self.ttl_s
+        while await self.beat():
+            if others_settled(self.members, self.replica, self.count):
+                return True
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.05, self.ttl_s / 20))
+        else:
+            log.warning(
+                "membership: Redis did not answer; the shares follow %d replica(s) "
+                "(store.replicas) until it does",
+                self.count,
+            )
+            return False
+        log.warning(
+            "membership: the other replicas did not settle to %d within %.1f s; serving "
+            "on this replica's share",
+            self.count,
+            2 * self.ttl_s,
+        )
+        return False
+
+    async def beat_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            await self.beat()
+
+    async def leave(self) -> None:
+        """Gone from the fleet at once (after the drain: nothing of this replica runs)."""
+        try:
+            await self._call("leave")
+        except _UNREACHABLE as exc:
+            log.warning("membership: leaving failed (the entry expires): %s", exc)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "replica": self.replica,
+            "live": self.count,
+            "configured": self.configured,
+            "members": sorted(self.members),
+            "ttl_s": self.ttl_s,
+            "heard_at": self.heard_at,
+            "failed_beats": self.failures,
+            "warning": self.warning,
+        }

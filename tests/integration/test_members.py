@@ -1,0 +1,125 @@
+"""The live fleet (SPEC §14) against a real redis-server: replicas announce themselves, the
+count follows joins, departures and expiries, a joiner waits until the others settle to
+the grown count, and a replica without Redis keeps the count it last heard."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from floorguard.store.members import Membership, View, others_settled, parse_members
+from floorguard.store.redis_store import RedisCreditStore
+
+
+@pytest.fixture
+def fleet(redis_server, loop):
+    """Make members of one fleet over fresh stores; each records the counts it followed."""
+    stores = []
+
+    def make(name, *, ttl_s=0.6, configured=1, explicit=False, settled=lambda: True):
+        store = RedisCreditStore(redis_server.url, timeout_s=0.2, connect_timeout_s=0.2)
+        stores.append(store)
+        followed: list[int] = []
+        member = Membership(
+            store,
+            replica=name,
+            ttl_s=ttl_s,
+            configured=configured,
+            explicit=explicit,
+            on_count=followed.append,
+            settled=settled,
+        )
+        return member, followed
+
+    yield make
+    for store in stores:
+        loop.run_until_complete(store.aclose())
+
+
+def test_the_count_follows_joins_leaves_and_expiry(fleet, loop):
+    run = loop.run_until_complete
+    (a, a_followed), (b, _), (c, _) = fleet("a"), fleet("b"), fleet("c")
+    assert run(a.beat()) and a.count == 1 and a_followed == []  # 1 = the configured count
+    assert run(b.beat()) and b.count == 2
+    assert run(c.beat()) and c.count == 3
+    assert run(a.beat()) and a.count == 3 and a_followed == [3]
+    assert sorted(a.members) == ["a", "b", "c"]
+    run(c.leave())  # a drained replica is gone at once
+    assert run(a.beat()) and a.count == 2 and a_followed == [3, 2]
+    run(asyncio.sleep(0.7))  # b stops beating (it died): gone after its ttl
+    assert run(a.beat()) and a.count == 1 and sorted(a.members) == ["a"]
+    assert a_followed == [3, 2, 1]
+
+
+def test_a_live_count_that_differs_from_the_configured_one_is_a_warning(fleet, loop):
+    run = loop.run_until_complete
+    (a, _), (b, _) = fleet("a", configured=3, explicit=True), fleet("b")
+    assert a.warning is None  # not heard from the fleet yet: the configured count governs
+    run(a.beat())
+    assert a.count == 1 and "1 replica(s) live, but store.replicas says 3" in a.warning
+    run(b.beat())
+    run(a.beat())
+    assert a.count == 2 and a.status()["warning"] is not None
+    unset, _ = fleet("c")  # no count configured: nothing to disagree with
+    run(unset.beat())
+    assert unset.warning is None and unset.count == 3
+
+
+def test_a_joiner_waits_until_the_others_settle_to_the_grown_count(fleet, loop):
+    """`a` has more in flight than its share after `b` joins: `b`'s join waits until `a`
+    applies the count of 2 and fits it (it beats again), then returns True."""
+    run = loop.run_until_complete
+    busy = [True]
+    a, _ = fleet("a", ttl_s=0.6, settled=lambda: not busy[0])
+    b, _ = fleet("b", ttl_s=0.6)
+    run(a.beat())
+
+    async def scenario():
+        joined = asyncio.ensure_future(b.join())
+        await asyncio.sleep(0.1)
+        await a.beat()  # a now applies 2 but is still over its share
+        await asyncio.sleep(0.1)
+        assert not joined.done()
+        busy[0] = False  # its extra request ended
+        await a.beat()
+        return await asyncio.wait_for(joined, 1.0)
+
+    assert run(scenario()) is True
+    assert b.count == 2 and a.count == 2
+
+
+def test_a_joiner_does_not_wait_forever_for_a_replica_that_never_settles(fleet, loop):
+    run = loop.run_until_complete
+    a, _ = fleet("a", ttl_s=0.3, settled=lambda: False)
+    b, _ = fleet("b", ttl_s=0.3)
+    run(a.beat())
+
+    async def scenario():
+        beating = asyncio.ensure_future(a.beat_every())  # a stays live, never settled
+        try:
+            return await b.join()
+        finally:
+            beating.cancel()
+
+    assert run(scenario()) is False  # waited 2 · ttl_s, then serves on its own share
+    assert b.count == 2
+
+
+def test_without_redis_the_count_stays_what_it_last_was(fleet, loop, redis_server):
+    run = loop.run_until_complete
+    (a, followed), (b, _) = fleet("a"), fleet("b")
+    run(b.beat())
+    run(a.beat())
+    assert a.count == 2
+    redis_server.kill()
+    assert run(a.beat()) is False and a.count == 2 and a.failures == 1
+    assert followed == [2]
+
+
+def test_the_reply_parses_into_views():
+    views = parse_members([b"12.5", b"a", b"3|1", b"b", b"2|0"])
+    assert views == {"a": View(3, True), "b": View(2, False)}
+    assert not others_settled(views, "a", 3)  # b applies 2 and is over its share
+    assert others_settled(views, "b", 3)  # a applies 3 and fits
+    assert others_settled({"me": View(1, False)}, "me", 5)  # alone: nothing to wait for
