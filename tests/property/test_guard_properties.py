@@ -46,7 +46,9 @@ def _answered_by_driver(guard, store, request, now):
     pending = guard.begin_arrival(request, now)
     while (need := pending.need) is not None:
         if isinstance(need, StoreCall):
-            answer = store.acquire(need.key, need.weight, need.capacity, guard.config.schedule, now)
+            answer = store.acquire(
+                need.key, need.weight, need.capacity, guard.config.schedule, now, floor=need.floor
+            )
         else:
             assert need.cls is not ContractClass.ASSURED or pending.demoted, "asked for a floor"
             answer = guard.answer(need, now)

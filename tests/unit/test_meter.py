@@ -57,6 +57,34 @@ def test_store_weight_that_does_not_fit_leaves_credits_for_smaller_ones(store):
     assert store.acquire("t", 2, 10, schedule, 0.2).granted
 
 
+def test_store_pins_a_windows_floor_at_its_first_take(store):
+    """Two callers with different floors (a reload that reached one replica): the first
+    take of a window pins its floor, later takes are judged against it whatever floor
+    they bring; the next window is pinned afresh."""
+    schedule = WindowSchedule(1.0)
+    first = [store.acquire("t", 1, 4, schedule, 0.1, floor=4) for _ in range(2)]
+    later = [store.acquire("t", 1, 2, schedule, 0.2, floor=2) for _ in range(3)]
+    assert [g.granted for g in first + later] == [True, True, True, True, False]
+    assert {g.floor for g in first + later} == {4}
+    assert [g.remaining for g in later] == [1, 0, 0]
+    assert store.remaining("t", 2, schedule, 0.3) == 0
+    nxt = [store.acquire("t", 1, 2, schedule, 1.1, floor=2) for _ in range(3)]
+    assert [g.granted for g in nxt] == [True, True, False]
+    assert {g.floor for g in nxt} == {2}
+    assert not store.acquire("t", 1, 4, schedule, 1.2, floor=4).granted  # pinned at 2
+
+
+def test_store_a_lowered_floor_takes_within_the_pinned_one(store):
+    """A caller whose floor is lowered (capacity 1 of B = 3) takes at most its capacity;
+    it pins the contract's B, not the lowered one, so an unlowered caller takes up to B."""
+    schedule = WindowSchedule(1.0)
+    lowered = [store.acquire("t", 1, 1, schedule, 0.1, floor=3) for _ in range(2)]
+    assert [g.granted for g in lowered] == [True, False]
+    assert lowered[0].floor == 3 and lowered[1].remaining == 0
+    full = [store.acquire("t", 1, 3, schedule, 0.2, floor=3) for _ in range(3)]
+    assert [g.granted for g in full] == [True, True, False]
+
+
 def test_count_meter_entitles_first_B_per_window():
     """The first B assured arrivals of each window are entitled, the rest burst-excess."""
     guard = make_guard(make_config(floor=2))
@@ -74,7 +102,7 @@ def test_token_meter_weighs_prompt_plus_output_and_sheds_cost_excess():
     heavy = guard.begin_arrival(make_request(tokens=90, prompt=20), 0)
     assert heavy.need is None and heavy.admission.reason == RejectReason.COST_EXCESS
     first = guard.begin_arrival(make_request(tokens=60, prompt=0), 0)
-    assert first.need == StoreCall("a95", 60, 100)
+    assert first.need == StoreCall("a95", 60, 100, 100)
     assert guard.on_arrival(make_request(tokens=60, prompt=0), 0).entitled
     assert not guard.continue_arrival(first, 0, guard.answer(first.need, 0)).admission.entitled
     assert guard.credits_left("a95", 0.5) == 100 - 60

@@ -154,22 +154,55 @@ def test_the_checker_holds_the_open_window_to_its_old_floor():
     assert "beyond B" in report.violations[0].message
 
 
-def test_a_fleet_mid_reload_is_held_to_each_replicas_own_floor():
-    """Two replicas share a store; one reloads (B 2 → 4), the other has not yet: the window
-    after the reload may be granted up to the larger floor, and the replica still on the
-    old floor may refuse beyond its own."""
-    store = MemoryCreditStore()
+def test_a_fleet_mid_reload_agrees_on_the_floor_its_first_take_pinned():
+    """Two replicas share a store; one reloads (B 2 → 4), the other has not yet. In the
+    window after the reload the first take pins its floor: taken first by the reloaded
+    replica, the window's floor is 4 for both (the one still on B = 2 grants up to 4,
+    logging the pinned floor); taken first by the other, it is 2 for both. Either way
+    `check_fleet` finds one floor per window."""
+    for first, expected in ((0, [True] * 4 + [False]), (1, [True, True, False, False, False])):
+        store = MemoryCreditStore()
+        logs: list[list] = [[], []]
+        guards = [
+            Guard(
+                make_config(floor=2, slots=(8,)),
+                learner=AlwaysAdmit(),
+                store=store,
+                sink=log.append,
+            )
+            for log in logs
+        ]
+        guards[0].reconfigure(with_floor(guards[0].config, 4), 0.5)
+        order = [first] * 2 + [1 - first] * 3
+        got = [admit(guards[n], 1.1 + i / 100).entitled for i, n in enumerate(order)]
+        assert got == expected
+        decided = (EventKind.ADMIT, EventKind.DEMOTE, EventKind.REJECT)
+        logged = [{e.floor for e in log if e.kind in decided} for log in logs]
+        assert logged[first] == {None}  # judged against its own floor: nothing to note
+        assert logged[1 - first] == {4 if first == 0 else 2}  # the pinned one, logged
+        report = check_fleet(logs, allow_open=True)
+        assert report.ok(), report.violations[:3]
+
+
+def test_a_fleet_whose_replicas_judged_one_window_against_two_floors_fails_verify():
+    """Without a store that pins (each replica its own counter, as two Redis would), the
+    window after a partial reload is judged against 2 on one replica and 4 on the other:
+    `check_fleet` says the replicas did not agree on one configuration."""
     logs: list[list] = [[], []]
     guards = [
-        Guard(make_config(floor=2, slots=(8,)), learner=AlwaysAdmit(), store=store, sink=log.append)
+        Guard(
+            make_config(floor=2, slots=(8,)),
+            learner=AlwaysAdmit(),
+            store=MemoryCreditStore(),
+            sink=log.append,
+        )
         for log in logs
     ]
     guards[0].reconfigure(with_floor(guards[0].config, 4), 0.5)
-    got = [admit(guards[1], 1.1).entitled for _ in range(3)]
-    got += [admit(guards[0], 1.2).entitled for _ in range(2)]
-    assert got == [True, True, False, True, True]
+    admit(guards[0], 1.1)
+    admit(guards[1], 1.2)
     report = check_fleet(logs, allow_open=True)
-    assert report.ok(), report.violations[:3]
+    assert any("different floors [2, 4]" in v.message for v in report.violations)
 
 
 def test_slot_pool_resize_counts_what_runs_over_a_lowered_capacity():

@@ -27,7 +27,19 @@ class Scripted:
         self.used: Counter[tuple[str, int]] = Counter()
         self.carries: list[Carry] = []
 
-    def call(self, key, weight, capacity, schedule, now, *, mode="take", seen="", carry=NO_CARRY):
+    def call(
+        self,
+        key,
+        weight,
+        capacity,
+        schedule,
+        now,
+        *,
+        mode="take",
+        seen="",
+        carry=NO_CARRY,
+        floor=None,
+    ):
         if self.down or self.fail_next:
             self.fail_next = max(0, self.fail_next - 1)
             raise redis.ConnectionError("scripted")

@@ -640,11 +640,14 @@ class _FleetFloor:
     """What the fleet's logs say about each (tenant, window) of the floor."""
 
     granted: Counter[tuple[str, int]] = field(default_factory=Counter)
+    judged: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    """The floors the replicas' decisions were judged against (the store pins one)."""
     local: set[tuple[str, int]] = field(default_factory=set)
     """Decided by some replica on its store's fallback."""
-    refused: list[tuple[str, int, int, RequestId | None, int, int, str]] = field(
+    refused: list[tuple[str, int, int, int, RequestId | None, int, int, str]] = field(
         default_factory=list
     )
+    """(tenant, window, weight, the floor it was judged against, id, log, index, state)."""
 
 
 def _store_event(e: TraceEvent, state: str, since: float, fleet: _FleetFloor) -> float:
@@ -661,11 +664,16 @@ def _scan_log(
     number: int,
     events: Sequence[TraceEvent],
     config: GuardConfig,
-    tenants: set[str],
+    floors: _Floors,
     fleet: _FleetFloor,
 ) -> float:
-    """Add one log's floor decisions to `fleet`; return the seconds its store was degraded."""
+    """Add one log's floor decisions to `fleet`, each with the floor it was judged against:
+    as the store pinned it, where the event says so; else the log's own, in force when
+    the request arrived (the replica's clock: its window may end before the store's
+    answer names the next one). Return the seconds its store was degraded."""
+    tenants = floors.tenants
     weights: dict[RequestId, int] = {}
+    arrived: dict[RequestId, int] = {}
     state, since, degraded_s = "shared", 0.0, 0.0
     for index, e in enumerate(events):
         if e.kind is EventKind.STORE:
@@ -678,6 +686,7 @@ def _scan_log(
         if e.tenant not in tenants or e.request_id is None:
             continue
         if e.kind is EventKind.ARRIVE:
+            arrived[e.request_id] = config.schedule.index_at(e.at)
             weights[e.request_id] = (
                 (e.num_prompt_tokens or 0) + (e.num_output_tokens or 0)
                 if config.meter is MeterKind.TOKEN
@@ -688,6 +697,8 @@ def _scan_log(
             continue
         key = (e.tenant, e.window)
         weight = weights.get(e.request_id, 1)
+        own = floors.at(arrived.get(e.request_id, e.window)).get(e.tenant, 0)
+        judged = e.floor if e.floor is not None else own
         if (e.kind is EventKind.ADMIT and e.entitled) or (
             e.kind is EventKind.REJECT and e.reason == "floor_lowered"
         ):
@@ -695,9 +706,10 @@ def _scan_log(
         elif e.kind is EventKind.DEMOTE or (
             e.kind is EventKind.REJECT and e.reason == "floor_exhausted"
         ):
-            fleet.refused.append((*key, weight, e.request_id, number, index, state))
+            fleet.refused.append((*key, weight, judged, e.request_id, number, index, state))
         else:
             continue
+        fleet.judged.setdefault(key, set()).add(judged)
         if state != "shared":
             fleet.local.add(key)
     if state != "shared" and events:
@@ -714,15 +726,39 @@ def _fleet_af(
     """AF across replicas, per (tenant, window the store reported). A (tenant, window) in
     which some replica decided while its store was degraded (between `store` events) is
     judged conditionally: its findings go to `report.conditional`. Where a reload reached
-    the replicas at different times, a window may be governed by either floor: no more
-    than the largest is granted, and no replica refuses below its own."""
+    the replicas at different times, the store pins each window's floor at its first take:
+    every replica's decisions there must be judged against that one floor (one
+    configuration per window), none granted beyond it, none refused below it."""
     fleet = _FleetFloor()
     report.degraded_s = [
-        _scan_log(number, events, config, floors[number].tenants, fleet)
+        _scan_log(number, events, config, floors[number], fleet)
         for number, events in enumerate(logs)
     ]
+    for (tenant, window), judged in sorted(fleet.judged.items()):
+        if len(judged) > 1:
+            conditional = (tenant, window) in fleet.local
+            (report.conditional if conditional else report.violations).append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: the replicas judged {tenant}'s window {window} against "
+                    f"different floors {sorted(judged)}: not one configuration",
+                )
+            )
+        known = {f.at(w).get(tenant) for f in floors for w in (window - 1, window)}
+        if not judged <= known and (tenant, window) not in fleet.local:
+            report.violations.append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: {tenant}'s window {window} was judged against floor(s) "
+                    f"{sorted(judged - known)} that no replica's configuration gives it",
+                )
+            )
     for (tenant, window), total in sorted(fleet.granted.items()):
-        limit = max(f.at(window).get(tenant, 0) for f in floors)
+        limit = max(fleet.judged[tenant, window])
         if total > limit:
             conditional = (tenant, window) in fleet.local
             (report.conditional if conditional else report.violations).append(
@@ -739,8 +775,7 @@ def _fleet_af(
                     ),
                 )
             )
-    for tenant, window, weight, rid, number, index, state in fleet.refused:
-        floor = floors[number].at(window).get(tenant, 0)
+    for tenant, window, weight, floor, rid, number, index, state in fleet.refused:
         if fleet.granted[tenant, window] + weight <= floor:
             conditional = (tenant, window) in fleet.local
             why = (

@@ -54,7 +54,8 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
             offered = Request(next(ids), "acme", now, 16)
             pending = guard.begin_arrival(offered, now)
             assert type(pending.need) is StoreCall
-            grant = await floor.acquire_async(*pending.need, schedule, now)
+            need = pending.need
+            grant = await floor.acquire_async(*need[:3], schedule, now, floor=need.floor)
             guard.continue_arrival(pending, now, grant)
             for decision in guard.poll(now):
                 guard.on_complete(decision.request.request_id, now)

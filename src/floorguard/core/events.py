@@ -93,6 +93,8 @@ class TraceEvent(NamedTuple):
     hint: float | None = None  # hint: the learner's priority hint
     data: Mapping[str, Any] | None = None  # config: the guard configuration (config only)
     pool: str | None = None  # pool: the model whose pool's guard logged it (`models:`)
+    floor: int | None = None  # floor: the window's floor as the shared store pinned it,
+    # where it is not the replica's own (a reload that reached the replicas one by one)
 
 
 _WIRE_NAMES = {

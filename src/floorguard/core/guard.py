@@ -118,7 +118,7 @@ class Guard(Ledger):
                 pending, RejectReason.COST_EXCESS, self.config.schedule.index_at(now), now
             )
         pending.floor = self.effective_floor(contract)
-        pending.need = StoreCall(contract.tenant, weight, pending.floor)
+        pending.need = StoreCall(contract.tenant, weight, pending.floor, contract.floor)
         return pending
 
     def on_arrival(
@@ -131,7 +131,7 @@ class Guard(Ledger):
         need = pending.need
         if type(need) is StoreCall:
             grant = self._store.acquire(  # type: ignore[union-attr]  # the guard has one
-                need.key, need.weight, need.capacity, self.config.schedule, now
+                need.key, need.weight, need.capacity, self.config.schedule, now, floor=need.floor
             )
             pending = self._charged(pending, now, grant)
             need = pending.need
@@ -156,6 +156,8 @@ class Guard(Ledger):
     def _charged(self, pending: Pending, now: float, grant: Grant) -> Pending:
         request, contract = pending.request, pending.contract
         window = grant.window_index
+        if grant.floor is not None and grant.floor != contract.floor:
+            pending.pinned = grant.floor
         if grant.granted:
             self._enqueue(self._admit(pending, now, entitled=True, window_index=window))
             return pending
@@ -174,6 +176,7 @@ class Guard(Ledger):
                     contract.cls,
                     window=window,
                     reason="burst_excess",
+                    floor=pending.pinned,
                 )
             )
         pending.window_index = window
@@ -214,16 +217,19 @@ class Guard(Ledger):
     def _excess_reason(
         self, contract: Contract, request: Request, floor: int, grant: Grant
     ) -> RejectReason:
-        """`floor_lowered` while the refused weight still fits the contract's `B` counting
-        this window's earlier lowered refusals (refused whatever the excess policy: SPEC
-        §4.4); `floor_exhausted` beyond `B`, where the excess policy applies."""
+        """`floor_lowered` while the refused weight still fits the window's `B` (the
+        contract's, or as the shared store pinned it) counting this window's earlier
+        lowered refusals (refused whatever the excess policy: SPEC §4.4);
+        `floor_exhausted` beyond `B`, where the excess policy applies."""
         if floor >= contract.floor:
             return RejectReason.FLOOR_EXHAUSTED
         window, lowered = self._lowered.get(contract.tenant, (grant.window_index, 0))
         if window != grant.window_index:
             lowered = 0
         weight = self._meter.weight(request)
-        if floor - grant.remaining + lowered + weight > contract.floor:
+        governing = contract.floor if grant.floor is None else grant.floor
+        used = min(floor, governing) - grant.remaining
+        if used + lowered + weight > governing:
             return RejectReason.FLOOR_EXHAUSTED
         self._lowered[contract.tenant] = (grant.window_index, lowered + weight)
         return RejectReason.FLOOR_LOWERED

@@ -226,7 +226,7 @@ class Ledger:
         if type(need) is StoreCall:
             assert self._store is not None, "a stack without a store asked for a store call"
             return self._store.acquire(
-                need.key, need.weight, need.capacity, self.config.schedule, now
+                need.key, need.weight, need.capacity, self.config.schedule, now, floor=need.floor
             )
         assert type(need) is LearnerAsk and self._learner is not None
         return consult(self._learner, need.request, need.cls, need.load, need.now)
@@ -319,6 +319,7 @@ class Ledger:
                     cls,
                     window=window_index,
                     reason=str(reason),
+                    floor=pending.pinned,
                 )
             )
         pending.need = None
@@ -370,6 +371,7 @@ class Ledger:
                     window=window_index,
                     entitled=entitled,
                     deadline_at=pending.deadline_at,
+                    floor=pending.pinned,
                 )
             )
             self._sink(  # the hot path builds its events inline (docs/benchmarks.md)

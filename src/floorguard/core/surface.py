@@ -86,6 +86,10 @@ class StoreCall(NamedTuple):
     key: str
     weight: int
     capacity: int
+    floor: int | None = None
+    """The contract's `B` (`capacity` is less while the floor is lowered): a store the
+    replicas share pins the floor of a window at its first take, so the fleet judges the
+    window against one floor even while a reload reaches the replicas one by one."""
 
 
 class LearnerAsk(NamedTuple):
@@ -129,6 +133,7 @@ class Pending:
         "demoted",
         "floor",
         "need",
+        "pinned",
         "request",
         "window_index",
     )
@@ -141,6 +146,10 @@ class Pending:
         self.deadline_at = deadline_at
         self.floor = 0
         """The effective floor the store call was made against (assured arrivals)."""
+        self.pinned: int | None = None
+        """The window's floor as a shared store pinned it, where it is not the contract's
+        own (another replica's configuration took the window first); logged with the
+        decision."""
         self.demoted = False
         self.window_index: int | None = None
         """The window a demoted arrival was charged in (it is admitted or refused there)."""

@@ -429,7 +429,9 @@ class Pool:
             # credit an arrival within B takes is always taken — what the decision log's
             # checker assumes of an arrival that ends before its decision.
             charge = asyncio.ensure_future(
-                self.shared_floor.acquire_async(*need, self.guard.config.schedule, self.clock.now())
+                self.shared_floor.acquire_async(
+                    *need[:3], self.guard.config.schedule, self.clock.now(), floor=need.floor
+                )
             )
             charge.add_done_callback(_retrieve)
             await self.edge.checkpoint("store")

@@ -156,6 +156,7 @@ class SimRedis:
         mode: str = "take",
         seen: str = "",
         carry: Carry = NO_CARRY,
+        floor: int | None = None,  # one configuration: no reload to pin across
     ) -> Reply:
         if self.outage is not None and self.outage[0] <= now < self.outage[1]:
             raise redis.ConnectionError("simulated outage")

@@ -18,8 +18,17 @@
 --             that window; always added, before the take (hand-back before take),
 --          12 the caller's id: a re-force is applied once per caller and window (a field
 --             `r:<id>` of the counter), however many of its calls carried the old generation
--- returns  {granted (0/1), window index, capacity - used, generation, the clock used (a
---          string, seconds), credits re-forced for a lost state, closed (0/1)}
+--          13 the caller's floor: the contract's B (capacity is less while its floor is
+--             lowered)
+-- returns  {granted (0/1), window index, what is left, generation, the clock used (a
+--          string, seconds), credits re-forced for a lost state, closed (0/1), the
+--          window's floor}
+--
+-- The first take in a window *pins* its floor (field `floor`): every later call in that
+-- window is judged against it, whatever floor its caller has, so replicas that a reload
+-- reaches at different times still agree on one floor per tenant and window. A caller
+-- whose floor is lowered takes at most min(its capacity, the pinned floor); what is left
+-- is counted against that limit.
 --
 -- A lost state (a caller that saw another generation) *closes* the tenant's current window
 -- to fresh takes: a replica cannot know what the others granted there before the loss
@@ -32,6 +41,7 @@
 
 local weight = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
+local own_floor = tonumber(ARGV[13])
 local window_s = tonumber(ARGV[3])
 local origin = tonumber(ARGV[4])
 local mode = ARGV[5]
@@ -50,10 +60,17 @@ if not generation then
 end
 redis.call('PEXPIRE', KEYS[2], 604800000)
 
-local stored = redis.call('HMGET', KEYS[1], 'w', 'used')
-local used = 0
+local stored = redis.call('HMGET', KEYS[1], 'w', 'used', 'floor')
+local used, floor = 0, nil
 if stored[1] and tonumber(stored[1]) == index then
   used = tonumber(stored[2])
+  floor = tonumber(stored[3])
+end
+local pinned = floor ~= nil
+floor = floor or own_floor
+local limit = floor
+if capacity < own_floor then
+  limit = math.min(capacity, floor)
 end
 
 local carried = tonumber(ARGV[9]) == index
@@ -74,13 +91,18 @@ end
 used = used + restored + handed
 
 local granted = 0
-if mode == 'take' and not closed and used + weight <= capacity then
+if mode == 'take' and not closed and used + weight <= limit then
   used = used + weight
   granted = 1
 end
 if mode == 'take' or restored + handed > 0 or closed then
   redis.call('HSET', KEYS[1], 'w', index, 'used', used)
+  if mode == 'take' then
+    redis.call('HSET', KEYS[1], 'floor', floor)
+  elseif not pinned then
+    redis.call('HDEL', KEYS[1], 'floor')
+  end
   local left_ms = math.ceil((origin + (index + 1) * window_s - now) * 1000)
   redis.call('PEXPIRE', KEYS[1], left_ms + 1000)
 end
-return {granted, index, capacity - used, generation, tostring(now), restored, closed and 1 or 0}
+return {granted, index, limit - used, generation, tostring(now), restored, closed and 1 or 0, floor}

@@ -22,6 +22,9 @@ class Grant(NamedTuple):
     """The window `k` the credits were taken from (or would have been)."""
     remaining: int
     """Credits left in that window after this call."""
+    floor: int | None = None
+    """The window's floor as a shared store pinned it at the window's first take (the
+    `floor` of the replica that took first); None: the caller's own governs."""
 
 
 class CreditStore(ABC):
@@ -29,12 +32,21 @@ class CreditStore(ABC):
 
     @abstractmethod
     def acquire(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
     ) -> Grant:
         """Take `weight` credits from `key`'s current window if `used + weight ≤ capacity`.
 
         `now` is the caller's clock; a store with an authoritative clock of its own may use
-        that instead, and reports the window it used in the grant.
+        that instead, and reports the window it used in the grant. `floor`: the contract's
+        `B` (≥ `capacity`); a store several replicas share may pin the window's floor to
+        the first caller's and judge later calls against it (`Grant.floor`).
         """
 
     @abstractmethod

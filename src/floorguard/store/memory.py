@@ -10,31 +10,40 @@ __all__ = ["MemoryCreditStore"]
 
 
 class MemoryCreditStore(CreditStore):
-    """Keeps only each key's current window: `key -> (window_index, used)`."""
+    """Keeps only each key's current window: `key -> (window_index, used, floor)`, the
+    window's floor pinned at its first take, as `acquire.lua` pins it."""
 
     def __init__(self) -> None:
-        self._windows: dict[str, tuple[int, int]] = {}
+        self._windows: dict[str, tuple[int, int, int]] = {}
 
     def acquire(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
     ) -> Grant:
         index = schedule.index_at(now)
-        window, used = self._windows.get(key, (index, 0))
+        own = capacity if floor is None else floor
+        window, used, pinned = self._windows.get(key, (index, 0, own))
         if window != index:
-            used = 0
-        if used + weight <= capacity:
+            used, pinned = 0, own
+        limit = min(capacity, pinned) if capacity < own else pinned
+        granted = used + weight <= limit
+        if granted:
             used += weight
-            self._windows[key] = (index, used)
-            return Grant(True, index, capacity - used)
-        self._windows[key] = (index, used)
-        return Grant(False, index, capacity - used)
+        self._windows[key] = (index, used, pinned)
+        return Grant(granted, index, limit - used, pinned)
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         index = schedule.index_at(now)
-        window, used = self._windows.get(key, (index, 0))
-        return capacity - (used if window == index else 0)
+        window, used, pinned = self._windows.get(key, (index, 0, capacity))
+        return capacity if window != index else pinned - used
 
     def used_in(self, index: int) -> dict[str, int]:
         """Credits taken per key in window `index` (keys with none are left out)."""
         windows = self._windows.items()
-        return {key: used for key, (window, used) in windows if window == index and used}
+        return {key: used for key, (window, used, _) in windows if window == index and used}

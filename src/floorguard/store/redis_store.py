@@ -114,6 +114,7 @@ class RedisCreditStore(CreditStore):
         now: float,
         seen: str,
         carry: Carry,
+        floor: int | None,
     ) -> list[str | int]:
         at = repr(now) if self.clock == "caller" else ""
         token = f"{self._token_base}:{next(self._tokens)}"
@@ -128,12 +129,20 @@ class RedisCreditStore(CreditStore):
             token,
             *carry,
             self._token_base,
+            capacity if floor is None else floor,
         ]
 
     def acquire(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
     ) -> Grant:
-        return self.call(key, weight, capacity, schedule, now).grant
+        return self.call(key, weight, capacity, schedule, now, floor=floor).grant
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
@@ -149,9 +158,10 @@ class RedisCreditStore(CreditStore):
         mode: Mode = "take",
         seen: str = "",
         carry: Carry = NO_CARRY,
+        floor: int | None = None,
     ) -> Reply:
         """One EVALSHA (blocking); raises redis.RedisError when Redis cannot answer."""
-        args = self._args(weight, capacity, schedule, mode, now, seen, carry)
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
         return _reply(self._script(keys=self.keys(key), args=args))
 
     async def call_async(
@@ -165,10 +175,11 @@ class RedisCreditStore(CreditStore):
         mode: Mode = "take",
         seen: str = "",
         carry: Carry = NO_CARRY,
+        floor: int | None = None,
     ) -> Reply:
         """One EVALSHA on the asyncio client; raises redis.RedisError when Redis cannot
         answer."""
-        args = self._args(weight, capacity, schedule, mode, now, seen, carry)
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
         return _reply(await self._async_script(keys=self.keys(key), args=args))
 
     def close(self) -> None:
@@ -246,9 +257,9 @@ def _text(value: Any) -> str:
 
 
 def _reply(reply: Any) -> Reply:
-    granted, index, remaining, generation, clock_s, restored, closed = reply
+    granted, index, remaining, generation, clock_s, restored, closed, floor = reply
     return Reply(
-        Grant(bool(granted), int(index), int(remaining)),
+        Grant(bool(granted), int(index), int(remaining), int(floor)),
         _text(generation),
         float(_text(clock_s)),
         int(restored),

@@ -134,10 +134,17 @@ class SharedFloor(CreditStore):
     # -- path) and the synchronous `CreditStore` interface (the core's own calls) ----------
 
     async def acquire_async(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
     ) -> Grant:
         """The grant for one admission: from Redis, else by the fallback policy."""
-        plan = self._plan(key, weight, capacity, schedule, now)
+        plan = self._plan(key, weight, capacity, schedule, now, floor=floor)
         answer: Reply | BaseException | None = None
         while True:
             try:
@@ -154,9 +161,16 @@ class SharedFloor(CreditStore):
                 answer = exc
 
     def acquire(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
     ) -> Grant:
-        plan = self._plan(key, weight, capacity, schedule, now)
+        plan = self._plan(key, weight, capacity, schedule, now, floor=floor)
         answer: Reply | BaseException | None = None
         while True:
             try:
@@ -186,7 +200,14 @@ class SharedFloor(CreditStore):
     # -- the policy -------------------------------------------------------------------------
 
     def _plan(
-        self, key: str, weight: int, capacity: int, schedule: WindowSchedule, now: float
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None,
     ) -> Generator[_Step, Reply | BaseException | None, Grant]:
         """The whole decision, without I/O: it yields each store call (`key, weight,
         capacity, options`) and is sent the reply or the exception, or yields a backoff
@@ -201,7 +222,7 @@ class SharedFloor(CreditStore):
                     key,
                     weight,
                     capacity,
-                    {"seen": self._seen.get(key, ""), "carry": carry},
+                    {"seen": self._seen.get(key, ""), "carry": carry, "floor": floor},
                 )
                 if isinstance(reply, BaseException) or reply is None:
                     self.calls["failed_attempt"] += 1
@@ -306,7 +327,8 @@ class SharedFloor(CreditStore):
         local = self._local_capacity(capacity)
         if self.policy is Unavailable.FAIL_STATIC and index == self._onset_window:
             local = 0  # the fleet may have spent this window's floor before Redis went away
-        grant = self._local.acquire(key, weight, local, schedule, local_now)
+        # a local grant is this replica's own: no floor is pinned fleet-wide
+        grant = self._local.acquire(key, weight, local, schedule, local_now)._replace(floor=None)
         if grant.granted:
             window, owed = self._owed.get(key, (index, 0))
             self._owed[key] = (index, weight + (owed if window == index else 0))
