@@ -2,8 +2,9 @@
 `M` backends of `C` slots, `T` assured tenants, behind a load balancer that may be skewed.
 
 Every replica is the shipped `Guard`; the store is the shipped `SharedFloor` policy over a
-simulated Redis (`SimRedis`: the script's counting, on the virtual clock, a configurable
-round trip, and an outage window during which every call fails). Slots are either
+simulated Redis (`store/simulated.py`: `acquire.lua`'s semantics on the virtual clock, held
+to the real script by a differential test; a configurable round trip, and an outage window
+during which every call fails). Slots are either
 *partitioned* — each replica owns `M/R` whole backends (C slots each) — or *leased*: every
 replica dispatches into one fleet-wide pool, and a replica starts an opportunistic request
 only while no other replica has a floor-entitled request waiting (the waiting board of
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import redis
 
 from floorguard.analysis.checker import check_fleet
 from floorguard.analysis.records import fold_trace
@@ -47,9 +47,8 @@ from floorguard.profiles import get_profile
 from floorguard.sim.backend import SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.targets import saturated_capacity
-from floorguard.store.base import Grant
-from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.store.shared import SharedFloor, Unavailable
+from floorguard.store.simulated import SimulatedRedis
 
 __all__ = ["Fleet", "FleetResult", "SlotMode", "fleet_figure", "simulate_fleet"]
 
@@ -133,42 +132,6 @@ class FleetResult:
 def _mu_sat(profile: str, tokens: int, slots: int) -> float:
     """One backend's saturated throughput (requests/s), measured on the backend model."""
     return saturated_capacity(get_profile(profile), tokens, slots)[0]
-
-
-class SimRedis:
-    """The floor script's counting on the virtual clock (caller's time), with an outage
-    window in which every call fails like an unreachable Redis."""
-
-    url = "sim://redis"
-
-    def __init__(self, outage: tuple[float, float] | None) -> None:
-        self.outage = outage
-        self.used: dict[str, tuple[int, int]] = {}
-
-    def call(
-        self,
-        key: str,
-        weight: int,
-        capacity: int,
-        schedule: WindowSchedule,
-        now: float,
-        *,
-        mode: str = "take",
-        seen: str = "",
-        carry: Carry = NO_CARRY,
-        floor: int | None = None,  # one configuration: no reload to pin across
-    ) -> Reply:
-        if self.outage is not None and self.outage[0] <= now < self.outage[1]:
-            raise redis.ConnectionError("simulated outage")
-        index = schedule.index_at(now)
-        window, used = self.used.get(key, (index, 0))
-        used = used if window == index else 0
-        if carry.window == index:
-            used += carry.local
-        granted = mode == "take" and used + weight <= capacity
-        used += weight if granted else 0
-        self.used[key] = (index, used)
-        return Reply(Grant(granted, index, capacity - used), "g0", now, 0, False)
 
 
 class FleetSlots:
@@ -257,11 +220,11 @@ class _FleetSimulation:
         self.busy_s = 0.0
         self.peak = 0
         self.schedule = WindowSchedule(1.0)
-        redis_ = SimRedis(fleet.store_outage)
+        redis_ = SimulatedRedis(outage=fleet.store_outage)
         self.logs: list[list[TraceEvent]] = [[] for _ in range(fleet.replicas)]
         self.floors = [
             SharedFloor(
-                redis_,  # type: ignore[arg-type]  # the script's counting, simulated
+                redis_.client(f"r{replica}"),  # type: ignore[arg-type]  # the script, simulated
                 policy=Unavailable.FAIL_STATIC,
                 replicas=fleet.replicas,
                 retry_s=0.5,
