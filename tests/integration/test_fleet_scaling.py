@@ -9,10 +9,8 @@ the replicas' logs, SLOTS counted across them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +20,7 @@ import orjson
 from floorguard.core.events import EventKind, read_jsonl
 from tests.integration.live import ISSUER, SECRET, token
 from tests.integration.processes import emulate, serve, stop
-from tests.integration.test_fleet_slots import _backend_gauge
+from tests.integration.test_fleet_slots import _backend_gauge, _verify
 
 CAPACITY, TTL_S = 6, 1.0
 
@@ -158,12 +156,8 @@ def test_scaling_the_fleet_moves_the_shares_within_one_expiry(redis_server, tmp_
     assert statuses <= {200, 429, 503}, statuses
     assert sum(status == 200 for status, _ in load.answers) > 50
     assert peak <= CAPACITY
-    verify = subprocess.run(
-        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    report = json.loads(verify.stdout)
-    assert verify.returncode == 0, report["violations"][:3]
+    code, report = _verify(logs)
+    assert code == 0, report["violations"][:3]
     assert 2 < report["fleet_peak_in_flight"][backend] <= CAPACITY
     resized = [
         e
