@@ -14,6 +14,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from floorguard.store.leases import SCRIPT as LEASE_SCRIPT
 from floorguard.store.redis_store import Carry, RedisCreditStore
 from floorguard.store.simulated import SimulatedRedis
 from floorguard.windows import WindowSchedule
@@ -105,3 +106,68 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
         flush.close()
         for store in real:
             store.close()
+
+
+_lease_calls = st.fixed_dictionaries(
+    {
+        "op": st.sampled_from(["acquire", "acquire", "acquire", "release", "renew", "restart"]),
+        "replica": st.sampled_from(["A", "B", "C"]),
+        "request": st.integers(0, 4),
+        "step_s": st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 1.5]),  # binary-exact
+        "capacity": st.integers(0, 3),
+        "waiting": st.integers(0, 2),
+        "entitled": st.booleans(),
+    }
+)
+
+
+def _stored_leases(client, keys):
+    leases = {m.decode(): score for m, score in client.zrange(keys[0], 0, -1, withscores=True)}
+    board = {}
+    for replica, value in client.hgetall(keys[1]).items():
+        count, expiry = value.decode().split("|")
+        board[replica.decode()] = (int(count), float(expiry))
+    return leases, board
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(calls=st.lists(_lease_calls, min_size=1, max_size=30))
+def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
+    """Leases, their expiry and renewal, releases, and the waiting board's order denials,
+    call for call against `lease.lua` on the caller's clock (ttl 1 s), and the leases and
+    the board as stored after each call."""
+    prefix = f"lease{next(PREFIXES)}"
+    client = redis.Redis.from_url(module_redis.url)
+    script = client.register_script(LEASE_SCRIPT)
+    keys = [f"{prefix}:slots:{{b}}", f"{prefix}:slots:{{b}}:wait"]
+    sim = SimulatedRedis()
+    now = 1000.0
+    try:
+        for call in calls:
+            now += call["step_s"]
+            if call["op"] == "restart":
+                client.delete(*keys)
+                sim.restart()
+                continue
+            member = f"{call['replica']}|{call['request']}"
+            args = [call["op"], call["capacity"], "1.0", call["replica"], call["waiting"]]
+            granted, reason, count, _ = script(
+                keys=keys, args=[*args, int(call["entitled"]), repr(now), member]
+            )
+            real = (bool(granted), reason.decode(), int(count))
+            simulated = sim.lease(
+                "b",
+                call["op"],
+                call["capacity"],
+                1.0,
+                call["replica"],
+                call["waiting"],
+                call["entitled"],
+                [member],
+                now,
+            )
+            assert simulated == real, call
+            assert sim.lease_state("b") == _stored_leases(client, keys), call
+    finally:
+        client.delete(*keys)
+        client.close()

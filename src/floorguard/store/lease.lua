@@ -8,7 +8,8 @@
 -- ARGV     1 op: "acquire", "release" or "renew"
 --          2 capacity C (acquire), 3 ttl_s, 4 replica, 5 waiting (this replica's entitled
 --          requests queued, not counting the one acquiring),
---          6 entitled (0/1, acquire), 7.. members (acquire: one; release, renew: any)
+--          6 entitled (0/1, acquire), 7 now: "" to read the Redis server's clock (TIME),
+--          or the caller's time (s), 8.. members (acquire: one; release, renew: any)
 -- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string)}
 --
 -- acquire grants iff fewer than C leases are live and, for a request that is not
@@ -25,8 +26,11 @@ local replica = ARGV[4]
 local waiting = tonumber(ARGV[5])
 local entitled = ARGV[6] == '1'
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now = tonumber(ARGV[7])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
 local granted, reason = 0, ''
@@ -48,7 +52,7 @@ if op == 'acquire' then
   end
   if reason == '' then
     if redis.call('ZCARD', KEYS[1]) < capacity then
-      redis.call('ZADD', KEYS[1], now + ttl, ARGV[7])
+      redis.call('ZADD', KEYS[1], now + ttl, ARGV[8])
       granted = 1
     else
       reason = 'full'
@@ -58,11 +62,11 @@ if op == 'acquire' then
     waiting = waiting + 1
   end
 elseif op == 'release' then
-  for i = 7, #ARGV do
+  for i = 8, #ARGV do
     redis.call('ZREM', KEYS[1], ARGV[i])
   end
 elseif op == 'renew' then
-  for i = 7, #ARGV do
+  for i = 8, #ARGV do
     redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
   end
 end

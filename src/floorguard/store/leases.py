@@ -84,9 +84,10 @@ class SlotLeases:
         waiting: int | None = None,
     ) -> list[Any]:
         count = self.waiting() if waiting is None else waiting
-        args = [op, self.capacity[backend], repr(self.ttl_s), self.replica, count]
+        args = [op, self.capacity[backend], repr(self.ttl_s), self.replica, count, int(entitled)]
         reply: list[Any] = await self._script(
-            keys=self._keys(backend), args=[*args, int(entitled), *members]
+            keys=self._keys(backend),
+            args=[*args, "", *members],  # "": the Redis clock
         )
         return reply
 

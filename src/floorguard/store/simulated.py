@@ -1,10 +1,12 @@
-"""`acquire.lua`'s semantics in process, on the caller's clock: the Redis a simulation runs
-against (the datacenter in `sim/fleet.py`), held to the real script by a differential test
-against a real `redis-server` (`tests/integration/test_simulated_store.py`).
+"""`acquire.lua`'s and `lease.lua`'s semantics in process, on the caller's clock: the Redis
+a simulation runs against (the datacenter in `sim/fleet.py`), held to the real scripts by
+differential tests against a real `redis-server` (`tests/integration/test_simulated_store.py`).
 
 Every step of the script is here — the generation marker, the carried hand-back and the
 re-force of a lost state (once per caller and window), the window closed by a lost state,
-the floor pinned at a window's first take — so a fleet simulated over it meets the same
+the floor pinned at a window's first take — and every step of the lease script (leases
+that expire unless renewed, the waiting board that holds opportunistic starts back while
+another replica's entitled request waits), so a fleet simulated over it meets the same
 store the shipped replicas meet. `restart()` is a Redis that comes back without its data;
 `down` makes every call fail as an unreachable one does. Key expiry is not modelled: the
 script reads every field against the current window, so an expired field and a stale one
@@ -49,12 +51,22 @@ class SimulatedRedis:
         """… and while the caller's clock is in [start, end) seconds (a simulated one)."""
         self._counters: dict[str, _Counter] = {}
         self._generations: dict[str, str] = {}
+        self._leases: dict[str, dict[str, float]] = {}
+        """Per backend: lease member → the instant it expires unless renewed."""
+        self._boards: dict[str, dict[str, tuple[int, float]]] = {}
+        """Per backend: replica → (entitled requests waiting, the instant the entry expires)."""
         self._tokens = itertools.count()
 
     def restart(self) -> None:
-        """Redis came back without its data: every counter and marker is gone."""
+        """Redis came back without its data: every counter, marker, lease and board is gone."""
         self._counters.clear()
         self._generations.clear()
+        self._leases.clear()
+        self._boards.clear()
+
+    def _unreachable(self, now: float) -> bool:
+        outage = self.outage
+        return self.down or (outage is not None and outage[0] <= now < outage[1])
 
     def client(self, caller: str) -> SimulatedClient:
         return SimulatedClient(self, caller)
@@ -73,8 +85,7 @@ class SimulatedRedis:
         floor: int | None,
     ) -> Reply:
         """One run of `acquire.lua`, step for step."""
-        outage = self.outage
-        if self.down or (outage is not None and outage[0] <= now < outage[1]):
+        if self._unreachable(now):
             raise redis.ConnectionError("simulated outage")
         own_floor = capacity if floor is None else floor
         index = schedule.index_at(now)
@@ -108,6 +119,67 @@ class SimulatedRedis:
                 counter.floor = None
         grant = Grant(granted, index, limit - used, window_floor)
         return Reply(grant, generation, now, restored, closed)
+
+    def lease_state(self, backend: str) -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
+        """A backend's leases (member → expiry) and waiting board (replica → (count,
+        expiry)), as stored."""
+        return dict(self._leases.get(backend, {})), dict(self._boards.get(backend, {}))
+
+    def lease(  # noqa: PLR0917  # the script's arguments, in its order
+        self,
+        backend: str,
+        op: str,
+        capacity: int,
+        ttl_s: float,
+        replica: str,
+        waiting: int,
+        entitled: bool,
+        members: list[str],
+        now: float,
+    ) -> tuple[bool, str, int]:
+        """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
+        `order`, leases in use)."""
+        if self._unreachable(now):
+            raise redis.ConnectionError("simulated outage")
+        leases = self._leases.setdefault(backend, {})
+        board = self._boards.setdefault(backend, {})
+        for member in [m for m, expiry in leases.items() if expiry <= now]:
+            del leases[member]
+        granted, reason = False, ""
+        if op == "acquire":
+            reason = "" if entitled else _board_order(board, replica, now)
+            if not reason:
+                granted = len(leases) < capacity
+                if granted:
+                    leases[members[0]] = now + ttl_s
+                else:
+                    reason = "full"
+            waiting += not granted and entitled
+        elif op == "release":
+            for member in members:
+                leases.pop(member, None)
+        elif op == "renew":
+            for member in (m for m in members if m in leases):
+                leases[member] = now + ttl_s
+        if waiting > 0:
+            board[replica] = (waiting, now + ttl_s)
+        else:
+            board.pop(replica, None)
+        return granted, reason, len(leases)
+
+
+def _board_order(board: dict[str, tuple[int, float]], replica: str, now: float) -> str:
+    """`order` if another replica's board entry shows entitled requests waiting; expired
+    entries are dropped on the way (all of them, as the script's loop does)."""
+    reason = ""
+    for other, (count, expiry) in list(board.items()):
+        if other == replica:
+            continue
+        if expiry <= now:
+            del board[other]
+        elif count > 0:
+            reason = "order"
+    return reason
 
 
 class SimulatedClient:
