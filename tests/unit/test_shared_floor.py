@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import redis
 
-from floorguard.store.base import Grant
+from floorguard.store.base import Grant, StoreUnavailable
 from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.store.shared import SharedFloor, Unavailable
 from floorguard.windows import WindowSchedule
@@ -42,7 +41,7 @@ class Scripted:
     ):
         if self.down or self.fail_next:
             self.fail_next = max(0, self.fail_next - 1)
-            raise redis.ConnectionError("scripted")
+            raise StoreUnavailable("scripted")
         clock = now + self.offset_s
         index = schedule.index_at(clock)
         self.carries.append(carry)

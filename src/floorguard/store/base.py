@@ -13,7 +13,13 @@ from typing import NamedTuple
 
 from floorguard.windows import WindowSchedule
 
-__all__ = ["CreditStore", "Grant"]
+__all__ = ["CreditStore", "Grant", "StoreUnavailable"]
+
+
+class StoreUnavailable(Exception):  # noqa: N818  # a state, as the policies name it
+    """The store could not answer a call (unreachable, timed out, refused): the caller's
+    fallback policy decides. The only store error the rest of floorguard catches; the
+    Redis store turns its client's errors into it."""
 
 
 class Grant(NamedTuple):

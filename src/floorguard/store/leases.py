@@ -24,14 +24,12 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
-import redis
-
+from floorguard.store.base import StoreUnavailable
 from floorguard.store.redis_store import RedisCreditStore
 
 __all__ = ["SlotLeases"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("lease.lua").read_text()
-_UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
 log = logging.getLogger("floorguard.leases")
 
 
@@ -100,7 +98,7 @@ class SlotLeases:
             granted, reason, *_ = await self._call(
                 backend, "acquire", self._member(request_id), entitled=entitled, waiting=others
             )
-        except _UNREACHABLE:
+        except StoreUnavailable:
             if len(self.held[backend]) >= self.capacity[backend] // self.replicas:
                 self.denied["full"] += 1
                 return "full"
@@ -123,7 +121,7 @@ class SlotLeases:
         opportunistic request ahead of this replica's entitled one)."""
         if self.held[backend].pop(request_id, None) is None:
             return
-        with contextlib.suppress(*_UNREACHABLE):
+        with contextlib.suppress(StoreUnavailable):
             await self._call(backend, "release", self._member(request_id), waiting=waiting)
 
     async def renew_every(self) -> None:
@@ -134,7 +132,7 @@ class SlotLeases:
                 members = [self._member(r) for r, shared in self.held[backend].items() if shared]
                 try:
                     await self._call(backend, "renew", *members)
-                except _UNREACHABLE as exc:
+                except StoreUnavailable as exc:
                     log.warning(
                         "slot leases: renewal on %s failed: %s", self.backends[backend], exc
                     )

@@ -26,14 +26,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import redis
-
+from floorguard.store.base import StoreUnavailable
 from floorguard.store.redis_store import RedisCreditStore
 
 __all__ = ["Membership", "View", "parse_members"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("members.lua").read_text()
-_UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
 log = logging.getLogger("floorguard.members")
 
 
@@ -115,7 +113,7 @@ class Membership:
         (the count stays)."""
         try:
             self.members = await self._call("beat")
-        except _UNREACHABLE as exc:
+        except StoreUnavailable as exc:
             self.failures += 1
             log.warning("membership: heartbeat failed: %s", exc)
             return False
@@ -167,7 +165,7 @@ class Membership:
         """Gone from the fleet at once (after the drain: nothing of this replica runs)."""
         try:
             await self._call("leave")
-        except _UNREACHABLE as exc:
+        except StoreUnavailable as exc:
             log.warning("membership: leaving failed (the entry expires): %s", exc)
 
     def status(self) -> dict[str, object]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any, Literal, NamedTuple
 
@@ -38,8 +39,11 @@ import redis.cluster
 import redis.sentinel
 
 from floorguard.errors import ConfigError
-from floorguard.store.base import CreditStore, Grant
+from floorguard.store.base import CreditStore, Grant, StoreUnavailable
 from floorguard.windows import WindowSchedule
+
+_UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
+"""What the Redis client raises when Redis cannot answer: `StoreUnavailable` to the rest."""
 
 __all__ = ["Carry", "RedisCreditStore", "Reply"]
 
@@ -97,9 +101,18 @@ class RedisCreditStore(CreditStore):
         self._tokens = itertools.count()
         self._token_base = uuid.uuid4().hex
 
-    def register_async(self, script: str) -> Any:
-        """Another Lua script on this store's asyncio client (its pool and timeouts)."""
-        return self._async_client.register_script(script)
+    def register_async(self, script: str) -> Callable[..., Awaitable[Any]]:
+        """Another Lua script on this store's asyncio client (its pool and timeouts),
+        called as `await run(keys=…, args=…)`; `StoreUnavailable` when Redis cannot answer."""
+        registered = self._async_client.register_script(script)
+
+        async def run(*, keys: list[str], args: list[Any]) -> Any:
+            try:
+                return await registered(keys=keys, args=args)
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(str(exc)) from exc
+
+        return run
 
     def keys(self, tenant: str) -> list[str]:
         counter = f"{self.prefix}:{{{tenant}}}"
@@ -160,9 +173,12 @@ class RedisCreditStore(CreditStore):
         carry: Carry = NO_CARRY,
         floor: int | None = None,
     ) -> Reply:
-        """One EVALSHA (blocking); raises redis.RedisError when Redis cannot answer."""
+        """One EVALSHA (blocking); `StoreUnavailable` when Redis cannot answer."""
         args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
-        return _reply(self._script(keys=self.keys(key), args=args))
+        try:
+            return _reply(self._script(keys=self.keys(key), args=args))
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
 
     async def call_async(
         self,
@@ -177,10 +193,12 @@ class RedisCreditStore(CreditStore):
         carry: Carry = NO_CARRY,
         floor: int | None = None,
     ) -> Reply:
-        """One EVALSHA on the asyncio client; raises redis.RedisError when Redis cannot
-        answer."""
+        """One EVALSHA on the asyncio client; `StoreUnavailable` when Redis cannot answer."""
         args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
-        return _reply(await self._async_script(keys=self.keys(key), args=args))
+        try:
+            return _reply(await self._async_script(keys=self.keys(key), args=args))
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
 
     def close(self) -> None:
         """Close the blocking client (a store never used asynchronously needs no more)."""

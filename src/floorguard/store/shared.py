@@ -43,16 +43,13 @@ from collections.abc import Callable, Generator
 from enum import StrEnum
 from typing import Any
 
-import redis
-
-from floorguard.store.base import CreditStore, Grant
+from floorguard.store.base import CreditStore, Grant, StoreUnavailable
 from floorguard.store.memory import MemoryCreditStore
 from floorguard.store.redis_store import Carry, RedisCreditStore, Reply
 from floorguard.windows import WindowSchedule
 
 __all__ = ["SharedFloor", "Unavailable"]
 
-_UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
 
 _Step = float | tuple[str, int, int, dict[str, Any]]
 """What the decision asks its shell for: a backoff (seconds), or one store call."""
@@ -157,7 +154,7 @@ class SharedFloor(CreditStore):
                 continue
             try:
                 answer = await self.store.call_async(*step[:3], schedule, now, **step[3])
-            except _UNREACHABLE as exc:
+            except StoreUnavailable as exc:
                 answer = exc
 
     def acquire(
@@ -183,7 +180,7 @@ class SharedFloor(CreditStore):
                 continue
             try:
                 answer = self.store.call(*step[:3], schedule, now, **step[3])
-            except _UNREACHABLE as exc:
+            except StoreUnavailable as exc:
                 answer = exc
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:

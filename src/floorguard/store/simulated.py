@@ -18,9 +18,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import redis
-
-from floorguard.store.base import Grant
+from floorguard.store.base import Grant, StoreUnavailable
 from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.windows import WindowSchedule
 
@@ -46,7 +44,7 @@ class SimulatedRedis:
 
     def __init__(self, outage: tuple[float, float] | None = None) -> None:
         self.down = False
-        """Every call raises `redis.ConnectionError` while set (an outage)."""
+        """Every call raises `StoreUnavailable` while set (an outage)."""
         self.outage = outage
         """… and while the caller's clock is in [start, end) seconds (a simulated one)."""
         self._counters: dict[str, _Counter] = {}
@@ -86,7 +84,7 @@ class SimulatedRedis:
     ) -> Reply:
         """One run of `acquire.lua`, step for step."""
         if self._unreachable(now):
-            raise redis.ConnectionError("simulated outage")
+            raise StoreUnavailable("simulated outage")
         own_floor = capacity if floor is None else floor
         index = schedule.index_at(now)
         generation = self._generations.setdefault(key, f"sim:{next(self._tokens)}")
@@ -140,7 +138,7 @@ class SimulatedRedis:
         """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
         `order`, leases in use)."""
         if self._unreachable(now):
-            raise redis.ConnectionError("simulated outage")
+            raise StoreUnavailable("simulated outage")
         leases = self._leases.setdefault(backend, {})
         board = self._boards.setdefault(backend, {})
         for member in [m for m, expiry in leases.items() if expiry <= now]:
