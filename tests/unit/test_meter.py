@@ -9,6 +9,7 @@ from floorguard.core.meter import ReservationMeter
 from floorguard.core.surface import RejectReason, StoreCall
 from floorguard.store import MemoryCreditStore
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.simulated import SimulatedRedis
 from tests.helpers import make_config, make_guard, make_request
 from tests.redis_server import RedisServer
 
@@ -22,12 +23,16 @@ def redis_url():
     server.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "simulated", "redis"])
 def store(request):
-    """One suite over every store: the in-memory reference and Redis (caller's clock, so
-    the same instants drive both; `clock="server"` is tested on its own)."""
+    """One suite over every store: the in-memory reference, the simulated Redis the fleet
+    simulator runs on, and Redis (caller's clock, so the same instants drive all three;
+    `clock="server"` is tested on its own)."""
     if request.param == "memory":
         yield MemoryCreditStore()
+        return
+    if request.param == "simulated":
+        yield SimulatedRedis().client("c0")
         return
     store = RedisCreditStore(
         request.getfixturevalue("redis_url"), prefix=f"t{next(PREFIXES)}", clock="caller"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from floorguard.store.base import Grant, StoreUnavailable
+from floorguard.store.base import CreditStore, Grant, StoreUnavailable
 from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.windows import WindowSchedule
 
@@ -180,8 +180,9 @@ def _board_order(board: dict[str, tuple[int, float]], replica: str, now: float) 
     return reason
 
 
-class SimulatedClient:
-    """The `RedisCreditStore.call` surface over one `SimulatedRedis`, for one caller."""
+class SimulatedClient(CreditStore):
+    """The `RedisCreditStore` surface (`call`, and the `CreditStore` operations) over one
+    `SimulatedRedis`, for one caller."""
 
     def __init__(self, server: SimulatedRedis, caller: str) -> None:
         self.server = server
@@ -204,3 +205,18 @@ class SimulatedClient:
         return self.server.call(
             self.caller, key, weight, capacity, schedule, now, mode, seen, carry, floor
         )
+
+    def acquire(
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
+    ) -> Grant:
+        return self.call(key, weight, capacity, schedule, now, floor=floor).grant
+
+    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
+        return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
