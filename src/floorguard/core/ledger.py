@@ -47,7 +47,7 @@ from floorguard.core.surface import (
     Stack,
     StoreCall,
 )
-from floorguard.errors import ConfigError
+from floorguard.errors import ConfigError, ProtocolError
 from floorguard.store.base import CreditStore
 
 __all__ = ["DEFAULT_REPORT_TOKENS", "ClassStats", "GuardStats", "Ledger", "assumptions_of"]
@@ -439,7 +439,10 @@ class Ledger:
         """Take an in-flight ticket off its slot."""
         ticket = self._in_flight.pop(request_id, None)
         if ticket is None:
-            raise KeyError(f"request {request_id!r} is not in flight")
+            state = (
+                "queued" if request_id in self._queued else "not held (ended, or never admitted)"
+            )
+            raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
         self._slots.release(ticket.backend)
         return ticket
 
@@ -501,6 +504,26 @@ class Ledger:
                 )
             )
         return Completion(request_id, now, service_s, late)
+
+    def finish(self, request_id: RequestId, now: float, outcome: str, reason: str = "") -> bool:
+        """End a request exactly once, whatever the path: `complete` or `fail` one in
+        flight, `abort` one queued or in flight. True if this call ended it; False if it
+        had already ended (or was never admitted), and nothing changes — so every exit of
+        a driver may call it. `ProtocolError` for an outcome its state cannot take (a
+        queued request cannot complete or fail) or an unknown one, before any change."""
+        if outcome == "abort":
+            return self.on_abort(request_id, now, reason)
+        if outcome not in {"complete", "fail"}:
+            raise ProtocolError(f"finish({request_id!r}): unknown outcome {outcome!r}")
+        if request_id in self._in_flight:
+            if outcome == "complete":
+                self.on_complete(request_id, now)
+            else:
+                self.on_fail(request_id, now, reason)
+            return True
+        if request_id in self._queued:
+            raise ProtocolError(f"{outcome} of request {request_id!r}: it is queued, not in flight")
+        return False
 
     def on_fail(self, request_id: RequestId, now: float, reason: str) -> None:
         """The backend failed an in-flight request (error, timeout): free its slot."""

@@ -507,15 +507,12 @@ class Pool:
         state says whether it ended), and hand its slot on."""
         self._release_lease(rid)
         guard = self.guard
-        if not guard.holds(rid):
+        in_flight = guard.in_flight_request(rid) is not None
+        outcome = "fail" if kind == "fail" and in_flight else "abort"  # a queued one aborts
+        if not guard.finish(rid, self.clock.now(), outcome, reason):
             return
         if reason == "drain_deadline":
             self.edge.num_cut_at_deadline += 1
-        now = self.clock.now()
-        if kind == "fail" and guard.in_flight_request(rid) is not None:
-            guard.on_fail(rid, now, reason)
-        else:
-            guard.on_abort(rid, now, reason)
         self.pump.pump()
 
     async def _serve(
