@@ -288,9 +288,7 @@ class Pool:
         if not any(shares):
             kept = max(
                 (i for i in range(len(backends)) if i not in removed),
-                key=lambda i: (
-                    backends[i].capacity or self.reported.get(backends[i].url.rstrip("/"), 0)
-                ),
+                key=lambda i: self._capacity(backends[i]) or 0,
             )
             shares[kept] = 1
             log.warning(
