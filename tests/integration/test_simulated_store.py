@@ -110,7 +110,9 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
 
 _lease_calls = st.fixed_dictionaries(
     {
-        "op": st.sampled_from(["acquire", "acquire", "acquire", "release", "renew", "restart"]),
+        "op": st.sampled_from(
+            ["acquire", "acquire", "acquire", "release", "renew", "restore", "restart"]
+        ),
         "replica": st.sampled_from(["A", "B", "C"]),
         "request": st.integers(0, 4),
         "step_s": st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 1.5]),  # binary-exact
@@ -133,7 +135,7 @@ def _stored_leases(client, keys):
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(calls=st.lists(_lease_calls, min_size=1, max_size=30))
 def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
-    """Leases, their expiry and renewal, releases, and the waiting board's order denials,
+    """Leases, their expiry, renewal and restore, releases, and the waiting board's order denials,
     call for call against `lease.lua` on the caller's clock (ttl 1 s), and the leases and
     the board as stored after each call."""
     prefix = f"lease{next(PREFIXES)}"

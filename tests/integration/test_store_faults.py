@@ -13,7 +13,7 @@ import redis
 
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
-from floorguard.store.leases import SlotLeases
+from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
@@ -223,7 +223,7 @@ def test_cluster_and_sentinel_urls_share_the_floor(kind, loop):
 def _leases(url, replica, capacity=2, ttl_s=2.0, waiting=lambda: 0):
     store = RedisCreditStore(url, timeout_s=0.2)
     return store, SlotLeases(
-        store,
+        redis_lease_script(store),
         backends=["http://vllm:8000"],
         capacity=[capacity],
         replica=replica,
@@ -240,17 +240,17 @@ def test_slot_leases_bound_the_fleet_and_keep_it_assured_first(server, loop):
     (sa, a), (sb, b) = _leases(server.url, "A"), _leases(server.url, "B")
     run = loop.run_until_complete
     try:
-        assert run(a.acquire(0, "a1", entitled=False)) == ""
-        assert run(b.acquire(0, "b1", entitled=False)) == ""
-        assert run(a.acquire(0, "a2", entitled=True)) == "full"  # and A now waits
-        assert run(b.acquire(0, "b2", entitled=False)) == "order"  # (it would be full, too)
-        run(b.release(0, "b1"))
-        assert run(b.acquire(0, "b3", entitled=False)) == "order"  # A's entitled waits
-        assert run(b.acquire(0, "b4", entitled=True)) == ""  # entitled is never held back
-        run(b.release(0, "b4"))
-        assert run(a.acquire(0, "a2", entitled=True)) == ""  # A's turn; its board entry → 0
-        run(a.release(0, "a1"))
-        assert run(b.acquire(0, "b5", entitled=False)) == ""
+        assert run(a.acquire_async(0, "a1", entitled=False)) == ""
+        assert run(b.acquire_async(0, "b1", entitled=False)) == ""
+        assert run(a.acquire_async(0, "a2", entitled=True)) == "full"  # and A now waits
+        assert run(b.acquire_async(0, "b2", entitled=False)) == "order"  # (it would be full, too)
+        run(b.release_async(0, "b1"))
+        assert run(b.acquire_async(0, "b3", entitled=False)) == "order"  # A's entitled waits
+        assert run(b.acquire_async(0, "b4", entitled=True)) == ""  # entitled is never held back
+        run(b.release_async(0, "b4"))
+        assert run(a.acquire_async(0, "a2", entitled=True)) == ""  # A's turn; its board entry → 0
+        run(a.release_async(0, "a1"))
+        assert run(b.acquire_async(0, "b5", entitled=False)) == ""
         assert a.denied == {"full": 1, "order": 0} and b.denied == {"full": 0, "order": 2}
     finally:
         run(sa.aclose())
@@ -263,9 +263,9 @@ def test_a_dead_replicas_leases_expire_within_the_ttl(server, loop):
     (sa, a), (sb, b) = _leases(server.url, "A", ttl_s=0.4), _leases(server.url, "B", ttl_s=0.4)
     run = loop.run_until_complete
     try:
-        assert run(b.acquire(0, "b0", entitled=False)) == ""
-        assert run(a.acquire(0, "a1", entitled=False)) == ""
-        assert run(a.acquire(0, "a2", entitled=False)) == "full"
+        assert run(b.acquire_async(0, "b0", entitled=False)) == ""
+        assert run(a.acquire_async(0, "a1", entitled=False)) == ""
+        assert run(a.acquire_async(0, "a2", entitled=False)) == "full"
 
         async def renewing_for(seconds):
             task = asyncio.ensure_future(b.renew_every())
@@ -273,34 +273,33 @@ def test_a_dead_replicas_leases_expire_within_the_ttl(server, loop):
             task.cancel()
 
         run(renewing_for(0.6))  # A is silent: its lease expires; B renews its own
-        assert run(b.acquire(0, "b1", entitled=False)) == ""  # a1's slot came back
-        assert run(b.acquire(0, "b2", entitled=False)) == "full"  # b0 is still held
+        assert run(b.acquire_async(0, "b1", entitled=False)) == ""  # a1's slot came back
+        assert run(b.acquire_async(0, "b2", entitled=False)) == "full"  # b0 is still held
     finally:
         run(sa.aclose())
         run(sb.aclose())
 
 
-def test_leases_fall_back_to_the_partition_while_redis_is_down(server, loop):
-    """Redis killed: a replica leases at most ⌊C/N⌋ = 2 of C = 4 slots locally (the fleet
-    of N = 2 stays within C), gives them back locally, and leases through Redis again once
-    it answers."""
+def test_leases_keep_the_slots_held_while_redis_is_down_and_restore_them(server, loop):
+    """Redis killed while replica A holds 2 of C = 4 leases: A grants locally only while it
+    holds fewer than those 2 (it reuses its own slots; the other replicas may hold the rest,
+    so a partition share would overshoot C), gives them back locally, and once Redis
+    answers again puts every lease it holds back in it (a restarted Redis is empty)."""
     store, leases = _leases(server.url, "A", capacity=4)
     run = loop.run_until_complete
     try:
+        assert [run(leases.acquire_async(0, f"a{i}", entitled=True)) for i in range(2)] == ["", ""]
         server.kill()
-        assert [run(leases.acquire(0, f"a{i}", entitled=True)) for i in range(3)] == [
-            "",
-            "",
-            "full",
-        ]
-        assert leases.local_grants == 2
-        run(leases.release(0, "a0"))  # Redis still down: released locally, no hang
-        assert run(leases.acquire(0, "a3", entitled=False)) == ""
+        assert run(leases.acquire_async(0, "a2", entitled=True)) == "full"  # holds its 2
+        run(leases.release_async(0, "a0"))  # Redis still down: released locally, no hang
+        assert run(leases.acquire_async(0, "a3", entitled=False)) == ""  # a0's slot, reused
+        assert run(leases.acquire_async(0, "a4", entitled=False)) == "full"
+        assert leases.local_grants == 1 and leases.status()["degraded"]
         server.start()
-        run(leases.release(0, "a1"))
-        run(leases.release(0, "a3"))
-        assert run(leases.acquire(0, "b0", entitled=False)) == ""
+        assert run(leases.acquire_async(0, "a5", entitled=False)) == ""
+        assert not leases.status()["degraded"]
         with redis.Redis.from_url(server.url) as client:
-            assert client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1) == [b"A|b0"]
+            stored = client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1)
+        assert sorted(stored) == [b"A|a1", b"A|a3", b"A|a5"]  # a1 and a3 restored
     finally:
         run(store.aclose())

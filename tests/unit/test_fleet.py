@@ -8,8 +8,9 @@ import json
 import pytest
 
 from floorguard.cli import main
-from floorguard.sim import fleet as fleet_module
-from floorguard.sim.fleet import Fleet, FleetSlots, LeasedSlots, simulate_fleet
+from floorguard.sim.fleet import Fleet, simulate_fleet
+from floorguard.store import simulated
+from floorguard.store.leases import SlotLeases
 
 SMALL = {"replicas": 3, "backends": 6, "tenants": 12, "duration_s": 6.0}
 
@@ -52,33 +53,45 @@ def test_a_store_outage_under_grants_and_is_conditional_not_a_violation():
 
 
 def test_the_fleet_check_catches_a_fleet_that_ignores_the_waiting_board(monkeypatch):
-    """Attack the simulated leases: replicas that take freed slots in a fixed order and
-    start opportunistic requests whatever the others have waiting (no waiting board) break
-    fleet ORDER, and check_fleet says so."""
-
-    def in_index_order(self, replicas, now):
-        for replica in range(len(self.guards)):
-            self._poll(replica, now)
-
-    monkeypatch.setattr(fleet_module._FleetSimulation, "_dispatch", in_index_order)
-    monkeypatch.setattr(LeasedSlots, "num_free", property(lambda self: self._fleet.total_free))
+    """Attack the lease script: a store whose waiting board never holds an opportunistic
+    start back lets replicas start surplus work while another replica's entitled request
+    waits for the backend, and check_fleet says so (fleet ORDER)."""
+    monkeypatch.setattr(simulated, "_board_order", lambda board, replica, now: "")
     result = simulate_fleet(Fleet(**SMALL, floor=2, skew=1.0), seed=0)
     assert not result.verify_ok
     assert any(v.startswith("ORDER: fleet") for v in result.violations)
 
 
-def test_a_leased_view_gives_free_slots_to_entitled_starts_first():
-    pool = FleetSlots([1, 1])
-    own = {"waiting": 0}
-    others = {"waiting": True}
-    view = LeasedSlots(pool, lambda: own["waiting"], lambda: others["waiting"])
-    assert view.num_free == 0  # another replica's entitled request waits: not for surplus
-    own["waiting"] = 1
-    assert view.num_free == 2  # this replica's next start is its own entitled one
-    backend = view.acquire()
-    assert view.in_flight(backend) == 1 and pool.total_free == 1
-    view.release(backend)
-    assert pool.total_free == 2
+def test_leased_slots_run_the_shipped_lease_policy():
+    """Every start takes a lease through SlotLeases over the simulated lease.lua; under a
+    flood the fleet is full, so starts are denied (`no_lease`), requeued and their backend
+    held off — and still no backend ever holds more than C."""
+    result = simulate_fleet(Fleet(**SMALL), seed=1)
+    assert result.verify_ok, result.violations
+    assert result.no_lease > 0
+    assert result.lease_calls > result.num_requests  # a lease per start, releases, renewals
+    assert result.peak_in_flight == result.checked_peak == 4
+
+
+def test_a_store_outage_with_leased_slots_keeps_every_backend_within_c():
+    """Redis down for 3 s under a flood: each replica grants local leases only in the slots
+    it held when Redis was lost, restores them when it returns; no backend ever runs more
+    than C, and the logs pass check_fleet."""
+    result = simulate_fleet(Fleet(**SMALL, store_outage=(2.0, 5.0)), seed=0)
+    assert result.verify_ok, result.violations
+    assert result.local_grants > 0
+    assert result.peak_in_flight == result.checked_peak == 4
+
+
+def test_a_partition_share_while_the_store_is_down_would_overshoot_c(monkeypatch):
+    """The rule the leases replaced, attacked on purpose: falling back to a ⌊C/N⌋ share
+    lets a replica that held little take its share while the others still run what they
+    held, and a backend is handed more than C."""
+    monkeypatch.setattr(
+        SlotLeases, "_lost", lambda self: [c // self.replicas for c in self.capacity]
+    )
+    with pytest.raises(RuntimeError, match="over-dispatched"):
+        simulate_fleet(Fleet(**SMALL, store_outage=(2.0, 5.0)), seed=0)
 
 
 def test_a_partition_must_give_each_replica_whole_backends():

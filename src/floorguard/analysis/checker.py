@@ -53,14 +53,10 @@ from floorguard.core.events import (
     to_json,
 )
 from floorguard.core.request import RequestId
+from floorguard.core.surface import LOCAL_LEASE, NO_LEASE
 from floorguard.errors import TraceError
 
 __all__ = ["CheckReport", "Violation", "check_fleet", "check_trace", "format_prefix"]
-
-
-NO_LEASE = "no_lease"
-"""A `requeue` event's reason when the fleet had no slot lease for the request: its
-`dispatch` never reached the backend."""
 
 ORDER_TOLERANCE_S = 0.1
 """Fleet ORDER's allowance for the replicas' clocks and the lease round trip: an entitled
@@ -472,17 +468,18 @@ def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) ->
 
 def _waits_and_starts(
     events: Sequence[TraceEvent], config: GuardConfig
-) -> tuple[list[tuple[float, float]], list[tuple[float, str, int, RequestId | None]]]:
+) -> tuple[list[tuple[float, float]], list[tuple[float, str, int, bool, RequestId | None]]]:
     """One log's floor-entitled waits (admitted → started, dropped or ended; a `no_lease`
     requeue undoes a start, so the wait goes on) and its opportunistic starts per backend
-    (with the same undoing)."""
+    (with the same undoing), each with whether its lease was granted locally (`local`:
+    the store was unreachable, so no waiting board was consulted)."""
     ids = config.backend_ids or tuple(str(i) for i in range(len(config.slots)))
     start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
     entitled: set[RequestId] = set()
     waiting: dict[RequestId, float] = {}
     started: dict[RequestId, tuple[float, float]] = {}
     waits: list[tuple[float, float]] = []
-    starts: dict[RequestId, tuple[float, str, int]] = {}
+    starts: dict[RequestId, tuple[float, str, int, bool]] = {}
     for index, e in enumerate(events):
         rid = e.request_id
         if rid is None:
@@ -494,7 +491,7 @@ def _waits_and_starts(
             if rid in waiting:
                 started[rid] = (waiting.pop(rid), e.at)
             elif rid not in entitled:
-                starts[rid] = (e.at, ids[e.backend], index)
+                starts[rid] = (e.at, ids[e.backend], index, e.reason == LOCAL_LEASE)
         elif e.kind is EventKind.REQUEUE:
             if rid in started:
                 since, at = started.pop(rid)
@@ -517,17 +514,19 @@ def _fleet_order(
 ) -> None:
     """Fleet-wide assured-first with slot leases: no opportunistic request starts on a
     backend while another replica in front of it has a floor-entitled request waiting
-    (from before `t − ε` until after `t + ε`, ε = `ORDER_TOLERANCE_S`)."""
+    (from before `t − ε` until after `t + ε`, ε = `ORDER_TOLERANCE_S`). A start on a
+    lease granted locally (the store unreachable) is judged conditionally: no replica
+    could consult the waiting board."""
     per_log = [_waits_and_starts(events, c) for events, c in zip(logs, configs, strict=True)]
     fronts = [set(c.backend_ids or tuple(str(i) for i in range(len(c.slots)))) for c in configs]
     eps = ORDER_TOLERANCE_S
     for number, (_, starts) in enumerate(per_log):
-        for at, backend, index, rid in starts:
+        for at, backend, index, local, rid in starts:
             for other, (waits, _) in enumerate(per_log):
                 if other == number or backend not in fronts[other]:
                     continue
                 if any(since < at - eps and until > at + eps for since, until in waits):
-                    report.violations.append(
+                    (report.conditional if local else report.violations).append(
                         Violation(
                             "ORDER",
                             index,

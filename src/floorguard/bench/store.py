@@ -7,7 +7,7 @@ task loops on the floor's Lua script (`EVALSHA`). Guard: each task loops on one 
 `Guard.begin_arrival` (its store call), the awaited EVALSHA through `SharedFloor`,
 `continue_arrival` with the grant,
 then dispatch and completion so the queue stays empty. Leased: each task loops on one
-fleet slot lease taken and given back (`SlotLeases.acquire` + `release`, two EVALSHA of
+fleet slot lease taken and given back (`SlotLeases.acquire_async` + `release_async`, two EVALSHA of
 `lease.lua`), what `store.slots: leased` adds to each start. Sides alternate `repeats`
 times; the best of each is reported.
 """
@@ -27,7 +27,7 @@ from floorguard.core.request import Request
 from floorguard.core.surface import StoreCall
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.rig.local_redis import LocalRedis
-from floorguard.store.leases import SlotLeases
+from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 
@@ -71,8 +71,8 @@ async def _leased(leases: SlotLeases, n: int, tasks: int) -> float:
     async def worker() -> None:
         for _ in range(n // tasks):
             rid = str(next(ids))
-            assert await leases.acquire(0, rid, entitled=True) == ""
-            await leases.release(0, rid)
+            assert await leases.acquire_async(0, rid, entitled=True) == ""
+            await leases.release_async(0, rid)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(tasks)))
@@ -94,7 +94,7 @@ async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[
     guard = Guard(config, learner=AlwaysAdmit(), store=floor)
     lease_store = RedisCreditStore(url, prefix="bench-lease")
     leases = SlotLeases(
-        lease_store,
+        redis_lease_script(lease_store),
         backends=["http://bench"],
         capacity=[concurrency],
         replica="bench",

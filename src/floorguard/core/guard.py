@@ -19,7 +19,7 @@ from floorguard.core.contract import (
     ExcessPolicy,
     GuardConfig,
 )
-from floorguard.core.dispatcher import SlotPool, Ticket, create_dispatcher
+from floorguard.core.dispatcher import Ticket, create_dispatcher
 from floorguard.core.doom import DoomVerdict
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, consult
@@ -68,17 +68,14 @@ class Guard(Ledger):
         store: CreditStore | None = None,
         sink: Sink | None = None,
         started_at: float = 0.0,
-        slot_pool: SlotPool | None = None,
     ) -> None:
-        """`learner` None: the driver answers every learner ask itself (an HTTP callout).
-        `slot_pool`: the slots to dispatch into (default: `config.slots` of its own)."""
+        """`learner` None: the driver answers every learner ask itself (an HTTP callout)."""
         super().__init__(
             config,
             learner=learner,
             store=store if store is not None else MemoryCreditStore(),
             sink=sink,
             started_at=started_at,
-            slot_pool=slot_pool,
         )
         self._meter = ReservationMeter(config.meter)
         self._queue = create_dispatcher(config.dispatch)
@@ -322,6 +319,8 @@ class Guard(Ledger):
 
     def poll(self, now: float) -> list[Dispatch | Drop]:
         """Fill free slots from the queue, dropping (only) the provably doomed."""
+        if self._held_until:
+            self._lift_hold_offs(now)
         out: list[Dispatch | Drop] = []
         slots, queue, verdict_of = self._slots, self._queue, self._doom.verdict
         while slots.num_free > 0:

@@ -34,6 +34,10 @@ from floorguard.core.monitors import (
 )
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import (
+    LEASE_HOLD_OFF_MAX_S,
+    LEASE_HOLD_OFF_S,
+    LOCAL_LEASE,
+    NO_LEASE,
     Admission,
     Answer,
     Completion,
@@ -100,7 +104,6 @@ class Ledger:
         sink: Sink | None = None,
         started_at: float = 0.0,
         backlog_counts_class: bool = False,
-        slot_pool: SlotPool | None = None,
     ) -> None:
         self.config = config
         self.stats = GuardStats()
@@ -114,9 +117,13 @@ class Ledger:
         self._contracts = {c.tenant: c for c in config.contracts}
         self._learner = learner
         self._store = store
-        self._slots = slot_pool if slot_pool is not None else SlotPool(config.slots)
-        """This guard's slots; a fleet simulation hands replicas views of one shared pool
-        (leased slots, `sim.fleet`)."""
+        self._slots = SlotPool(config.slots)
+        self._down: set[int] = set()
+        """Backends the driver's health probe marked unavailable."""
+        self._held_until: dict[int, float] = {}
+        """Backends held off after a denied slot lease → until when (`lease_denied`)."""
+        self._denials: dict[int, int] = {}
+        """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
         """`L` and `s_max` of each admitted request (its ticket keeps them); the guard's
         doom gate."""
@@ -566,10 +573,78 @@ class Ledger:
     ) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot place a request again")
 
+    def next_wake_at(self) -> float | None:
+        """When the driver must call again without being asked: the next doom instant
+        (call `expire`), or the end of a hold-off (call `poll`); None: neither waits."""
+        doom = self.next_doom_at()
+        held = min(self._held_until.values(), default=None)
+        if doom is None or held is None:
+            return held if doom is None else doom
+        return min(doom, held)
+
+    def lease_denied(self, request_id: RequestId, now: float) -> None:
+        """The fleet had no slot lease for the request's start (leased slots, SPEC §13): it
+        waits again at the front of its queue (`no_lease`) and its backend is held off —
+        `LEASE_HOLD_OFF_S`, doubled for each denial there in a row up to
+        `LEASE_HOLD_OFF_MAX_S` — so the fleet's replicas do not spin on a full backend
+        (`next_wake_at` says when to poll again)."""
+        ticket = self._in_flight.get(request_id)
+        backend = ticket.backend if ticket is not None else -1
+        self.requeue(request_id, now, NO_LEASE)  # ProtocolError if not in flight
+        streak = self._denials.get(backend, 0)
+        self._denials[backend] = min(streak + 1, 16)  # the hold-off is capped long before
+        hold_off_s = min(LEASE_HOLD_OFF_S * 2**streak, LEASE_HOLD_OFF_MAX_S)
+        self._hold_off(backend, now + hold_off_s)
+
     def set_backend_available(self, backend: int, available: bool) -> None:
         """Whether `backend` may get new requests (the driver's health probe says). A down
         backend's slots are not offered; what runs there still ends normally."""
-        self._slots.set_available(backend, available)
+        if available:
+            self._down.discard(backend)
+        else:
+            self._down.add(backend)
+        self._slots.set_available(backend, available and backend not in self._held_until)
+
+    def _hold_off(self, backend: int, until: float) -> None:
+        """Offer `backend`'s slots to nothing until `until` (the first `poll` from then)."""
+        self._held_until[backend] = max(until, self._held_until.get(backend, until))
+        self._slots.set_available(backend, False)
+
+    def _lift_hold_offs(self, now: float) -> None:
+        for backend, until in list(self._held_until.items()):
+            if until <= now:
+                del self._held_until[backend]
+                self._slots.set_available(backend, backend not in self._down)
+
+    # -- what the driver tells the log about the fleet's shared parts ------------------------
+
+    def lease_granted(self, request_id: RequestId, now: float, *, local: bool = False) -> None:
+        """The fleet granted the in-flight request's slot lease: it starts (a `lease`
+        event; with leased slots, the fleet's SLOTS count starts here, not at dispatch).
+        `local`: granted by the fallback while the store was unreachable (the event says
+        so; `verify` judges fleet ORDER there conditionally)."""
+        ticket = self._in_flight.get(request_id)
+        if ticket is None:
+            raise ProtocolError(f"a lease for {request_id!r}, which is not in flight")
+        self._denials.pop(ticket.backend, None)
+        if self._sink is not None:
+            self._emit(
+                EventKind.LEASE,
+                ticket,
+                now,
+                backend=ticket.backend,
+                entitled=ticket.entitled,
+                reason=LOCAL_LEASE if local else None,
+            )
+
+    def store_changed(
+        self, now: float, state: str, tenant: str | None = None, window: int | None = None
+    ) -> None:
+        """The shared floor's state changed (`shared`, a fallback policy's name, or
+        `lost-state` for one tenant's window): a `store` event (`verify` judges AF in the
+        degraded periods as conditional on the store)."""
+        if self._sink is not None:
+            self._sink(TraceEvent(now, EventKind.STORE, tenant=tenant, window=window, reason=state))
 
     # -- views ------------------------------------------------------------------------------
 

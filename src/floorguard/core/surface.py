@@ -8,8 +8,12 @@ A driver (the simulator, the HTTP proxy, a real-backend run) speaks only this su
                                                        the stack's own store and learner)
     poll(now)                            -> [Dispatch | Drop, ...]
     expire(now) / next_doom_at()         (queued requests doomed by now, and when next)
-    requeue(id, now, reason)             (its backend was unreachable, or no fleet slot
-                                          lease: wait again)
+    next_wake_at()                       (when to call again unasked: a doom instant, or
+                                          a held-off backend's return)
+    requeue(id, now, reason)             (its backend was unreachable: wait again)
+    lease_granted / lease_denied(id, now) (leased slots: the fleet's answer for a start;
+                                          denied, it waits again and the backend is held off)
+    store_changed(now, state, …)         (the shared floor's state, for the log)
     on_first_token / on_complete / on_fail / on_abort
 
 Arrival is sans-IO: a stack never calls a remote store or a remote learner itself. It says
@@ -38,6 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_RETRY",
+    "LEASE_HOLD_OFF_MAX_S",
+    "LEASE_HOLD_OFF_S",
+    "LOCAL_LEASE",
+    "NO_LEASE",
     "WINDOW_BOUND",
     "Admission",
     "Answer",
@@ -76,6 +84,17 @@ WINDOW_BOUND = frozenset(
 """Refusals that no retry inside the same window can turn around: `retry_at` is the next
 window's start."""
 AUTO_RETRY = frozenset({RejectReason.QUEUE_FULL})
+
+NO_LEASE = "no_lease"
+"""A `requeue` event's reason when the fleet had no slot lease for the request: its
+`dispatch` never reached the backend."""
+LEASE_HOLD_OFF_S = 0.005
+"""How long a backend gets no new start after the fleet had no slot lease there; it
+doubles with each denial there in a row, up to `LEASE_HOLD_OFF_MAX_S`, and a lease granted
+there resets it (docs/replicas.md measures the choice on the fleet simulator)."""
+LEASE_HOLD_OFF_MAX_S = 0.02
+LOCAL_LEASE = "local"
+"""A `lease` event's reason when the lease was granted locally (the store unreachable)."""
 """Refusals a client's automatic retry may turn around (the queue drains); every other one
 is a decision a retry does not change (`x-should-retry: false` at the HTTP edge)."""
 
@@ -205,10 +224,16 @@ class Stack(Protocol):
     def poll(self, now: float) -> list[Dispatch | Drop]: ...
     def expire(self, now: float) -> list[Drop]: ...
     def next_doom_at(self) -> float | None: ...
+    def next_wake_at(self) -> float | None: ...
     def requeue(
         self, request_id: RequestId, now: float, reason: str = "backend_unreachable"
     ) -> None: ...
     def set_backend_available(self, backend: int, available: bool) -> None: ...
+    def lease_granted(self, request_id: RequestId, now: float, *, local: bool = False) -> None: ...
+    def lease_denied(self, request_id: RequestId, now: float) -> None: ...
+    def store_changed(
+        self, now: float, state: str, tenant: str | None = None, window: int | None = None
+    ) -> None: ...
     def on_first_token(self, request_id: RequestId, now: float) -> None: ...
     def on_complete(self, request_id: RequestId, now: float) -> Completion: ...
     def on_fail(self, request_id: RequestId, now: float, reason: str) -> None: ...

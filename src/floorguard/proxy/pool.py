@@ -30,7 +30,7 @@ from aiohttp import web
 
 from floorguard.clock import Clock
 from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
-from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import (
@@ -61,7 +61,7 @@ from floorguard.proxy.replies import (
     next_chunk,
 )
 from floorguard.proxy.status import guard_status
-from floorguard.store.leases import SlotLeases
+from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
@@ -75,10 +75,6 @@ log = logging.getLogger("floorguard.proxy")
 
 DECISION: web.RequestKey[str] = web.RequestKey("floorguard.decision", str)
 """The request's admission (`entitled` / `surplus`), kept on the aiohttp request."""
-
-
-_LEASE_RETRY_S = 0.005
-"""How long a backend is held off after the fleet had no lease for a start there."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +159,7 @@ class Pool:
         if config.store is not None and config.store.slots == "leased":
             assert self.shared_floor is not None
             self.leases = SlotLeases(
-                self.shared_floor.store,
+                redis_lease_script(self.shared_floor.store),
                 backends=[b.url.rstrip("/") for b in config.backends],
                 capacity=[b.slots for b in config.backends],
                 replica=edge.replica,
@@ -216,15 +212,13 @@ class Pool:
     def _on_store_change(self, state: str, now: float) -> None:
         """The decision log marks the shared floor's degraded periods (`verify` judges AF
         in them as conditional on the store)."""
-        self._on_event(TraceEvent(now, EventKind.STORE, reason=state))
+        self.guard.store_changed(now, state)
         log.warning("shared floor%s: %s", self._of(), state)
 
     def _on_lost_state(self, tenant: str, window: int, now: float) -> None:
         """Redis lost `tenant`'s count in `window` (it restarted empty): the window is
         closed to fresh takes fleet-wide; the log says so (AF there is conditional)."""
-        self._on_event(
-            TraceEvent(now, EventKind.STORE, tenant=tenant, window=window, reason="lost-state")
-        )
+        self.guard.store_changed(now, "lost-state", tenant, window)
         log.warning(
             "shared floor%s: Redis lost %s's count in window %d", self._of(), tenant, window
         )
@@ -557,46 +551,26 @@ class Pool:
 
     async def _leased_slot(self, rid: str, decision: Dispatch, entitled: bool) -> bool:
         """With fleet-wide leases, take one for the slot the guard chose; without one the
-        request waits again (`no_lease`) and the backend is held off for `_LEASE_RETRY_S`,
-        so the pump does not spin on it. True when the request may start."""
+        guard puts the request back (`no_lease`) and holds the backend off, so the pump
+        does not spin on it. True when the request may start."""
         if self.leases is None:
             return True
         taking = asyncio.ensure_future(
-            self.leases.acquire(decision.backend, rid, entitled=entitled)
+            self.leases.acquire_async(decision.backend, rid, entitled=entitled)
         )
         try:
             why = await asyncio.shield(taking)
         except asyncio.CancelledError:  # the client went away: give back what it may get
             self._leased[rid] = (decision.backend, taking)
             raise
+        now = self.clock.now()
         if not why:
             self._leased[rid] = (decision.backend, None)
-            request = decision.request
-            self._on_event(
-                TraceEvent(
-                    self.clock.now(),
-                    EventKind.LEASE,
-                    rid,
-                    request.tenant,
-                    self.contracts[request.tenant].cls,
-                    backend=decision.backend,
-                    entitled=entitled,
-                )
-            )
+            local = self.leases.is_local(decision.backend, rid)
+            self.guard.lease_granted(rid, now, local=local)
             return True
-        self.guard.requeue(rid, self.clock.now(), "no_lease")
-        self._hold_off(decision.backend)
+        self.guard.lease_denied(rid, now)  # its next turn's pump arms the hold-off's end
         return False
-
-    def _hold_off(self, backend: int) -> None:
-        self.guard.set_backend_available(backend, False)
-
-        def lift() -> None:
-            if self.health.healthy[backend]:
-                self.guard.set_backend_available(backend, True)
-            self.pump.pump()
-
-        asyncio.get_running_loop().call_later(_LEASE_RETRY_S, lift)
 
     def _release_lease(self, rid: str) -> None:
         """Give a request's lease back (it ended, or its backend was unreachable); the
@@ -611,7 +585,7 @@ class Pool:
         async def release() -> None:
             if taking is not None:
                 await asyncio.wait([taking])  # the lease it was taking, if granted
-            await leases.release(backend, rid, waiting)
+            await leases.release_async(backend, rid, waiting)
             self.pump.pump()
 
         task = asyncio.get_running_loop().create_task(release())

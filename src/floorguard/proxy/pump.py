@@ -2,8 +2,9 @@
 
 A waiting request awaits its turn (`turn`); whenever the stack's state changes the driver
 calls `pump`, which fills freed slots (`poll`) and hands each decision to the request it
-is about, and a timer fires at the stack's next doom instant (`next_doom_at`, then
-`expire`), so a queued request is dropped the moment it is doomed, not when a slot frees.
+is about, and a timer fires at the stack's next wake-up (`next_wake_at`: `expire`, then
+`poll`), so a queued request is dropped the moment it is doomed, not when a slot frees, and
+a backend held off after a denied slot lease gets its next start when the hold-off ends.
 The HTTP guard and the real-backend experiments run their stacks through this one loop.
 """
 
@@ -47,8 +48,8 @@ class Pump:
             self._waiters.pop(request_id, None)
 
     def pump(self) -> None:
-        """Hand freed slots to waiting requests (the stack decides who) and keep the doom
-        timer on the earliest queued request's doom instant."""
+        """Hand freed slots to waiting requests (the stack decides who) and keep the timer
+        on the stack's next wake-up."""
         self._resolve(self.stack.poll(self.clock.now()))
         self._arm()
 
@@ -64,7 +65,7 @@ class Pump:
                 waiter.set_result(decision)
 
     def _arm(self) -> None:
-        at = self.stack.next_doom_at()
+        at = self.stack.next_wake_at()
         if at is None or at >= self._timer_at:
             return
         if self._timer is not None:
@@ -76,4 +77,4 @@ class Pump:
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, math.inf
         self._resolve(self.stack.expire(self.clock.now()))
-        self._arm()
+        self.pump()

@@ -2,13 +2,14 @@
 `M` backends of `C` slots, `T` assured tenants, behind a load balancer that may be skewed.
 
 Every replica is the shipped `Guard`; the store is the shipped `SharedFloor` policy over a
-simulated Redis (`store/simulated.py`: `acquire.lua`'s semantics on the virtual clock, held
-to the real script by a differential test; a configurable round trip, and an outage window
-during which every call fails). Slots are either
-*partitioned* — each replica owns `M/R` whole backends (C slots each) — or *leased*: every
-replica dispatches into one fleet-wide pool, and a replica starts an opportunistic request
-only while no other replica has a floor-entitled request waiting (the waiting board of
-`store/lease.lua`, with no round trip). The decision logs of all replicas pass
+simulated Redis (`store/simulated.py`: `acquire.lua`'s and `lease.lua`'s semantics on the
+virtual clock, held to the real scripts by differential tests; a configurable round trip,
+and an outage window during which every call fails). Slots are either *partitioned* — each
+replica owns `M/R` whole backends (C slots each) — or *leased*: every replica's guard
+offers every backend's `C` slots, and each start first takes a lease through the shipped
+`SlotLeases` policy (the waiting board, the `⌊C/N⌋` fallback while the store is down); a
+start the fleet has no lease for waits again (`no_lease`) and its backend is held off, as
+the guard core decides for the HTTP guard. The decision logs of all replicas pass
 `check_fleet` (AF across replicas, SLOTS per backend across replicas, and ORDER across
 replicas when leased).
 """
@@ -22,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
@@ -35,8 +36,7 @@ from floorguard.core.contract import (
     QueueLimits,
     WindowSchedule,
 )
-from floorguard.core.dispatcher import SlotPool
-from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
 from floorguard.core.request import Request, RequestId
@@ -47,12 +47,15 @@ from floorguard.profiles import get_profile
 from floorguard.sim.backend import SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.targets import saturated_capacity
+from floorguard.store.base import Plan, StoreUnavailable
+from floorguard.store.leases import LeaseCall, LeaseReply, SlotLeases
 from floorguard.store.shared import SharedFloor, Unavailable
 from floorguard.store.simulated import SimulatedRedis
 
 __all__ = ["Fleet", "FleetResult", "SlotMode", "fleet_figure", "simulate_fleet"]
 
 SlotMode = Literal["partition", "leased"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,10 @@ class Fleet:
     store_rtt_s: float = 0.0005
     """The floor store's round trip: an assured decision lands this long after arrival."""
     store_outage: tuple[float, float] | None = None
-    """Redis unreachable during [start, end) seconds: replicas fall back to fail-static."""
+    """Redis unreachable during [start, end) seconds: replicas fall back to fail-static
+    (the floor) and to `⌊C/N⌋` local leases per backend (leased slots)."""
+    lease_ttl_s: float = 2.0
+    """The slot leases' expiry (`store.lease_ttl_s`); renewed every quarter of it."""
     duration_s: float = 12.0
     deadline_ms: float = 1820.0
     tokens: int = 16
@@ -115,6 +121,12 @@ class FleetResult:
     conditional: int = 0
     checked_peak: int = 0
     """The most in flight at one backend as `check_fleet` counted it from the logs."""
+    lease_calls: int = 0
+    """Runs of the lease script (acquire, release, renew) by every replica."""
+    no_lease: int = 0
+    """Starts the fleet had no lease for (each waited again, its backend held off)."""
+    local_grants: int = 0
+    """Leases granted locally (the `⌊C/N⌋` fallback) while the store was down."""
     wall_s: float = 0.0
 
     @property
@@ -134,78 +146,6 @@ def _mu_sat(profile: str, tokens: int, slots: int) -> float:
     return saturated_capacity(get_profile(profile), tokens, slots)[0]
 
 
-class FleetSlots:
-    """One pool of every backend's `C` slots, shared by the replicas' views."""
-
-    def __init__(self, slots: Sequence[int]) -> None:
-        self.capacity = tuple(slots)
-        self.free = list(slots)
-        self.total_free = sum(slots)
-        self._by_free: list[set[int]] = [set() for _ in range(max(slots) + 1)]
-        for backend, c in enumerate(slots):
-            self._by_free[c].add(backend)
-
-    def take(self) -> int:
-        """The backend with the most free slots (spreads load; never past its `C`)."""
-        for count in range(len(self._by_free) - 1, 0, -1):
-            if self._by_free[count]:
-                backend = next(iter(self._by_free[count]))
-                self._move(backend, -1)
-                return backend
-        raise RuntimeError("take() with no free slot")
-
-    def give(self, backend: int) -> None:
-        self._move(backend, +1)
-
-    def _move(self, backend: int, delta: int) -> None:
-        self._by_free[self.free[backend]].discard(backend)
-        self.free[backend] += delta
-        self._by_free[self.free[backend]].add(backend)
-        self.total_free += delta
-
-
-class LeasedSlots(SlotPool):
-    """A replica's view of the fleet's pool: free slots are the fleet's, but only for a
-    floor-entitled start while another replica has an entitled request waiting (the lease
-    script's rule, with no round trip: the replica's own entitled requests come first in
-    its queue, so while it has one queued its next start is entitled)."""
-
-    def __init__(
-        self, fleet: FleetSlots, own_waiting: Callable[[], int], others_waiting: Callable[[], bool]
-    ) -> None:
-        self._fleet = fleet
-        self.capacity = fleet.capacity
-        self._own_waiting = own_waiting
-        self._others_waiting = others_waiting
-
-    @property
-    def num_free(self) -> int:
-        """The pool's attribute, computed for this view (never set)."""
-        free = self._fleet.total_free
-        if free and not self._own_waiting() and self._others_waiting():
-            return 0
-        return free
-
-    @num_free.setter
-    def num_free(self, value: int) -> None:  # pragma: no cover
-        raise AttributeError("a view's free slots are the fleet's")
-
-    def acquire(self) -> int:
-        return self._fleet.take()
-
-    def release(self, backend: int) -> None:
-        self._fleet.give(backend)
-
-    def set_available(self, backend: int, available: bool) -> None:  # pragma: no cover
-        raise NotImplementedError("the fleet simulation keeps every backend up")
-
-    def acquire_on(self, backend: int) -> None:  # pragma: no cover
-        raise NotImplementedError("leased slots are taken by the pool's own choice")
-
-    def in_flight(self, backend: int) -> int:
-        return self.capacity[backend] - self._fleet.free[backend]
-
-
 class _FleetSimulation:
     def __init__(self, fleet: Fleet, seed: int) -> None:
         self.fleet = fleet
@@ -217,14 +157,23 @@ class _FleetSimulation:
             create_backend(profile, fleet.slots, r) for r in rng.spawn(fleet.backends)
         ]
         self._versions = [0] * fleet.backends
-        self.busy_s = 0.0
+        self.running = [0] * fleet.backends
+        """Requests in flight on each backend, fleet-wide."""
         self.peak = 0
         self.schedule = WindowSchedule(1.0)
-        redis_ = SimulatedRedis(outage=fleet.store_outage)
+        self.redis = SimulatedRedis(outage=fleet.store_outage)
         self.logs: list[list[TraceEvent]] = [[] for _ in range(fleet.replicas)]
-        self.floors = [
-            SharedFloor(
-                redis_.client(f"r{replica}"),  # type: ignore[arg-type]  # the script, simulated
+        per = fleet.backends // fleet.replicas
+        self.owned = (
+            [list(range(r * per, (r + 1) * per)) for r in range(fleet.replicas)]
+            if fleet.slot_mode == "partition"
+            else [list(range(fleet.backends)) for _ in range(fleet.replicas)]
+        )
+        self.floors: list[SharedFloor] = []
+        self.guards: list[Guard] = []
+        for replica in range(fleet.replicas):
+            floor = SharedFloor(
+                self.redis.client(f"r{replica}"),  # type: ignore[arg-type]  # simulated
                 policy=Unavailable.FAIL_STATIC,
                 replicas=fleet.replicas,
                 retry_s=0.5,
@@ -233,34 +182,20 @@ class _FleetSimulation:
                 backoff_s=0.0,
                 on_change=self._marker(replica),
             )
-            for replica in range(fleet.replicas)
-        ]
-        self.pool = FleetSlots([fleet.slots] * fleet.backends)
-        per = fleet.backends // fleet.replicas
-        self.owned = (
-            [list(range(r * per, (r + 1) * per)) for r in range(fleet.replicas)]
-            if fleet.slot_mode == "partition"
-            else [list(range(fleet.backends)) for _ in range(fleet.replicas)]
-        )
-        self.guards = [self._guard(r) for r in range(fleet.replicas)]
-        self._classes = {c.tenant: c.cls for c in self.guards[0].config.contracts}
+            self.floors.append(floor)
+            self.guards.append(self._guard(replica, floor))
+        self.leases = [self._leases(r) for r in range(fleet.replicas)]
         self.owner: dict[RequestId, int] = {}
         self.learner = AlwaysAdmit()
-        self._others_waiting = False
-        """While one replica polls: whether another has a floor-entitled request waiting
-        (their queues do not change during its poll)."""
-        self._entitled_at: set[int] = set()
-        """Replicas with a floor-entitled request queued (kept by the driver, which sees
-        every admission and start)."""
-        self._turn = 0
+        self._wake_at = [math.inf] * fleet.replicas
+        self.lease_calls = 0
+        self.no_lease = 0
 
     def _marker(self, replica: int) -> Callable[[str, float], None]:
         """The replica's log marks its store's degraded periods, as the HTTP guard's does."""
-        return lambda state, now: self.logs[replica].append(
-            TraceEvent(now, EventKind.STORE, reason=state)
-        )
+        return lambda state, now: self.guards[replica].store_changed(now, state)
 
-    def _guard(self, replica: int) -> Guard:
+    def _guard(self, replica: int, floor: SharedFloor) -> Guard:
         fleet = self.fleet
         mine = self.owned[replica]
         contracts = [
@@ -282,25 +217,29 @@ class _FleetSimulation:
             backend_capacity=tuple(fleet.slots for _ in mine),
             slot_leases=fleet.slot_mode == "leased",
         )
-        pool = None
-        if fleet.slot_mode == "leased":
-            pool = LeasedSlots(
-                self.pool,
-                lambda: self.guards[replica].num_queued_entitled,
-                lambda: self._others_waiting,
-            )
-        return Guard(
-            config,
-            learner=None,
-            store=self.floors[replica],
-            sink=self.logs[replica].append,
-            slot_pool=pool,
+        return Guard(config, learner=None, store=floor, sink=self.logs[replica].append)
+
+    def _leases(self, replica: int) -> SlotLeases | None:
+        """The shipped lease policy over the simulated Redis, on the virtual clock."""
+        fleet = self.fleet
+        if fleet.slot_mode != "leased":
+            return None
+        guard = self.guards[replica]
+        return SlotLeases(
+            None,  # the simulation drives the plans over the simulated Redis
+            backends=[f"b{b}" for b in range(fleet.backends)],
+            capacity=[fleet.slots] * fleet.backends,
+            replica=f"r{replica}",
+            replicas=fleet.replicas,
+            ttl_s=fleet.lease_ttl_s,
+            waiting=lambda: guard.num_queued_entitled,
+            clock=lambda: self.engine.now,
         )
 
     # -- arrivals -------------------------------------------------------------------------
 
     def offer(self) -> int:
-        """Schedule every arrival; return how many."""
+        """Schedule every arrival (and the leases' renewals); return how many."""
         fleet, rng = self.fleet, self.rng
         weights = np.array([(r + 1.0) ** -fleet.skew for r in range(fleet.replicas)])
         weights /= weights.sum()
@@ -328,6 +267,9 @@ class _FleetSimulation:
                 for n, ((at, tenant), r) in enumerate(zip(arrivals, replicas, strict=True))
             ],
         )
+        for replica, leases in enumerate(self.leases):
+            if leases is not None:
+                self.engine.schedule(leases.ttl_s / 4, Priority.ARRIVAL, self.on_renew, replica)
         return len(arrivals)
 
     def on_arrival(self, payload: tuple[int, Request], now: float) -> None:
@@ -356,70 +298,94 @@ class _FleetSimulation:
         if need is not None:  # a learner ask: the surplus learner answers at once
             answer = consult(self.learner, need.request, need.cls, need.load, now)  # type: ignore[union-attr]
             guard.continue_arrival(pending, now, answer)
-        if guard.num_queued_entitled:
-            self._entitled_at.add(replica)
-        self._dispatch([replica], now)
+        self._poll(replica, now)
 
-    # -- dispatch and completion ----------------------------------------------------------
-
-    def _dispatch(self, replicas: Sequence[int], now: float) -> None:
-        """Hand free slots out. Partition: poll the given replicas (each owns its slots).
-        Leased: replicas with a floor-entitled request waiting first (the order the waiting
-        board gives freed slots), then the others in turn, until the fleet has none free."""
-        if self.fleet.slot_mode == "partition":
-            for replica in replicas:
-                self._poll(replica, now)
-            return
-        if not self.pool.total_free:
-            return  # every slot of the fleet busy: arrivals queue, nothing to start
-        for replica in sorted(self._entitled_at):
-            self._others_waiting = len(self._entitled_at) > 1
-            self._poll(replica, now)
-            if not self.pool.total_free:
-                return
-        self._others_waiting = bool(self._entitled_at)
-        count = len(self.guards)
-        for step in range(count):
-            if not self.pool.total_free or self._others_waiting:
-                break
-            replica = (self._turn + step) % count
-            self._poll(replica, now)
-        self._turn = (self._turn + 1) % count
+    # -- dispatch, leases and completion ----------------------------------------------------
 
     def _poll(self, replica: int, now: float) -> None:
-        guard = self.guards[replica]
-        touched: set[int] = set()
-        leased = self.fleet.slot_mode == "leased"
+        """The replica's pump: fill its slots; with leased slots each start first takes a
+        lease (the shipped `SlotLeases` plan, the script run when sent and its answer a
+        store round trip later); then keep the wake-up on the guard's `next_wake_at`."""
+        guard, leases = self.guards[replica], self.leases[replica]
         for decision in guard.poll(now):
-            if type(decision) is Dispatch:
-                backend = self.owned[replica][decision.backend]
-                self.backends[backend].join(decision.request, now)
-                touched.add(backend)
-                if leased:  # the pool's slot is its lease (no round trip here)
-                    request = decision.request
-                    self.logs[replica].append(
-                        TraceEvent(
-                            now,
-                            EventKind.LEASE,
-                            request.request_id,
-                            request.tenant,
-                            self._classes[request.tenant],
-                            backend=decision.backend,
-                            entitled=decision.entitled,
-                        )
-                    )
-        if not guard.num_queued_entitled:
-            self._entitled_at.discard(replica)
-        for backend in touched:
-            self.peak = max(self.peak, self.fleet.slots - self._free(backend))
-            self._reschedule(backend)
+            if type(decision) is not Dispatch:
+                continue
+            if leases is None:
+                self._start(replica, decision, now)
+                continue
+            request = decision.request
+            plan = leases.plan_acquire(
+                decision.backend, str(request.request_id), entitled=decision.entitled
+            )
+            reply = self._lease_call(next(plan))
+            self.engine.schedule(
+                now + self.fleet.store_rtt_s,
+                Priority.ARRIVAL,
+                self.on_lease,
+                (replica, decision, plan, reply),
+            )
+        self._arm(replica)
 
-    def _free(self, backend: int) -> int:
-        if self.fleet.slot_mode == "leased":
-            return self.pool.free[backend]
-        replica = backend // (self.fleet.backends // self.fleet.replicas)
-        local = self.owned[replica].index(backend)
-        return self.fleet.slots - self.guards[replica].in_flight_on(local)
+    def on_lease(self, payload: tuple[int, Dispatch, Plan[str], object], now: float) -> None:
+        replica, decision, plan, reply = payload
+        why = self._finish_plan(plan, reply)
+        guard, rid = self.guards[replica], decision.request.request_id
+        if why:
+            guard.lease_denied(rid, now)
+            self.no_lease += 1
+        else:
+            leases = self.leases[replica]
+            assert leases is not None
+            guard.lease_granted(rid, now, local=leases.is_local(decision.backend, str(rid)))
+            self._start(replica, decision, now)
+        self._poll(replica, now)
+
+    def _finish_plan(self, plan: Plan[_T], reply: object = None) -> _T:
+        """Send a call's reply (None: start the plan); run every further call the plan
+        asks for at once (a release, a renewal, the leases restored after an outage)."""
+        answer = reply
+        while True:
+            try:
+                call = plan.send(answer)
+            except StopIteration as done:
+                return cast(_T, done.value)
+            answer = self._lease_call(call)
+
+    def _lease_call(self, call: LeaseCall) -> LeaseReply | StoreUnavailable:
+        self.lease_calls += 1
+        try:
+            return self.redis.client(call.replica).lease(call)
+        except StoreUnavailable as exc:
+            return exc
+
+    def _arm(self, replica: int) -> None:
+        """One wake-up per replica at its guard's `next_wake_at` (a held-off backend)."""
+        at = self.guards[replica].next_wake_at()
+        if at is None or at >= self._wake_at[replica]:
+            return
+        self._wake_at[replica] = at
+        self.engine.schedule(max(at, self.engine.now), Priority.ARRIVAL, self.on_wake, replica)
+
+    def on_wake(self, replica: int, now: float) -> None:
+        if now < self._wake_at[replica]:
+            return  # superseded by an earlier one that already ran
+        self._wake_at[replica] = math.inf
+        self._poll(replica, now)
+
+    def on_renew(self, replica: int, now: float) -> None:
+        leases = self.leases[replica]
+        assert leases is not None
+        self._finish_plan(leases.plan_renew())
+        guard = self.guards[replica]
+        if now < self.fleet.duration_s or guard.num_in_flight or guard.num_queued:
+            self.engine.schedule(now + leases.ttl_s / 4, Priority.ARRIVAL, self.on_renew, replica)
+
+    def _start(self, replica: int, decision: Dispatch, now: float) -> None:
+        backend = self.owned[replica][decision.backend]
+        self.backends[backend].join(decision.request, now)
+        self.running[backend] += 1
+        self.peak = max(self.peak, self.running[backend])
+        self._reschedule(backend)
 
     def _reschedule(self, backend: int) -> None:
         self._versions[backend] += 1
@@ -436,10 +402,16 @@ class _FleetSimulation:
         owners = []
         for request_id in self.backends[backend].complete_due(now):
             replica = self.owner.pop(request_id)
-            self.guards[replica].on_complete(request_id, now)
+            self.running[backend] -= 1
+            leases = self.leases[replica]
+            if leases is not None:  # the release carries the count as of the end
+                local = self.owned[replica].index(backend)
+                self._finish_plan(leases.plan_release(local, str(request_id), leases.waiting()))
+            self.guards[replica].finish(request_id, now, "complete")
             owners.append(replica)
         self._reschedule(backend)
-        self._dispatch(owners, now)
+        for replica in dict.fromkeys(owners):
+            self._poll(replica, now)
 
 
 def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> FleetResult:
@@ -484,6 +456,9 @@ def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> Fleet
         [f"{v.prop}: {v.message}" for v in report.failed()[:5]] if report is not None else [],
         len(report.conditional) if report is not None else 0,
         max(report.fleet_peak_in_flight.values(), default=0) if report is not None else 0,
+        sim.lease_calls,
+        sim.no_lease,
+        sum(leases.local_grants for leases in sim.leases if leases is not None),
         wall_s,
     )
 

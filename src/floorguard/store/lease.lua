@@ -5,11 +5,11 @@
 -- KEYS[2]  the backend's waiting board: a hash, field = replica, value = "<count>|<expiry>":
 --          how many floor-entitled requests that replica has waiting for a slot here
 --          (both keys share one hash tag: one Redis Cluster slot)
--- ARGV     1 op: "acquire", "release" or "renew"
+-- ARGV     1 op: "acquire", "release", "renew" or "restore"
 --          2 capacity C (acquire), 3 ttl_s, 4 replica, 5 waiting (this replica's entitled
 --          requests queued, not counting the one acquiring),
 --          6 entitled (0/1, acquire), 7 now: "" to read the Redis server's clock (TIME),
---          or the caller's time (s), 8.. members (acquire: one; release, renew: any)
+--          or the caller's time (s), 8.. members (acquire: one; the others: any)
 -- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string)}
 --
 -- acquire grants iff fewer than C leases are live and, for a request that is not
@@ -17,7 +17,8 @@
 -- (fleet-wide assured-first). A denied entitled request counts itself as waiting, in the
 -- same call, so the others stop starting opportunistic requests here at once. Leases not
 -- renewed within ttl_s expire: a dead replica's slots come back within ttl_s of its last
--- renewal.
+-- renewal. restore puts leases back whatever the count (a replica that held them while
+-- Redis was unreachable: they run, whether granted locally or expired meanwhile).
 
 local op = ARGV[1]
 local capacity = tonumber(ARGV[2])
@@ -68,6 +69,10 @@ elseif op == 'release' then
 elseif op == 'renew' then
   for i = 8, #ARGV do
     redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
+  end
+elseif op == 'restore' then
+  for i = 8, #ARGV do
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
   end
 end
 

@@ -11,32 +11,94 @@ request counts itself), so the board is current after each decision, and a renew
 renewing: its leases expire within `ttl_s` of its last renewal (≤ `1.25 · ttl_s` after it
 died), and its board entry with them.
 
-When Redis cannot be reached the leases fall back to the partition: a replica grants at
-most `⌊C/N⌋` locally on each backend (the fleet stays within `C`), until Redis answers.
+When Redis cannot be reached, a replica keeps the slots it held: on each backend it grants
+a local lease only while it holds fewer there than it held when it lost Redis (it reuses
+its own slots as its requests end; it takes none of another replica's). The fleet stays
+within `C`: the holdings summed to at most `C` when Redis was lost, and none grows. (A
+partition, `⌊C/N⌋` each, would not: a replica that held more than its share when Redis
+was lost still runs those requests while the others take their shares — the fleet
+simulator found this, `docs/replicas.md`.) When Redis answers again the replica puts every
+lease it holds back (`restore`: those granted locally, and those that expired with no
+renewal reaching Redis), so the count is whole again; until every replica has, within
+`ttl_s / 4` of Redis's return, a backend may briefly run more than `C`.
+
+The policy is I/O-free, as `SharedFloor`'s is: each operation is a `Plan` that yields
+`LeaseCall`s (one run of the script each) and returns its answer. The HTTP guard runs the
+plans through `redis_lease_script(store)` (the async shells here); the fleet simulator
+drives them itself over a simulated Redis's `lease` (`store/simulated.py`, on the virtual
+clock, its answer a round trip later), so both run the same policy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import NamedTuple, cast
 
-from floorguard.store.base import StoreUnavailable
+from floorguard.store.base import Plan, StoreUnavailable, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 
-__all__ = ["SlotLeases"]
+__all__ = ["LeaseCall", "LeaseReply", "SlotLeases", "redis_lease_script"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("lease.lua").read_text()
 log = logging.getLogger("floorguard.leases")
 
 
+class LeaseCall(NamedTuple):
+    """One run of `lease.lua` on one backend, in the script's argument order."""
+
+    backend: str
+    """The backend's fleet-wide name (its URL): the keys hang off it."""
+    op: str
+    """`acquire`, `release` or `renew`."""
+    capacity: int
+    ttl_s: float
+    replica: str
+    waiting: int
+    """This replica's entitled requests waiting (not counting the one acquiring)."""
+    entitled: bool
+    members: tuple[str, ...]
+    now: float | None
+    """The caller's clock; None: the script reads the Redis server's (`TIME`)."""
+
+
+class LeaseReply(NamedTuple):
+    granted: bool
+    reason: str
+    """Why not: `full` (C leases live) or `order` (another replica's entitled request
+    waits); '' when granted (or for release and renew)."""
+    in_use: int
+
+
+LeaseScript = Callable[[LeaseCall], Awaitable[LeaseReply]]
+"""Runs one `LeaseCall`: its `LeaseReply`, or `StoreUnavailable`."""
+
+
+def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
+    """`lease.lua` on `store`'s Redis (its asyncio pool and timeouts)."""
+    script = store.register_async(SCRIPT)
+    prefix = store.prefix
+
+    async def run(call: LeaseCall) -> LeaseReply:
+        key = f"{prefix}:slots:{{{call.backend}}}"
+        args = [call.op, call.capacity, repr(call.ttl_s), call.replica, call.waiting]
+        now = "" if call.now is None else repr(call.now)
+        reply = await script(
+            keys=[key, f"{key}:wait"], args=[*args, int(call.entitled), now, *call.members]
+        )
+        granted, reason, in_use, *_ = reply
+        why = reason.decode() if isinstance(reason, bytes) else str(reason)
+        return LeaseReply(bool(granted), why, int(in_use))
+
+    return run
+
+
 class SlotLeases:
     def __init__(
         self,
-        store: RedisCreditStore,
+        script: LeaseScript | None,
         *,
         backends: Sequence[str],
         capacity: Sequence[int],
@@ -44,98 +106,158 @@ class SlotLeases:
         replicas: int,
         ttl_s: float = 2.0,
         waiting: Callable[[], int],
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self.script = script
+        """The script the async shells run the plans through; None: a driver runs the plans
+        itself (the fleet simulator, over a simulated Redis's `lease`)."""
         self.backends = list(backends)
         self.capacity = list(capacity)
         self.replica = replica
         self.replicas = replicas
+        """The live replica count: the fallback grants `⌊C / replicas⌋` per backend."""
         self.ttl_s = ttl_s
         self._waiting = waiting
         """This replica's floor-entitled requests queued (the guard's count)."""
-        self._script = store.register_async(SCRIPT)
-        self._prefix = store.prefix
+        self._clock = clock
+        """The caller's clock for the script (a simulation); None: the Redis server's."""
         self.held: list[dict[str, bool]] = [{} for _ in backends]
         """Per backend: the leases this replica holds (request → through Redis or local)."""
         self.denied: dict[str, int] = {"full": 0, "order": 0}
         self.taking_entitled = 0
         """Entitled requests of this replica whose lease call is in flight: they wait too."""
         self.local_grants = 0
+        self._kept: list[int] | None = None
+        """While Redis is unreachable: the leases held on each backend when it was lost, the
+        most this replica may hold there until Redis answers; None while it answers."""
 
-    def _keys(self, backend: int) -> list[str]:
-        key = f"{self._prefix}:slots:{{{self.backends[backend]}}}"
-        return [key, f"{key}:wait"]
-
-    def _member(self, request_id: str) -> str:
-        return f"{self.replica}|{request_id}"
+    def is_local(self, backend: int, request_id: str) -> bool:
+        """Whether the request's lease on `backend` was granted locally (store down)."""
+        return self.held[backend].get(request_id) is False
 
     def waiting(self) -> int:
         """This replica's floor-entitled requests waiting for a slot: queued, or taking a
         lease (the one a call is for is counted by the script if it is denied)."""
         return self._waiting() + self.taking_entitled
 
-    async def _call(
-        self,
-        backend: int,
-        op: str,
-        *members: str,
-        entitled: bool = False,
-        waiting: int | None = None,
-    ) -> list[Any]:
-        count = self.waiting() if waiting is None else waiting
-        args = [op, self.capacity[backend], repr(self.ttl_s), self.replica, count, int(entitled)]
-        reply: list[Any] = await self._script(
-            keys=self._keys(backend),
-            args=[*args, "", *members],  # "": the Redis clock
-        )
-        return reply
+    # -- the policy, without I/O ------------------------------------------------------------
 
-    async def acquire(self, backend: int, request_id: str, *, entitled: bool) -> str:
+    def _call(
+        self, backend: int, op: str, *members: str, entitled: bool = False, waiting: int
+    ) -> LeaseCall:
+        now = None if self._clock is None else self._clock()
+        return LeaseCall(
+            self.backends[backend],
+            op,
+            self.capacity[backend],
+            self.ttl_s,
+            self.replica,
+            waiting,
+            entitled,
+            members,
+            now,
+        )
+
+    def _member(self, request_id: str) -> str:
+        return f"{self.replica}|{request_id}"
+
+    def plan_acquire(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
         """'' when the request may start on `backend` (it holds a lease), else why not:
-        `full` (C leases live) or `order` (another replica's entitled request waits)."""
-        others = self.waiting()
+        `full` or `order`. Redis unreachable: a local lease while this replica holds fewer
+        there than it did when Redis was lost."""
+        call = self._call(
+            backend, "acquire", self._member(request_id), entitled=entitled, waiting=self.waiting()
+        )
         self.taking_entitled += entitled
         try:
-            granted, reason, *_ = await self._call(
-                backend, "acquire", self._member(request_id), entitled=entitled, waiting=others
-            )
-        except StoreUnavailable:
-            if len(self.held[backend]) >= self.capacity[backend] // self.replicas:
+            reply = yield call
+        finally:
+            self.taking_entitled -= entitled
+        if isinstance(reply, StoreUnavailable):
+            kept = self._lost()
+            if len(self.held[backend]) >= kept[backend]:
                 self.denied["full"] += 1
                 return "full"
             self.held[backend][request_id] = False
             self.local_grants += 1
             return ""
-        finally:
-            self.taking_entitled -= entitled
-        if granted:
+        yield from self._answered()
+        if reply.granted:
             self.held[backend][request_id] = True
             return ""
-        why = reason.decode() if isinstance(reason, bytes) else str(reason)
-        self.denied[why] = self.denied.get(why, 0) + 1
-        return why
+        self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
+        return cast(str, reply.reason)
 
-    async def release(self, backend: int, request_id: str, waiting: int | None = None) -> None:
+    def _lost(self) -> list[int]:
+        if self._kept is None:
+            self._kept = [len(held) for held in self.held]
+            log.warning("slot leases: Redis unreachable; keeping the slots held: %s", self._kept)
+        return self._kept
+
+    def _answered(self) -> Plan[None]:
+        """Redis answered: after an outage, put every lease held back in it."""
+        if self._kept is None:
+            return
+        self._kept = None
+        for backend, held in enumerate(self.held):
+            if not held:
+                continue
+            members = [self._member(r) for r in held]
+            reply = yield self._call(backend, "restore", *members, waiting=self.waiting())
+            if isinstance(reply, StoreUnavailable):
+                self._lost()
+                return
+            for request_id in held:
+                held[request_id] = True
+        log.warning("slot leases: Redis answers again; the leases held are restored")
+
+    def plan_release(self, backend: int, request_id: str, waiting: int | None = None) -> Plan[None]:
         """Give the lease back (a request that ended); a failed call leaves it to expire.
         `waiting`: this replica's entitled count as of the end (the caller takes it before
         its own queue moves on, so the freed slot is not taken by another replica's
         opportunistic request ahead of this replica's entitled one)."""
         if self.held[backend].pop(request_id, None) is None:
             return
-        with contextlib.suppress(StoreUnavailable):
-            await self._call(backend, "release", self._member(request_id), waiting=waiting)
+        count = self.waiting() if waiting is None else waiting
+        reply = yield self._call(backend, "release", self._member(request_id), waiting=count)
+        if not isinstance(reply, StoreUnavailable):
+            yield from self._answered()
+
+    def plan_renew(self) -> Plan[None]:
+        """Renew this replica's leases and waiting-board entry on every backend."""
+        for backend in range(len(self.backends)):
+            members = [self._member(r) for r, shared in self.held[backend].items() if shared]
+            reply = yield self._call(backend, "renew", *members, waiting=self.waiting())
+            if isinstance(reply, StoreUnavailable):
+                if self._kept is None:
+                    log.warning(
+                        "slot leases: renewal on %s failed: %s", self.backends[backend], reply
+                    )
+                self._lost()
+            else:
+                yield from self._answered()
+
+    # -- the shells (the HTTP guard's event loop) ---------------------------------------------
+
+    def _script(self) -> LeaseScript:
+        if self.script is None:
+            raise RuntimeError("SlotLeases without a script: drive its plans")
+        return self.script
+
+    async def acquire_async(self, backend: int, request_id: str, *, entitled: bool) -> str:
+        plan = self.plan_acquire(backend, request_id, entitled=entitled)
+        return await run_plan_async(plan, self._script())
+
+    async def release_async(
+        self, backend: int, request_id: str, waiting: int | None = None
+    ) -> None:
+        await run_plan_async(self.plan_release(backend, request_id, waiting), self._script())
 
     async def renew_every(self) -> None:
         """Keep this replica's leases and waiting-board entries alive (every `ttl_s / 4`)."""
         while True:
             await asyncio.sleep(self.ttl_s / 4)
-            for backend in range(len(self.backends)):
-                members = [self._member(r) for r, shared in self.held[backend].items() if shared]
-                try:
-                    await self._call(backend, "renew", *members)
-                except StoreUnavailable as exc:
-                    log.warning(
-                        "slot leases: renewal on %s failed: %s", self.backends[backend], exc
-                    )
+            await run_plan_async(self.plan_renew(), self._script())
 
     def status(self) -> dict[str, object]:
         return {
@@ -143,4 +265,5 @@ class SlotLeases:
             "held": {b: len(h) for b, h in zip(self.backends, self.held, strict=True)},
             "denied": dict(self.denied),
             "local_grants": self.local_grants,
+            "degraded": self._kept is not None,
         }

@@ -36,14 +36,12 @@ a window.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from floorguard.store.base import CreditStore, Grant, StoreUnavailable
+from floorguard.store.base import CreditStore, Grant, Plan, run_plan, run_plan_async
 from floorguard.store.memory import MemoryCreditStore
 from floorguard.store.redis_store import Carry, RedisCreditStore, Reply
 from floorguard.windows import WindowSchedule
@@ -51,8 +49,8 @@ from floorguard.windows import WindowSchedule
 __all__ = ["SharedFloor", "Unavailable"]
 
 
-_Step = float | tuple[str, int, int, dict[str, Any]]
-"""What the decision asks its shell for: a backoff (seconds), or one store call."""
+_Call = tuple[str, int, int, dict[str, Any]]
+"""One store call the decision asks for: key, weight, capacity and the call's options."""
 
 
 class Unavailable(StrEnum):
@@ -142,20 +140,13 @@ class SharedFloor(CreditStore):
     ) -> Grant:
         """The grant for one admission: from Redis, else by the fallback policy."""
         plan = self._plan(key, weight, capacity, schedule, now, floor=floor)
-        answer: Reply | BaseException | None = None
-        while True:
-            try:
-                step = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if isinstance(step, float):
-                await asyncio.sleep(step)
-                answer = None
-                continue
-            try:
-                answer = await self.store.call_async(*step[:3], schedule, now, **step[3])
-            except StoreUnavailable as exc:
-                answer = exc
+        store = self.store
+
+        async def call(step: _Call) -> Reply:
+            key, weight, capacity, options = step
+            return await store.call_async(key, weight, capacity, schedule, now, **options)
+
+        return await run_plan_async(plan, call)
 
     def acquire(
         self,
@@ -168,20 +159,13 @@ class SharedFloor(CreditStore):
         floor: int | None = None,
     ) -> Grant:
         plan = self._plan(key, weight, capacity, schedule, now, floor=floor)
-        answer: Reply | BaseException | None = None
-        while True:
-            try:
-                step = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if isinstance(step, float):
-                time.sleep(step)
-                answer = None
-                continue
-            try:
-                answer = self.store.call(*step[:3], schedule, now, **step[3])
-            except StoreUnavailable as exc:
-                answer = exc
+        store = self.store
+
+        def call(step: _Call) -> Reply:
+            key, weight, capacity, options = step
+            return store.call(key, weight, capacity, schedule, now, **options)
+
+        return run_plan(plan, call)
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         """As last seen by this replica (no round trip): the shared count after its latest
@@ -205,11 +189,10 @@ class SharedFloor(CreditStore):
         now: float,
         *,
         floor: int | None,
-    ) -> Generator[_Step, Reply | BaseException | None, Grant]:
-        """The whole decision, without I/O: it yields each store call (`key, weight,
-        capacity, options`) and is sent the reply or the exception, or yields a backoff
-        (seconds) and is sent None; it returns the grant. The two shells above only run
-        the I/O it asks for."""
+    ) -> Plan[Grant]:
+        """The whole decision, without I/O (a `Plan`): each store call it yields is `key,
+        weight, capacity, options`; it returns the grant. The two shells above only run the
+        I/O it asks for."""
         if self._should_try(now):
             carry = self._carry(key, schedule, now)
             for attempt in range(self._attempts()):

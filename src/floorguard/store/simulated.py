@@ -19,6 +19,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from floorguard.store.base import CreditStore, Grant, StoreUnavailable
+from floorguard.store.leases import LeaseCall, LeaseReply
 from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.windows import WindowSchedule
 
@@ -153,17 +154,26 @@ class SimulatedRedis:
                 else:
                     reason = "full"
             waiting += not granted and entitled
-        elif op == "release":
-            for member in members:
-                leases.pop(member, None)
-        elif op == "renew":
-            for member in (m for m in members if m in leases):
-                leases[member] = now + ttl_s
+        else:
+            _update(leases, op, members, now + ttl_s)
         if waiting > 0:
             board[replica] = (waiting, now + ttl_s)
         else:
             board.pop(replica, None)
         return granted, reason, len(leases)
+
+
+def _update(leases: dict[str, float], op: str, members: list[str], expiry: float) -> None:
+    """`release`, `renew` (only live leases) or `restore` (whatever the count) `members`."""
+    if op == "release":
+        for member in members:
+            leases.pop(member, None)
+    elif op == "renew":
+        for member in (m for m in members if m in leases):
+            leases[member] = expiry
+    elif op == "restore":
+        for member in members:
+            leases[member] = expiry
 
 
 def _board_order(board: dict[str, tuple[int, float]], replica: str, now: float) -> str:
@@ -181,8 +191,8 @@ def _board_order(board: dict[str, tuple[int, float]], replica: str, now: float) 
 
 
 class SimulatedClient(CreditStore):
-    """The `RedisCreditStore` surface (`call`, and the `CreditStore` operations) over one
-    `SimulatedRedis`, for one caller."""
+    """The `RedisCreditStore` surface (`call`, and the `CreditStore` operations) and a
+    lease script (`lease`, for `SlotLeases`) over one `SimulatedRedis`, for one caller."""
 
     def __init__(self, server: SimulatedRedis, caller: str) -> None:
         self.server = server
@@ -220,3 +230,20 @@ class SimulatedClient(CreditStore):
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
+
+    def lease(self, call: LeaseCall) -> LeaseReply:
+        """One `LeaseCall`, on the caller's clock (a simulated Redis has none of its own)."""
+        if call.now is None:
+            raise ValueError("a simulated Redis runs on the caller's clock: give SlotLeases one")
+        granted, reason, in_use = self.server.lease(
+            call.backend,
+            call.op,
+            call.capacity,
+            call.ttl_s,
+            call.replica,
+            call.waiting,
+            call.entitled,
+            list(call.members),
+            call.now,
+        )
+        return LeaseReply(granted, reason, in_use)

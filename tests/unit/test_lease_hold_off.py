@@ -1,0 +1,106 @@
+"""Leased slots in the core (SPEC §13): the fleet's answer to a start is the driver's to
+give, the core requeues a denied one, holds its backend off (doubling, capped) and says
+when to poll again; the log records grants, local ones marked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from floorguard.core.events import EventKind
+from floorguard.core.surface import LEASE_HOLD_OFF_MAX_S, LEASE_HOLD_OFF_S, NO_LEASE, Dispatch
+from floorguard.errors import ProtocolError
+from tests.helpers import make_config, make_guard, make_request
+
+
+def _guard(events=None):
+    config = dataclasses.replace(make_config(slots=(1, 1)), slot_leases=True)
+    return make_guard(config, events=events)
+
+
+def _start(guard, now=0.0):
+    request = make_request(assured=False, at=now)
+    guard.on_arrival(request, now)
+    (decision,) = guard.poll(now)
+    assert type(decision) is Dispatch
+    return request.request_id, decision.backend
+
+
+def test_a_denied_lease_requeues_and_holds_the_backend_off_until_the_wake_up():
+    """Denied on backend b, the request waits again at the front (`no_lease`); b gets no
+    start until `next_wake_at`, the other backend still does; from then on b is offered."""
+    events = []
+    guard = _guard(events)
+    rid, backend = _start(guard)
+    guard.lease_denied(rid, 0.0)
+    assert events[-1].kind is EventKind.REQUEUE and events[-1].reason == NO_LEASE
+    assert guard.next_wake_at() == pytest.approx(LEASE_HOLD_OFF_S)
+    (again,) = guard.poll(0.001)
+    assert again.request.request_id == rid and again.backend != backend
+    guard.lease_denied(rid, 0.001)  # now both held off
+    assert guard.poll(0.002) == []
+    (back,) = guard.poll(LEASE_HOLD_OFF_S)
+    assert back.backend == backend
+
+
+def test_the_hold_off_doubles_per_denial_in_a_row_up_to_its_cap_and_a_grant_resets_it():
+    guard = _guard()
+    rid, backend = _start(guard)
+    now, holds = 0.0, []
+    for _ in range(5):
+        guard.lease_denied(rid, now)
+        wake = guard.next_wake_at()
+        holds.append(round(wake - now, 6))
+        now = wake
+        (decision,) = guard.poll(now)
+        while decision.backend != backend:  # the other backend: held off as well
+            guard.lease_denied(rid, now)
+            now = guard.next_wake_at()
+            (decision,) = guard.poll(now)
+    assert holds[0] == LEASE_HOLD_OFF_S
+    assert max(holds) == LEASE_HOLD_OFF_MAX_S
+    guard.lease_granted(rid, now)
+    guard.finish(rid, now, "complete")
+    guard.set_backend_available(1 - backend, False)  # the next start lands on `backend`
+    rid2, backend2 = _start(guard, now)
+    assert backend2 == backend
+    guard.lease_denied(rid2, now)
+    assert guard.next_wake_at() - now == pytest.approx(LEASE_HOLD_OFF_S)  # reset by the grant
+
+
+def test_a_hold_off_ending_does_not_bring_a_down_backend_back():
+    """Health and hold-off are two reasons: the end of a hold-off leaves a backend the
+    health probe marked down unavailable."""
+    guard = _guard()
+    rid, backend = _start(guard)
+    guard.lease_denied(rid, 0.0)
+    guard.set_backend_available(backend, False)
+    guard.set_backend_available(1 - backend, False)
+    assert guard.poll(1.0) == []  # the hold-off ended; both backends are down
+    guard.set_backend_available(backend, True)
+    (decision,) = guard.poll(1.0)
+    assert decision.backend == backend
+
+
+def test_lease_events_mark_local_grants_and_refuse_a_request_not_in_flight():
+    events = []
+    guard = _guard(events)
+    rid, _ = _start(guard)
+    guard.lease_granted(rid, 0.0, local=True)
+    assert events[-1].kind is EventKind.LEASE and events[-1].reason == "local"
+    with pytest.raises(ProtocolError, match="not in flight"):
+        guard.lease_granted("nobody", 0.0)
+    with pytest.raises(ProtocolError):
+        guard.lease_denied("nobody", 0.0)
+
+
+def test_store_changes_are_logged_by_the_core():
+    events = []
+    guard = _guard(events)
+    guard.store_changed(1.0, "fail-static")
+    guard.store_changed(2.0, "lost-state", "a95", 2)
+    assert [(e.kind, e.reason, e.tenant, e.window) for e in events[-2:]] == [
+        (EventKind.STORE, "fail-static", None, None),
+        (EventKind.STORE, "lost-state", "a95", 2),
+    ]
