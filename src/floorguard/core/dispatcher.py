@@ -162,6 +162,12 @@ class SlotPool:
         self._available = [True] * len(slots)
         self.num_free = sum(slots)
         """Free slots on available backends: what `acquire` may hand out."""
+        self._down: set[int] = set()
+        """Backends the driver's health probe marked unavailable."""
+        self.held_until: dict[int, float] = {}
+        """Backends held off after a denied slot lease → until when (`hold_off`)."""
+        self._denials: dict[int, int] = {}
+        """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
 
     def acquire(self) -> int:
         if self.num_free <= 0:
@@ -191,7 +197,35 @@ class SlotPool:
         )
 
     def set_available(self, backend: int, available: bool) -> None:
-        """A backend that is not available keeps its running requests but gets no new one."""
+        """The health probe's word: a backend that is not available keeps its running
+        requests but gets no new one (nor while it is held off)."""
+        if available:
+            self._down.discard(backend)
+        else:
+            self._down.add(backend)
+        self._offer(backend, available and backend not in self.held_until)
+
+    def hold_off(self, backend: int, now: float, first_s: float, max_s: float) -> None:
+        """The fleet had no slot lease on `backend`: offer it nothing for `first_s`,
+        doubled for each denial there in a row, at most `max_s` (`lift` from then)."""
+        streak = self._denials.get(backend, 0)
+        self._denials[backend] = min(streak + 1, 16)  # the hold-off is capped long before
+        until = now + min(first_s * 2**streak, max_s)
+        self.held_until[backend] = max(until, self.held_until.get(backend, until))
+        self._offer(backend, False)
+
+    def leased(self, backend: int) -> None:
+        """A lease was granted on `backend`: its next hold-off starts short again."""
+        self._denials.pop(backend, None)
+
+    def lift(self, now: float) -> None:
+        """Offer again every held-off backend whose hold-off has ended (unless down)."""
+        for backend, until in list(self.held_until.items()):
+            if until <= now:
+                del self.held_until[backend]
+                self._offer(backend, backend not in self._down)
+
+    def _offer(self, backend: int, available: bool) -> None:
         if self._available[backend] == available:
             return
         self._available[backend] = available

@@ -319,8 +319,8 @@ class Guard(Ledger):
 
     def poll(self, now: float) -> list[Dispatch | Drop]:
         """Fill free slots from the queue, dropping (only) the provably doomed."""
-        if self._held_until:
-            self._lift_hold_offs(now)
+        if self._slots.held_until:
+            self._slots.lift(now)
         out: list[Dispatch | Drop] = []
         slots, queue, verdict_of = self._slots, self._queue, self._doom.verdict
         while slots.num_free > 0:

@@ -118,12 +118,6 @@ class Ledger:
         self._learner = learner
         self._store = store
         self._slots = SlotPool(config.slots)
-        self._down: set[int] = set()
-        """Backends the driver's health probe marked unavailable."""
-        self._held_until: dict[int, float] = {}
-        """Backends held off after a denied slot lease → until when (`lease_denied`)."""
-        self._denials: dict[int, int] = {}
-        """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
         """`L` and `s_max` of each admitted request (its ticket keeps them); the guard's
         doom gate."""
@@ -577,7 +571,7 @@ class Ledger:
         """When the driver must call again without being asked: the next doom instant
         (call `expire`), or the end of a hold-off (call `poll`); None: neither waits."""
         doom = self.next_doom_at()
-        held = min(self._held_until.values(), default=None)
+        held = min(self._slots.held_until.values(), default=None)
         if doom is None or held is None:
             return held if doom is None else doom
         return min(doom, held)
@@ -591,30 +585,12 @@ class Ledger:
         ticket = self._in_flight.get(request_id)
         backend = ticket.backend if ticket is not None else -1
         self.requeue(request_id, now, NO_LEASE)  # ProtocolError if not in flight
-        streak = self._denials.get(backend, 0)
-        self._denials[backend] = min(streak + 1, 16)  # the hold-off is capped long before
-        hold_off_s = min(LEASE_HOLD_OFF_S * 2**streak, LEASE_HOLD_OFF_MAX_S)
-        self._hold_off(backend, now + hold_off_s)
+        self._slots.hold_off(backend, now, LEASE_HOLD_OFF_S, LEASE_HOLD_OFF_MAX_S)
 
     def set_backend_available(self, backend: int, available: bool) -> None:
         """Whether `backend` may get new requests (the driver's health probe says). A down
         backend's slots are not offered; what runs there still ends normally."""
-        if available:
-            self._down.discard(backend)
-        else:
-            self._down.add(backend)
-        self._slots.set_available(backend, available and backend not in self._held_until)
-
-    def _hold_off(self, backend: int, until: float) -> None:
-        """Offer `backend`'s slots to nothing until `until` (the first `poll` from then)."""
-        self._held_until[backend] = max(until, self._held_until.get(backend, until))
-        self._slots.set_available(backend, False)
-
-    def _lift_hold_offs(self, now: float) -> None:
-        for backend, until in list(self._held_until.items()):
-            if until <= now:
-                del self._held_until[backend]
-                self._slots.set_available(backend, backend not in self._down)
+        self._slots.set_available(backend, available)
 
     # -- what the driver tells the log about the fleet's shared parts ------------------------
 
@@ -626,7 +602,7 @@ class Ledger:
         ticket = self._in_flight.get(request_id)
         if ticket is None:
             raise ProtocolError(f"a lease for {request_id!r}, which is not in flight")
-        self._denials.pop(ticket.backend, None)
+        self._slots.leased(ticket.backend)
         if self._sink is not None:
             self._emit(
                 EventKind.LEASE,

@@ -20,8 +20,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -49,9 +49,11 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.health import BackendHealth, reported_slots
+from floorguard.proxy.learner_http import HttpLearner
+from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
-from floorguard.proxy.relay import ReplyBox
+from floorguard.proxy.relay import HeldReplies, ReplyBox
 from floorguard.proxy.replies import (
     JSON,
     NO_RETRY,
@@ -66,10 +68,7 @@ from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
-if TYPE_CHECKING:
-    from floorguard.proxy.app import GuardServer
-
-__all__ = ["Pool", "Reload", "merge_backends"]
+__all__ = ["Pool", "PoolHost", "Reload", "merge_backends"]
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -107,13 +106,34 @@ class _UnreachableError(Exception):
     """The backend could not be reached before any byte was sent: place the request again."""
 
 
+class PoolHost(Protocol):
+    """What a pool needs of the edge that hands it requests (the HTTP edge in `app.py`; a
+    test gives a fake): the clock, the upstream transport, the event sink, the metrics, the
+    held-reply budget, the fault hook and the drain's state."""
+
+    clock: Clock
+    replica: str
+    http_learner: HttpLearner | None
+    replies: HeldReplies
+    cutting: bool
+    """Set at the drain deadline: an ending request was cut by the drain."""
+    num_cut_at_deadline: int
+
+    @property
+    def metrics(self) -> GuardMetrics: ...
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+    def on_event(self, event: TraceEvent) -> None: ...
+    def checkpoint(self, point: str) -> Awaitable[None]: ...
+
+
 class Pool:
-    """One pool's guard and request path; the edge (`GuardServer`) owns identity, bodies,
+    """One pool's guard and request path; the edge (a `PoolHost`) owns identity, bodies,
     the decision log, metrics and the upstream session, and hands each request here."""
 
     def __init__(
         self,
-        edge: GuardServer,
+        edge: PoolHost,
         name: str | None,
         config: GuardServerConfig,
         *,

@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 
-from floorguard.clock import Clock
+from floorguard.clock import Clock, Timer
 from floorguard.core.request import RequestId
 from floorguard.core.surface import Dispatch, Drop, Stack
 
@@ -29,7 +29,7 @@ class Pump:
         self.stack = stack
         self.clock = clock
         self._waiters: dict[RequestId, asyncio.Future[Dispatch | Drop]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at = math.inf
 
     async def turn(
@@ -70,8 +70,7 @@ class Pump:
             return
         if self._timer is not None:
             self._timer.cancel()
-        delay = max(0.0, at - self.clock.now()) + _PAST_DOOM_S
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        self._timer = self.clock.call_at(at + _PAST_DOOM_S, self._on_timer)
         self._timer_at = at
 
     def _on_timer(self) -> None:
