@@ -104,3 +104,18 @@ def test_store_changes_are_logged_by_the_core():
         (EventKind.STORE, "fail-static", None, None),
         (EventKind.STORE, "lost-state", "a95", 2),
     ]
+
+
+def test_a_request_of_its_own_ending_on_a_held_off_backend_lifts_the_hold_off():
+    """The guard's own request ending there means the fleet has a slot there: the waiting
+    request may try again at once, not at the end of the hold-off."""
+    config = dataclasses.replace(make_config(slots=(2,)), slot_leases=True)
+    guard = make_guard(config)
+    first, _ = _start(guard)
+    guard.lease_granted(first, 0.0)
+    second, _ = _start(guard)
+    guard.lease_denied(second, 0.0)
+    assert guard.poll(0.001) == []  # held off
+    guard.finish(first, 0.001, "complete")
+    (again,) = guard.poll(0.001)
+    assert again.request.request_id == second

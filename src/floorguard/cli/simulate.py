@@ -81,6 +81,15 @@ def register(commands: Any) -> None:
         "named FILE-repN.jsonl",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    _serve_arguments(sim)
+    _stacks_arguments(sim)
+    _replay_arguments(sim)
+    _fleet_arguments(sim)
+    sim.set_defaults(run=run)
+
+
+def _serve_arguments(sim: argparse.ArgumentParser) -> None:
+    """The guard's own options: one argument group."""
     serve = sim.add_argument_group(
         "a serve config (--config): each pool under its own contracts, slots and profile"
     )
@@ -97,6 +106,10 @@ def register(commands: Any) -> None:
         help="with --config: the opportunistic load × the pool's saturated capacity (default 2)",
     )
     serve.add_argument("--duration-s", type=float, default=12.0, help="with --config (default 12)")
+
+
+def _stacks_arguments(sim: argparse.ArgumentParser) -> None:
+    """The comparison stacks' options: one argument group."""
     stacks = sim.add_argument_group("comparison stacks")
     stacks.add_argument(
         "--mapping-fault",
@@ -125,6 +138,10 @@ def register(commands: Any) -> None:
     stacks.add_argument(
         "--rate-limit-burst-s", type=float, default=1.0, help="bucket size, in seconds of its rate"
     )
+
+
+def _replay_arguments(sim: argparse.ArgumentParser) -> None:
+    """Trace replay: one argument group."""
     replay = sim.add_argument_group("trace replay (--scenario trace)")
     replay.add_argument("--trace", help="an Azure LLM inference or BurstGPT CSV file")
     replay.add_argument("--assured-fraction", type=float, default=0.3)
@@ -133,6 +150,9 @@ def register(commands: Any) -> None:
     replay.add_argument("--speedup", type=float, default=1.0)
     replay.add_argument("--max-tokens", type=int, default=48, help="output cap (ℓ)")
 
+
+def _fleet_arguments(sim: argparse.ArgumentParser) -> None:
+    """The fleet: one argument group."""
     fleet = sim.add_argument_group(
         "the fleet (docs/replicas.md): replicas sharing one floor store and the backends"
     )
@@ -152,8 +172,6 @@ def register(commands: Any) -> None:
         "--store-outage", metavar="START:END", help="Redis unreachable from START to END s"
     )
     fleet.add_argument("--figure", type=Path, help="with a --skew sweep: draw it here (PNG)")
-
-    sim.set_defaults(run=run)
 
 
 def scenario_from(args: argparse.Namespace) -> Scenario:

@@ -218,6 +218,13 @@ class SlotPool:
         """A lease was granted on `backend`: its next hold-off starts short again."""
         self._denials.pop(backend, None)
 
+    def freed(self, backend: int) -> None:
+        """A request of this guard's on `backend` ended: its lease is being given back, so
+        the fleet has a slot there — offer it again now, and start short again."""
+        self._denials.pop(backend, None)
+        if self.held_until.pop(backend, None) is not None:
+            self._offer(backend, backend not in self._down)
+
     def lift(self, now: float) -> None:
         """Offer again every held-off backend whose hold-off has ended (unless down)."""
         for backend, until in list(self.held_until.items()):

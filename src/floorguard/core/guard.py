@@ -308,7 +308,7 @@ class Guard(Ledger):
         """Its backend could not be reached before any byte was sent (or, `no_lease`, the
         fleet had no slot lease for it): free the slot and let the request wait again in its
         old place (ahead of everything admitted after it), to be placed again."""
-        ticket = self._release(request_id)
+        ticket = self._release(request_id, ended=False)
         if self._sink is not None:
             self._emit(EventKind.REQUEUE, ticket, now, backend=ticket.backend, reason=reason)
         ticket.backend = -1

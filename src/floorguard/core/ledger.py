@@ -436,8 +436,9 @@ class Ledger:
             )
         return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at)
 
-    def _release(self, request_id: RequestId) -> Ticket:
-        """Take an in-flight ticket off its slot."""
+    def _release(self, request_id: RequestId, *, ended: bool = True) -> Ticket:
+        """Take an in-flight ticket off its slot (`ended`: the request ended there, rather
+        than waiting again)."""
         ticket = self._in_flight.pop(request_id, None)
         if ticket is None:
             state = (
@@ -445,6 +446,8 @@ class Ledger:
             )
             raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
         self._slots.release(ticket.backend)
+        if ended and self._slots.held_until:
+            self._slots.freed(ticket.backend)
         return ticket
 
     def _drop(self, ticket: Ticket, now: float, reason: str) -> Drop:
@@ -580,8 +583,9 @@ class Ledger:
         """The fleet had no slot lease for the request's start (leased slots, SPEC §13): it
         waits again at the front of its queue (`no_lease`) and its backend is held off —
         `LEASE_HOLD_OFF_S`, doubled for each denial there in a row up to
-        `LEASE_HOLD_OFF_MAX_S` — so the fleet's replicas do not spin on a full backend
-        (`next_wake_at` says when to poll again)."""
+        `LEASE_HOLD_OFF_MAX_S`, lifted when one of this guard's requests there ends — so
+        the fleet's replicas do not spin on a full backend (`next_wake_at` says when to
+        poll again)."""
         ticket = self._in_flight.get(request_id)
         backend = ticket.backend if ticket is not None else -1
         self.requeue(request_id, now, NO_LEASE)  # ProtocolError if not in flight

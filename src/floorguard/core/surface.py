@@ -90,8 +90,9 @@ NO_LEASE = "no_lease"
 `dispatch` never reached the backend."""
 LEASE_HOLD_OFF_S = 0.005
 """How long a backend gets no new start after the fleet had no slot lease there; it
-doubles with each denial there in a row, up to `LEASE_HOLD_OFF_MAX_S`, and a lease granted
-there resets it (docs/replicas.md measures the choice on the fleet simulator)."""
+doubles with each denial there in a row, up to `LEASE_HOLD_OFF_MAX_S`; a lease granted
+there resets it, and one of the guard's own requests ending there lifts it (docs/replicas.md
+measures the choice on the fleet simulator)."""
 LEASE_HOLD_OFF_MAX_S = 0.02
 LOCAL_LEASE = "local"
 """A `lease` event's reason when the lease was granted locally (the store unreachable)."""

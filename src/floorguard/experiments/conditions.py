@@ -350,20 +350,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         policy=c.policy,
         learner=learner,
         learner_options=learner_options_of(c),
-        stack_options=StackOptions(
-            rate_limits=_rate_limits(c),
-            flow_control=FlowControlOptions(
-                objectives={
-                    ContractClass.ASSURED: Objective("premium", 10),
-                    ContractClass.OPPORTUNISTIC: Objective(
-                        "sheddable" if c.low_band_priority < 0 else "standard",
-                        c.low_band_priority,
-                    ),
-                },
-                mapping_fault=MappingFault(c.mapping_fault),
-                queue_ttl_s=c.queue_ttl_s if c.queue_ttl_s > 0 else None,
-            ),
-        ),
+        stack_options=_stack_options(c),
     )
     assert run.events is not None
     trace = fold_trace(run.events)
@@ -411,6 +398,31 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         row["admission_identical"] = admitted == frozenset(
             r.request_id for r in trace.records if r.admitted
         )
+    row.update(_kept(c, trace, m))
+    return row
+
+
+def _stack_options(c: Condition) -> StackOptions:
+    """The comparison stacks' options a condition sets: rate limits and flow control."""
+    return StackOptions(
+        rate_limits=_rate_limits(c),
+        flow_control=FlowControlOptions(
+            objectives={
+                ContractClass.ASSURED: Objective("premium", 10),
+                ContractClass.OPPORTUNISTIC: Objective(
+                    "sheddable" if c.low_band_priority < 0 else "standard",
+                    c.low_band_priority,
+                ),
+            },
+            mapping_fault=MappingFault(c.mapping_fault),
+            queue_ttl_s=c.queue_ttl_s if c.queue_ttl_s > 0 else None,
+        ),
+    )
+
+
+def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
+    """The per-request extras a condition asks its row to keep (samples, ids, detail)."""
+    row: dict[str, Any] = {}
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

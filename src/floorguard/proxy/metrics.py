@@ -312,6 +312,11 @@ class _GuardCollector(Collector):
             "Gaps between chunks of streamed replies",
             ["model", "cls"],
         )
+        yield from self._pools()
+        yield self._backends_up()
+
+    def _pools(self) -> Iterator[Metric]:
+        """Each pool's gauges read now: the shared store's, the guard's, the credits left."""
         store_calls = CounterMetricFamily(
             "floorguard_store_calls",
             "Shared-floor store calls by outcome (docs/replicas.md)",
@@ -334,7 +339,7 @@ class _GuardCollector(Collector):
             "Floor credits left in the current window",
             labels=["model", "tenant"],
         )
-        now = self._now()
+        now, m = self._now(), self._metrics
         shared = False
         for model, (guard, floor) in m.pools.items():
             if floor is not None:
@@ -355,7 +360,6 @@ class _GuardCollector(Collector):
             yield replicas
         yield from gauges
         yield credits
-        yield self._backends_up()
 
     def _backends_up(self) -> GaugeMetricFamily:
         up = GaugeMetricFamily(

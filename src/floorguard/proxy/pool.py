@@ -163,8 +163,6 @@ class Pool:
             if config.store
             else None
         )
-        self.leases: SlotLeases | None = None
-        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
         self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
         """Requests holding (or taking) a lease → its backend, and the call still taking
         it if the request ended meanwhile."""
@@ -176,31 +174,10 @@ class Pool:
             sink=edge.on_event if self.name is None else self._on_event,  # one call less
             started_at=self.clock.now(),
         )
-        if config.store is not None and config.store.slots == "leased":
-            assert self.shared_floor is not None
-            self.leases = SlotLeases(
-                redis_lease_script(self.shared_floor.store),
-                backends=[b.url.rstrip("/") for b in config.backends],
-                capacity=[b.slots for b in config.backends],
-                replica=edge.replica,
-                replicas=config.store.replicas,
-                ttl_s=config.store.lease_ttl_s,
-                waiting=lambda: self.guard.num_queued_entitled,
-            )
-        self.membership: Membership | None = None
+        self.leases = self._create_leases(config.store)
+        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
+        self.membership = self._create_membership(config.store)
         """The live fleet sharing this pool's store (SPEC §14); None without a store."""
-        if config.store is not None:
-            assert self.shared_floor is not None
-            self.membership = Membership(
-                self.shared_floor.store,
-                replica=edge.replica,
-                group="members" if name is None else f"members:{name}",
-                ttl_s=config.store.membership_ttl_s,
-                configured=config.store.replicas,
-                explicit="replicas" in config.store.model_fields_set,
-                on_count=self._follow_fleet,
-                settled=self._settled,
-            )
         self.pump = Pump(self.guard, self.clock)
         """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
         the doom timer."""
@@ -218,6 +195,35 @@ class Pool:
         """By position: a reload appends new backends and keeps removed ones (draining)."""
         self.removed: frozenset[int] = frozenset()
         """Positions a reload removed: they get no new request."""
+
+    def _create_leases(self, store: StoreSpec | None) -> SlotLeases | None:
+        if store is None or store.slots != "leased":
+            return None
+        assert self.shared_floor is not None
+        return SlotLeases(
+            redis_lease_script(self.shared_floor.store),
+            backends=[b.url.rstrip("/") for b in self.config.backends],
+            capacity=[b.slots for b in self.config.backends],
+            replica=self.edge.replica,
+            replicas=store.replicas,
+            ttl_s=store.lease_ttl_s,
+            waiting=lambda: self.guard.num_queued_entitled,
+        )
+
+    def _create_membership(self, store: StoreSpec | None) -> Membership | None:
+        if store is None:
+            return None
+        assert self.shared_floor is not None
+        return Membership(
+            self.shared_floor.store,
+            replica=self.edge.replica,
+            group="members" if self.name is None else f"members:{self.name}",
+            ttl_s=store.membership_ttl_s,
+            configured=store.replicas,
+            explicit="replicas" in store.model_fields_set,
+            on_count=self._follow_fleet,
+            settled=self._settled,
+        )
 
     @property
     def label(self) -> str:
