@@ -1,0 +1,361 @@
+"""The checks across a fleet's logs (SPEC §13, `check_fleet`): fleet ORDER with slot
+leases, SLOTS per backend summed over the replicas, and AF per tenant and window as the
+shared store reported it."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from floorguard.analysis.report import (
+    LOST_STATE,
+    ORDER_TOLERANCE_S,
+    CheckReport,
+    Floors,
+    Violation,
+)
+from floorguard.core.contract import (
+    GuardConfig,
+    MeterKind,
+)
+from floorguard.core.events import (
+    TERMINAL_KINDS,
+    EventKind,
+    TraceEvent,
+)
+from floorguard.core.request import RequestId
+from floorguard.core.surface import LOCAL_LEASE, NO_LEASE
+
+__all__ = ["fleet_af", "fleet_order", "fleet_slots"]
+
+
+def _waits_and_starts(
+    events: Sequence[TraceEvent], config: GuardConfig
+) -> tuple[list[tuple[float, float]], list[tuple[float, str, int, bool, RequestId | None]]]:
+    """One log's floor-entitled waits (admitted → started, dropped or ended; a `no_lease`
+    requeue undoes a start, so the wait goes on) and its opportunistic starts per backend
+    (with the same undoing), each with whether its lease was granted locally (`local`:
+    the store was unreachable, so no waiting board was consulted)."""
+    ids = config.backend_ids or tuple(str(i) for i in range(len(config.slots)))
+    start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
+    entitled: set[RequestId] = set()
+    waiting: dict[RequestId, float] = {}
+    started: dict[RequestId, tuple[float, float]] = {}
+    waits: list[tuple[float, float]] = []
+    starts: dict[RequestId, tuple[float, str, int, bool]] = {}
+    for index, e in enumerate(events):
+        rid = e.request_id
+        if rid is None:
+            continue
+        if e.kind is EventKind.ADMIT and e.entitled:
+            entitled.add(rid)
+            waiting[rid] = e.at
+        elif e.kind is start and e.backend is not None:
+            if rid in waiting:
+                started[rid] = (waiting.pop(rid), e.at)
+            elif rid not in entitled:
+                starts[rid] = (e.at, ids[e.backend], index, e.reason == LOCAL_LEASE)
+        elif e.kind is EventKind.REQUEUE:
+            if rid in started:
+                since, at = started.pop(rid)
+                if e.reason == NO_LEASE:
+                    waiting[rid] = since
+                else:
+                    waits.append((since, at))
+                    waiting[rid] = e.at
+            elif e.reason == NO_LEASE:
+                starts.pop(rid, None)
+        elif e.kind in TERMINAL_KINDS and rid in waiting:
+            waits.append((waiting.pop(rid), e.at))
+    waits += started.values()
+    waits += [(since, math.inf) for since in waiting.values()]
+    return waits, [(*start, rid) for rid, start in starts.items()]
+
+
+def fleet_order(
+    logs: Sequence[Sequence[TraceEvent]], configs: Sequence[GuardConfig], report: CheckReport
+) -> None:
+    """Fleet-wide assured-first with slot leases: no opportunistic request starts on a
+    backend while another replica in front of it has a floor-entitled request waiting
+    (from before `t − ε` until after `t + ε`, ε = `ORDER_TOLERANCE_S`). A start on a
+    lease granted locally (the store unreachable) is judged conditionally: no replica
+    could consult the waiting board."""
+    per_log = [_waits_and_starts(events, c) for events, c in zip(logs, configs, strict=True)]
+    fronts = [set(c.backend_ids or tuple(str(i) for i in range(len(c.slots)))) for c in configs]
+    eps = ORDER_TOLERANCE_S
+    for number, (_, starts) in enumerate(per_log):
+        for at, backend, index, local, rid in starts:
+            for other, (waits, _) in enumerate(per_log):
+                if other == number or backend not in fronts[other]:
+                    continue
+                if any(since < at - eps and until > at + eps for since, until in waits):
+                    (report.conditional if local else report.violations).append(
+                        Violation(
+                            "ORDER",
+                            index,
+                            rid,
+                            f"fleet: an opportunistic request started on {backend} at "
+                            f"t = {at:.3f} while log {other} had a floor-entitled request "
+                            "waiting for it",
+                            log=number,
+                        )
+                    )
+                    break
+
+
+_RELEASES = frozenset({EventKind.COMPLETE, EventKind.FAIL, EventKind.ABORT, EventKind.REQUEUE})
+
+
+_Change = tuple[float, int, str, int, int, RequestId | None]
+
+
+def _slot_changes(
+    number: int, events: Sequence[TraceEvent], config: GuardConfig
+) -> list[_Change | None]:
+    """+1 at each start (the `lease` event with fleet-wide leases, else `dispatch`), −1 at
+    each end or requeue, per backend id; a dispatch the fleet gave no lease (`no_lease`
+    requeue) is voided (None): it never reached the backend."""
+    backend_ids = config.backend_ids
+    start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
+    changes: list[_Change | None] = []
+    at_backend: dict[RequestId, tuple[str, int]] = {}
+    unleased: dict[RequestId, int] = {}
+    for index, e in enumerate(events):
+        if e.request_id is None:
+            continue
+        if config.slot_leases and e.kind is EventKind.DISPATCH:
+            unleased[e.request_id] = index
+        elif e.kind is EventKind.LEASE or (e.kind is EventKind.REQUEUE and e.reason == NO_LEASE):
+            unleased.pop(e.request_id, None)
+        elif e.kind in TERMINAL_KINDS and e.request_id in unleased:
+            at = unleased.pop(e.request_id)
+            changes.append((e.at, 0, "", number, at, e.request_id))  # reported below
+        if e.kind is start and e.backend is not None:
+            backend = backend_ids[e.backend]
+            at_backend[e.request_id] = (backend, len(changes))
+            changes.append((e.at, 1, backend, number, index, e.request_id))
+        elif e.kind in _RELEASES and e.request_id in at_backend:
+            backend, started = at_backend.pop(e.request_id)
+            if e.kind is EventKind.REQUEUE and e.reason == NO_LEASE:
+                changes[started] = None
+                continue
+            changes.append((e.at, -1, backend, number, index, e.request_id))
+    return changes
+
+
+def fleet_slots(
+    logs: Sequence[Sequence[TraceEvent]], configs: Sequence[GuardConfig], report: CheckReport
+) -> None:
+    """SLOTS per backend across the fleet: requests in flight at a backend (dispatched,
+    not yet ended or requeued), summed over every replica's log on one time line, never
+    more than the backend's own capacity as the logs record it (`backend_capacity`, keyed
+    by `backend_ids`). Backends without a recorded capacity are not judged fleet-wide
+    (each log's own SLOTS check still holds). The logs' clocks are the replicas': a
+    release and a start at one instant count the release first."""
+    capacity: dict[str, int] = {}
+    for config in configs:
+        for i, c in enumerate(config.backend_capacity):
+            if c is not None and config.backend_ids:
+                capacity[config.backend_ids[i]] = min(c, capacity.get(config.backend_ids[i], c))
+    if not capacity:
+        return
+    changes = [
+        change
+        for number, (events, config) in enumerate(zip(logs, configs, strict=True))
+        if config.backend_ids
+        for change in _slot_changes(number, events, config)
+        if change is not None
+    ]
+    in_flight: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    for at, delta, backend, number, index, rid in sorted(changes, key=lambda c: (c[0], c[1])):
+        if delta == 0:
+            report.violations.append(
+                Violation(
+                    "SLOTS",
+                    index,
+                    rid,
+                    "fleet: dispatched with leased slots but no lease was logged for it",
+                    log=number,
+                )
+            )
+            continue
+        in_flight[backend] += delta
+        peak[backend] = max(peak[backend], in_flight[backend])
+        limit = capacity.get(backend)
+        if delta > 0 and limit is not None and in_flight[backend] > limit:
+            report.violations.append(
+                Violation(
+                    "SLOTS",
+                    index,
+                    rid,
+                    f"fleet: {backend} had {in_flight[backend]} in flight across the "
+                    f"replicas at t = {at:.3f} > its capacity {limit}",
+                    log=number,
+                )
+            )
+    report.fleet_peak_in_flight = dict(peak)
+
+
+@dataclass
+class _FleetFloor:
+    """What the fleet's logs say about each (tenant, window) of the floor."""
+
+    granted: Counter[tuple[str, int]] = field(default_factory=Counter)
+    judged: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    """The floors the replicas' decisions were judged against (the store pins one)."""
+    local: set[tuple[str, int]] = field(default_factory=set)
+    """Decided by some replica on its store's fallback."""
+    refused: list[tuple[str, int, int, int, RequestId | None, int, int, str]] = field(
+        default_factory=list
+    )
+    """(tenant, window, weight, the floor it was judged against, id, log, index, state)."""
+
+
+def _store_event(e: TraceEvent, state: str, since: float, fleet: _FleetFloor) -> float:
+    """A `store` event: a lost state marks its (tenant, window); a return to `shared` ends
+    a degraded period (its seconds are returned)."""
+    if e.reason == LOST_STATE:
+        if e.tenant is not None and e.window is not None:
+            fleet.local.add((e.tenant, e.window))
+        return 0.0
+    return e.at - since if state != "shared" and e.reason == "shared" else 0.0
+
+
+def _scan_log(
+    number: int,
+    events: Sequence[TraceEvent],
+    config: GuardConfig,
+    floors: Floors,
+    fleet: _FleetFloor,
+) -> float:
+    """Add one log's floor decisions to `fleet`, each with the floor it was judged against:
+    as the store pinned it, where the event says so; else the log's own, in force when
+    the request arrived (the replica's clock: its window may end before the store's
+    answer names the next one). Return the seconds its store was degraded."""
+    tenants = floors.tenants
+    weights: dict[RequestId, int] = {}
+    arrived: dict[RequestId, int] = {}
+    state, since, degraded_s = "shared", 0.0, 0.0
+    for index, e in enumerate(events):
+        if e.kind is EventKind.STORE:
+            degraded_s += _store_event(e, state, since, fleet)
+            if e.reason != LOST_STATE:
+                if (state == "shared") != (e.reason == "shared"):
+                    since = e.at
+                state = e.reason or "shared"
+            continue
+        if e.tenant not in tenants or e.request_id is None:
+            continue
+        if e.kind is EventKind.ARRIVE:
+            arrived[e.request_id] = config.schedule.index_at(e.at)
+            weights[e.request_id] = (
+                (e.num_prompt_tokens or 0) + (e.num_output_tokens or 0)
+                if config.meter is MeterKind.TOKEN
+                else 1
+            )
+            continue
+        if e.window is None:
+            continue
+        key = (e.tenant, e.window)
+        weight = weights.get(e.request_id, 1)
+        own = floors.at(arrived.get(e.request_id, e.window)).get(e.tenant, 0)
+        judged = e.floor if e.floor is not None else own
+        if (e.kind is EventKind.ADMIT and e.entitled) or (
+            e.kind is EventKind.REJECT and e.reason == "floor_lowered"
+        ):
+            fleet.granted[key] += weight
+        elif e.kind is EventKind.DEMOTE or (
+            e.kind is EventKind.REJECT and e.reason == "floor_exhausted"
+        ):
+            fleet.refused.append((*key, weight, judged, e.request_id, number, index, state))
+        else:
+            continue
+        fleet.judged.setdefault(key, set()).add(judged)
+        if state != "shared":
+            fleet.local.add(key)
+    if state != "shared" and events:
+        degraded_s += events[-1].at - since
+    return degraded_s
+
+
+def fleet_af(
+    logs: Sequence[Sequence[TraceEvent]],
+    config: GuardConfig,
+    floors: Sequence[Floors],
+    report: CheckReport,
+) -> None:
+    """AF across replicas, per (tenant, window the store reported). A (tenant, window) in
+    which some replica decided while its store was degraded (between `store` events) is
+    judged conditionally: its findings go to `report.conditional`. Where a reload reached
+    the replicas at different times, the store pins each window's floor at its first take:
+    every replica's decisions there must be judged against that one floor (one
+    configuration per window), none granted beyond it, none refused below it."""
+    fleet = _FleetFloor()
+    report.degraded_s = [
+        _scan_log(number, events, config, floors[number], fleet)
+        for number, events in enumerate(logs)
+    ]
+    for (tenant, window), judged in sorted(fleet.judged.items()):
+        if len(judged) > 1:
+            conditional = (tenant, window) in fleet.local
+            (report.conditional if conditional else report.violations).append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: the replicas judged {tenant}'s window {window} against "
+                    f"different floors {sorted(judged)}: not one configuration",
+                )
+            )
+        known = {f.at(w).get(tenant) for f in floors for w in (window - 1, window)}
+        if not judged <= known and (tenant, window) not in fleet.local:
+            report.violations.append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: {tenant}'s window {window} was judged against floor(s) "
+                    f"{sorted(judged - known)} that no replica's configuration gives it",
+                )
+            )
+    for (tenant, window), total in sorted(fleet.granted.items()):
+        limit = max(fleet.judged[tenant, window])
+        if total > limit:
+            conditional = (tenant, window) in fleet.local
+            (report.conditional if conditional else report.violations).append(
+                Violation(
+                    "AF",
+                    0,
+                    None,
+                    f"fleet: {tenant} was granted {total} > B = {limit} from the "
+                    f"floor in window {window}"
+                    + (
+                        " (the store's fallback or a lost state decided there)"
+                        if conditional
+                        else ""
+                    ),
+                )
+            )
+    for tenant, window, weight, floor, rid, number, index, state in fleet.refused:
+        if fleet.granted[tenant, window] + weight <= floor:
+            conditional = (tenant, window) in fleet.local
+            why = (
+                f" (store {state}: the documented fallback)"
+                if state != "shared"
+                else " (the store's fallback or a lost state decided in that window)"
+                if conditional
+                else ""
+            )
+            (report.conditional if conditional else report.violations).append(
+                Violation(
+                    "AF",
+                    index,
+                    rid,
+                    f"fleet: refused from the floor in window {window} while the fleet "
+                    f"granted {fleet.granted[tenant, window]} of B = {floor}{why}",
+                    log=number,
+                )
+            )
