@@ -13,8 +13,6 @@ Without `models:` there is one pool and the body's `model` is forwarded as it is
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
 import itertools
 import logging
 import math
@@ -24,26 +22,29 @@ import secrets
 import socket
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
-from importlib import resources
 from typing import Any
 
 import aiohttp
-import orjson
-from aiohttp import HttpVersion10, web
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler
-from prometheus_client import generate_latest
 
 from floorguard.clock import Clock, WallClock
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.errors import ConfigError
+from floorguard.proxy.access_log import access_line, error_code
+from floorguard.proxy.admin import admin_routes, admin_token
 from floorguard.proxy.config import GuardServerConfig, load_config, reload_refusals
-from floorguard.proxy.connections import ConnectionCap
 from floorguard.proxy.decision_log import DecisionLog, LineLog
 from floorguard.proxy.health import BackendHealth
-from floorguard.proxy.identity import AuthError, create_identity, peer_address
+from floorguard.proxy.http_server import (
+    GuardRunner,
+    close_after_response,
+    json_errors,
+)
+from floorguard.proxy.identity import AuthError, create_identity
 from floorguard.proxy.learner_http import HttpLearner
 from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.normalize import (
@@ -55,11 +56,11 @@ from floorguard.proxy.normalize import (
     load_tokenizer,
     normalize,
 )
-from floorguard.proxy.openai_format import error_body
-from floorguard.proxy.pool import DECISION, Pool, Reload
+from floorguard.proxy.pool import Pool
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
+from floorguard.proxy.shares import Reload
 from floorguard.store.leases import SlotLeases
 from floorguard.store.shared import SharedFloor
 
@@ -147,7 +148,7 @@ class GuardServer:
         self.tokenizer: TokenCounter | None = (
             load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         )
-        self.admin_token = _admin_token(config, environ)
+        self.admin_token = admin_token(config, environ)
         self._ids = itertools.count()
         self.history: deque[dict[str, float]] = deque(maxlen=_HISTORY_S)
         """Per second, the last `_HISTORY_S`: admissions, refusals, drops, lateness (the
@@ -408,7 +409,7 @@ class GuardServer:
         """The whole body, until EOF, with the size limit applied as it streams in."""
         limit = self.config.limits.max_body_bytes
         if (request.content_length or 0) > limit:
-            _close_after_response(request)
+            close_after_response(request)
             raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
@@ -425,7 +426,7 @@ class GuardServer:
                 json_error(408, "body_timeout", "the body did not arrive in time", NO_RETRY)
             ) from None
         except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. gzip that is not gzip
-            _close_after_response(request)
+            close_after_response(request)
             raise RefusedError(
                 json_error(
                     400,
@@ -524,7 +525,7 @@ class GuardServer:
                 tenant, work, pool = await self._prepare(request, path, seen)
             except RefusedError as refused:
                 response = refused.response
-                self.metrics.on_refused(response.status, _error_code(response))
+                self.metrics.on_refused(response.status, error_code(response))
             else:
                 response = await pool.handle(
                     request, path, work, tenant=tenant, rid=rid, request_id=request_id
@@ -539,54 +540,17 @@ class GuardServer:
             self.served[f"{status // 100}xx"] += 1
             if self._access is not None:
                 self._access.append_line(
-                    self._access_line(
-                        request, path, response, status=status, ids=(request_id, rid), seen=seen
+                    access_line(
+                        request,
+                        path,
+                        response,
+                        status=status,
+                        ids=(request_id, rid),
+                        seen=seen,
+                        now=self.clock.now(),
+                        ended=self.metrics.take_ended(rid),
                     )
                 )
-
-    def _access_line(
-        self,
-        request: web.Request,
-        path: str,
-        response: web.StreamResponse | None,
-        *,
-        status: int,
-        ids: tuple[str, str],
-        seen: dict[str, Any],
-    ) -> str:
-        """The request's access-log line: what the edge saw, and how the guard ended it."""
-        request_id, rid = ids
-        ended = self.metrics.take_ended(rid)
-        line: dict[str, Any] = {
-            "ts": round(self.clock.now(), 6),
-            "request_id": request_id,
-            "id": rid if ended is not None else None,
-            "method": request.method,
-            "path": path,
-            "remote": request.remote,
-            "status": status,
-            **seen,
-            "decision": (response.headers.get("x-floorguard-decision") if response else None)
-            or request.get(DECISION)
-            or "refused",
-        }
-        if ended is not None:
-            timing, event = ended
-            line["class"] = event.cls.value if event.cls is not None else None
-            line["outcome"] = event.kind.value
-            line["reason"] = event.reason
-            line["backend"] = timing.backend or None
-
-            def ms(since: float | None, until: float | None) -> float | None:
-                return round((until - since) * 1e3, 3) if since and until else None
-
-            line["queue_ms"] = ms(timing.admitted_at, timing.dispatched_at)
-            line["ttft_ms"] = ms(timing.arrived_at, timing.first_token_at)
-            line["service_ms"] = ms(timing.dispatched_at, event.at)
-            line["total_ms"] = ms(timing.arrived_at, event.at)
-        elif response is not None and response.status >= 400:
-            line["reason"] = _error_code(response)
-        return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())
 
     # -- status ---------------------------------------------------------------------------
 
@@ -605,19 +569,6 @@ class GuardServer:
         states = [p.store_status() for p in self.pools.values() if p.shared_floor is not None]
         degraded = [s for s in states if s["state"] != "shared"]
         return (degraded or states)[0]
-
-
-def _admin_token(config: GuardServerConfig, environ: Mapping[str, str]) -> str | None:
-    if config.admin.token_env is None:
-        return config.admin.token
-    token = environ.get(config.admin.token_env) or None
-    if token is None or len(token) < 16:
-        raise ConfigError(
-            "admin.token_env",
-            config.admin.token_env,
-            "names an environment variable that must hold a token of ≥ 16 characters",
-        )
-    return token
 
 
 def _changes(pool: Pool, plan: Reload) -> dict[str, Any]:
@@ -639,21 +590,6 @@ def _changes(pool: Pool, plan: Reload) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v}
 
 
-def _error_code(response: web.StreamResponse) -> str | None:
-    """The `error.code` of a JSON error answer (OpenAI's shape); None for anything else."""
-    if not isinstance(response, web.Response):
-        return None
-    with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-        return str(orjson.loads(response.body)["error"]["code"])  # type: ignore[arg-type]
-    return None
-
-
-def _close_after_response(request: web.Request) -> None:
-    protocol = request.protocol
-    if isinstance(protocol, _JsonErrorHandler):
-        protocol.close_after_response()
-
-
 def _too_large(limit: int) -> RefusedError:
     return RefusedError(
         json_error(413, "body_too_large", f"the body exceeds {limit} bytes", NO_RETRY)
@@ -671,30 +607,6 @@ _LARGE_BODY_BYTES = 65_536
 tenant: one tenant's megabyte bodies cannot delay another's arrivals (issue 28)."""
 
 
-def _raw_json_error(status: int, reason: str, code: str, message: str) -> bytes:
-    """A whole HTTP/1.1 error response with `Connection: close`, for writing straight to a
-    transport where aiohttp's response machinery cannot answer."""
-    body = orjson.dumps(error_body(code, message, status=status))
-    return (
-        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nx-should-retry: false\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-        % (status, reason.encode(), len(body), body)
-    )
-
-
-_HTTP09_REFUSAL = _raw_json_error(
-    505, "HTTP Version Not Supported", "http_version", "send HTTP/1.0 or later"
-)
-"""The answer to an HTTP/0.9 request line, written raw (aiohttp would answer it in 0.9)."""
-_HALF_CLOSE_REFUSAL = _raw_json_error(
-    400,
-    "Bad Request",
-    "half_closed",
-    "the client closed its sending side before the answer: this guard reads that as the "
-    "client leaving and aborts the request (keep the connection open until the response, "
-    "or ask the operator for half_close: serve)",
-)
-
 _LOGGED_CHARS = 200
 """A client-controlled string (the body's `model`) is clipped to this in the logs."""
 
@@ -703,230 +615,6 @@ _MODELS_TTL_S = 5.0
 
 SERVER: web.AppKey[GuardServer] = web.AppKey("floorguard.server", GuardServer)
 """The app's `GuardServer` (its guard, metrics and status)."""
-
-_STATUS_TEXT = {
-    404: ("not_found", "no such path"),
-    405: ("method_not_allowed", "method not allowed on this path"),
-    413: ("body_too_large", "the body is too large"),
-}
-
-
-@web.middleware
-async def _json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """aiohttp's own refusals (404, 405, …) in the OpenAI error shape, not text/plain; so is
-    anything a handler failed to catch."""
-    if request.version < HttpVersion10:  # HTTP/0.9 has no status line to answer with
-        if request.transport is not None:
-            request.transport.write(_HTTP09_REFUSAL)
-            request.transport.close()
-        raise asyncio.CancelledError
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        code, message = _STATUS_TEXT.get(exc.status, ("http_error", exc.reason))
-        return json_error(exc.status, code, message)
-    except Exception:  # a bug before any request was admitted: still JSON, logged
-        log.exception("%s %s failed inside the guard", request.method, request.path)
-        return json_error(500, "internal_error", "the guard failed on this request")
-
-
-_EOF_HOPS = 8
-"""Loop turns a half-closed connection's request may take to reach its handler."""
-
-
-class _JsonErrorHandler(RequestHandler):
-    """The HTTP parser's refusals (a malformed request line or header) in JSON, and the
-    connection counted against the edge's cap (connections.py)."""
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._request_in_progress)
-
-    def close_now(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def close_after_response(self) -> None:
-        """Close once this response is written, without reading the rest of the body
-        (aiohttp would linger reading it, and re-raise a body it cannot decode)."""
-        self._force_close = True
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        cap = getattr(self._manager, "cap", None)
-        if cap is not None and not cap.opened(self):
-            transport.close()
-
-    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio reads the bool
-        """The client sent FIN. Between requests that ends the connection, as before. A
-        client that half-closes after a whole request gets an answer: with `half_close:
-        refuse` (the default) a 400 `half_closed` and the request aborted at once (its slot
-        or queue place freed), since a client that left and one that only stopped sending
-        look the same until a write fails; with `serve` the request goes on and the
-        connection closes after its answer (a client that left is then found at the first
-        failed write). Decided once the request's handler has started (`_after_eof`)."""
-        if self._waiter is not None and not self._messages:  # idle between requests
-            return False
-        if self.transport is None or self.transport.get_extra_info("sslcontext") is not None:
-            return False  # TLS has no half-close (asyncio closes it whatever we say)
-        self._loop.call_soon(self._after_eof, _EOF_HOPS)
-        return True
-
-    def _after_eof(self, hops: int) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        request = self._current_request
-        if request is None:
-            if hops > 0 and (self._waiter is None or self._messages):  # not started yet
-                self._loop.call_soon(self._after_eof, hops - 1)
-            else:
-                transport.close()
-            return
-        if not request.content.is_eof():  # a body cut short: the parser is told at close
-            transport.close()
-        elif getattr(self._manager, "half_close", "refuse") == "serve":
-            self.close()  # once this answer is written: no further request can come
-        else:
-            if request._payload_writer.output_size == 0:  # nothing of an answer sent yet
-                transport.write(_HALF_CLOSE_REFUSAL)
-            transport.close()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        cap = getattr(self._manager, "cap", None)
-        if cap is not None:
-            cap.closed(self)
-        super().connection_lost(exc)
-
-    def handle_error(
-        self,
-        request: Any,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs; raises if already sent
-        code = "bad_http" if status < 500 else "internal_error"
-        text = "the request is not valid HTTP" if status < 500 else "the guard failed"
-        response = json_error(status, code, text)
-        response.force_close()
-        return response
-
-
-class _JsonErrorServer(web.Server):
-    cap: ConnectionCap | None = None
-    half_close: str = "refuse"
-
-    def __call__(self) -> RequestHandler:
-        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
-
-
-class GuardRunner(web.AppRunner):
-    """An `AppRunner` whose connections answer HTTP parser errors in JSON and, given a
-    `cap`, are bounded by it."""
-
-    def __init__(
-        self,
-        app: web.Application,
-        *,
-        cap: ConnectionCap | None = None,
-        half_close: str = "refuse",
-        **kw: Any,
-    ):
-        super().__init__(app, **kw)
-        self._cap = cap
-        self._half_close = half_close
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _JsonErrorServer  # same object, one method more specific
-        server.cap = self._cap  # type: ignore[attr-defined]
-        server.half_close = self._half_close  # type: ignore[attr-defined]
-        return server
-
-
-def _admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bool) -> None:
-    """`/metrics` and `/admin/status`: behind `admin.token` when one is configured; on the
-    main listener without one, only for loopback clients."""
-
-    def allowed(request: web.Request) -> web.Response | None:
-        token = server.admin_token
-        if token is not None:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return json_error(401, "admin_token_required", "this path needs the admin token")
-            return None
-        if loopback_only and not _is_loopback(request.remote):
-            return json_error(
-                403, "admin_loopback_only", "admin paths answer loopback clients only"
-            )
-        return None
-
-    async def metrics(request: web.Request) -> web.Response:
-        refused = allowed(request)
-        if refused is not None:
-            return refused
-        return web.Response(
-            body=generate_latest(server.metrics.registry), content_type="text/plain"
-        )
-
-    async def admin_status(request: web.Request) -> web.Response:
-        refused = allowed(request)
-        if refused is not None:
-            return refused
-        return web.json_response(server.status())
-
-    async def admin_history(request: web.Request) -> web.Response:
-        refused = allowed(request)
-        if refused is not None:
-            return refused
-        return web.json_response({"interval_s": 1.0, "samples": list(server.history)})
-
-    page = resources.files("floorguard.proxy").joinpath("admin.html").read_bytes()
-
-    async def admin_page(request: web.Request) -> web.Response:
-        """The status page: a static shell (no data in it; its script reads `/admin/status`
-        and `/admin/history` with the admin token from the URL's `#token=`)."""
-        if server.admin_token is None and loopback_only and not _is_loopback(request.remote):
-            return json_error(
-                403, "admin_loopback_only", "admin paths answer loopback clients only"
-            )
-        return web.Response(body=page, content_type="text/html", headers=_PAGE_HEADERS)
-
-    async def admin_reload(request: web.Request) -> web.Response:
-        """Reload the configuration file (as SIGHUP does); a refused one is answered 400
-        with why, and the running configuration goes on."""
-        refused = allowed(request)
-        if refused is not None:
-            return refused
-        try:
-            summary = server.reload_file()
-        except ConfigError as exc:
-            log.error("reload refused, the running configuration goes on: %s", exc)
-            return json_error(400, "reload_refused", str(exc))
-        return web.json_response({"reloaded": True, **summary})
-
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/admin/reload", admin_reload)
-    app.router.add_get("/admin/status", admin_status)
-    app.router.add_get("/admin/history", admin_history)
-    app.router.add_get("/admin/", admin_page)
-
-
-_PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-
-def _is_loopback(remote: str | None) -> bool:
-    address = peer_address(remote)
-    return address is not None and address.is_loopback
 
 
 def create_app(
@@ -942,7 +630,7 @@ def create_app(
     upstream request. With `admin.port` the admin paths are served by `create_admin_app`
     on a listener of their own, not here."""
     server = GuardServer(config, environ=environ, clock=clock, fault_hook=fault_hook)
-    app = web.Application(middlewares=[_json_errors])
+    app = web.Application(middlewares=[json_errors])
     app[SERVER] = server
 
     async def models(_: web.Request) -> web.Response:
@@ -987,7 +675,7 @@ def create_app(
         (413, the connection closed), not invited with 100 Continue."""
         limit = server.config.limits.max_body_bytes
         if (request.content_length or 0) > limit:
-            _close_after_response(request)
+            close_after_response(request)
             return _too_large(limit).response
         await _default_expect_handler(request)
         return None
@@ -998,7 +686,7 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if config.admin.port is None:
-        _admin_routes(server, app, loopback_only=True)
+        admin_routes(server, app, loopback_only=True)
     app.on_startup.append(server.start)
     app.on_shutdown.append(server.drain)
     app.on_cleanup.append(server.stop)
@@ -1007,6 +695,6 @@ def create_app(
 
 def create_admin_app(server: GuardServer) -> web.Application:
     """The admin listener's app (`admin.port`): `/metrics` and `/admin/status` of `server`."""
-    app = web.Application(middlewares=[_json_errors])
-    _admin_routes(server, app, loopback_only=False)
+    app = web.Application(middlewares=[json_errors])
+    admin_routes(server, app, loopback_only=False)
     return app

@@ -6,7 +6,6 @@ A bad file is refused before anything listens, with the key, the value and what 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import ssl
@@ -17,7 +16,6 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -38,18 +36,25 @@ from floorguard.core.contract import (
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import PROFILES, get_profile
+from floorguard.proxy.config_identity import IdentitySpec, JwtSpec, MtlsSpec, Strict, TlsSpec
 from floorguard.proxy.normalize import EdgeLimits
 from floorguard.sim.probe import latency_model_for
 from floorguard.store.shared import Unavailable
 
-__all__ = ["GuardServerConfig", "load_config", "server_ssl_context"]
+__all__ = [
+    "BackendSpec",
+    "GuardServerConfig",
+    "IdentitySpec",
+    "JwtSpec",
+    "MtlsSpec",
+    "StoreSpec",
+    "TlsSpec",
+    "load_config",
+    "server_ssl_context",
+]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class ContractSpec(_Strict):
+class ContractSpec(Strict):
     tenant: str = Field(min_length=1)
     """The tenant's name, as its identity (JWT claim, certificate, gateway header) gives it."""
     cls: ContractClass = Field(alias="class")
@@ -69,7 +74,7 @@ class ContractSpec(_Strict):
         return self.models is None or model in self.models
 
 
-class BackendSpec(_Strict):
+class BackendSpec(Strict):
     url: str = Field(pattern=r"^https?://")
     """The backend's base URL (http or https)."""
     slots: int = Field(ge=1, le=4096)
@@ -85,96 +90,21 @@ class BackendSpec(_Strict):
     """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """One model's pool: the backends that serve it (each with its own `slots`). A pool is
     guarded on its own: its queue, its slots, its contracts' floors (docs/http.md)."""
 
     backends: list[BackendSpec] = Field(min_length=1)
 
 
-class JwtSpec(_Strict):
-    algorithms: list[Literal["HS256", "RS256", "ES256"]] = Field(min_length=1)
-    """The algorithms a token may be signed with (never `none`)."""
-    secret: str | None = None
-    """HS256 shared secret (or `secret_env`: the name of an environment variable)."""
-    secret_env: str | None = None
-    """The environment variable holding the HS256 secret."""
-    secret_file: Path | None = None
-    """Or a file holding it (a mounted Kubernetes Secret): read at start and again at each
-    reload, so a rotated secret takes effect without a restart."""
-    public_key_file: Path | None = None
-    """PEM public key for RS256 / ES256."""
-    jwks_file: Path | None = None
-    """Or a JWKS (JSON Web Key Set) file for RS256 / ES256: the token's `kid` picks the key."""
-    issuer: str | None = None
-    """The `iss` a token must carry (none: not checked)."""
-    audience: str | None = None
-    """The `aud` a token must carry (none: not checked)."""
-    tenant_claim: str = "sub"
-    """The claim that names the tenant."""
-    leeway_s: float = Field(default=0.0, ge=0, le=300)
-    """Clock skew allowed on `exp` / `nbf`."""
-
-
-class MtlsSpec(_Strict):
-    tenant_from: Literal["cn", "san-dns", "san-uri"] = "cn"
-    """Which part of the verified client certificate names the tenant: the subject's common
-    name, or the first DNS / URI subject-alternative name."""
-
-
-class IdentitySpec(_Strict):
-    mode: Literal["jwt", "mtls", "header"]
-    """Where the tenant comes from: a JWT bearer token, a client certificate, or a header
-    set by a named gateway."""
-    jwt: JwtSpec | None = None
-    """`mode: jwt`: how tokens are checked."""
-    mtls: MtlsSpec = MtlsSpec()
-    """`mode: mtls`: needs `tls.client_ca_file` (the CA that signs tenants' certificates)."""
-    header: str | None = None
-    """`mode: header`: the header a trusted upstream sets (configured explicitly, SPEC §2)."""
-    trusted_upstreams: list[str] = Field(default_factory=list)
-    """`mode: header`: the source address ranges (CIDR, e.g. `10.0.0.5/32`) of the upstream
-    that sets `header`; a request from any other address is refused 403 whatever it sends."""
-
-    @field_validator("trusted_upstreams")
-    @classmethod
-    def _cidrs(cls, value: list[str]) -> list[str]:
-        for cidr in value:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError as exc:
-                raise ValueError(f"{cidr!r} is not an address range (CIDR): {exc}") from None
-        return value
-
-    @model_validator(mode="after")
-    def _header_needs_upstreams(self) -> IdentitySpec:
-        if self.mode == "header" and (not self.header or not self.trusted_upstreams):
-            raise ValueError(
-                "mode header needs `header` and `trusted_upstreams` (the address ranges of "
-                "the gateway that sets it): without them any client could name any tenant"
-            )
-        return self
-
-
-class TlsSpec(_Strict):
-    cert_file: Path
-    """The server certificate (PEM)."""
-    key_file: Path
-    """Its private key (PEM)."""
-    client_ca_file: Path | None = None
-    """Verify client certificates against this CA bundle (needed by `identity.mode: mtls`).
-    A client that presents none reaches the guard and gets 401; one that presents a
-    certificate this CA did not sign fails the TLS handshake."""
-
-
-class LearnerHttpSpec(_Strict):
+class LearnerHttpSpec(Strict):
     url: str = Field(pattern=r"^https?://")
     """POSTed one JSON summary per surplus request (wire format: proxy/learner_http.py)."""
     timeout_ms: float = Field(default=50.0, gt=0, le=10_000)
     """No answer in time → the surplus request is rejected as a learner fault."""
 
 
-class LearnerOptionsSpec(_Strict):
+class LearnerOptionsSpec(Strict):
     """For the built-in latency predictors (`predictor-sheddable`, `predictor-agnostic`):
     they are fitted at start on the configured `profile` and admit against `slo_ms`."""
 
@@ -188,7 +118,7 @@ class LearnerOptionsSpec(_Strict):
     profile); `light-only`: 132 light-load samples alone, a learner that never sheds."""
 
 
-class StoreSpec(_Strict):
+class StoreSpec(Strict):
     url: str = Field(pattern=r"^(rediss?|redis\+cluster|redis\+sentinel)://")
     """The Redis every replica shares: `redis://host:port/db` (or `rediss://`), a Cluster
     `redis+cluster://host:port[,host:port…]`, or the master a Sentinel names
@@ -230,7 +160,7 @@ class StoreSpec(_Strict):
     it (renewed every `lease_ttl_s / 4`)."""
 
 
-class LimitsSpec(_Strict):
+class LimitsSpec(Strict):
     """What one request may ask for; the guard rewrites the body to it (docs/http.md)."""
 
     max_body_bytes: int = Field(default=1_000_000, ge=1024, le=100_000_000)
@@ -301,7 +231,7 @@ class LimitsSpec(_Strict):
         return self
 
 
-class QueueSpec(_Strict):
+class QueueSpec(Strict):
     """How many surplus requests may wait in the guard (floor-entitled ones are bounded by
     the floor and never refused for it); over a limit: 429 `queue_full`."""
 
@@ -313,7 +243,7 @@ class QueueSpec(_Strict):
     """Requests one tenant may have waiting at most (none: no bound)."""
 
 
-class UpstreamSpec(_Strict):
+class UpstreamSpec(Strict):
     """Timeouts towards the backends (instead of one total timeout, which would cut a long
     legitimate stream)."""
 
@@ -330,7 +260,7 @@ class UpstreamSpec(_Strict):
     `{assured: premium, opportunistic: sheddable}`; a client's own header never passes."""
 
 
-class AdminSpec(_Strict):
+class AdminSpec(Strict):
     """`/admin/*` and `/metrics` (tenant names, credits): never open to tenants."""
 
     token: str | None = Field(default=None, min_length=16)
@@ -343,7 +273,7 @@ class AdminSpec(_Strict):
     """The admin listener's address (with `port`)."""
 
 
-class RotateSpec(_Strict):
+class RotateSpec(Strict):
     """Start a new decision-log file past a size or an age (`verify FILE --rotated` reads
     the segments as one log)."""
 
@@ -353,7 +283,7 @@ class RotateSpec(_Strict):
     """Start a new file past this age."""
 
 
-class GuardServerConfig(_Strict):
+class GuardServerConfig(Strict):
     host: str = "127.0.0.1"
     """The address the guard listens on."""
     port: int = Field(default=8080, ge=0, le=65535)

@@ -16,20 +16,18 @@ does, so a request ends exactly once and its slot is released exactly once, on e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
-import orjson
 from aiohttp import web
 
 from floorguard.clock import Clock
-from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
+from floorguard.core.contract import Contract, ContractClass, reload_refusals
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
@@ -48,27 +46,24 @@ from floorguard.core.surface import (
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
+from floorguard.proxy.forward import Forwarding, PoolHost, UnreachableError
 from floorguard.proxy.health import BackendHealth, reported_slots
-from floorguard.proxy.learner_http import HttpLearner
-from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
-from floorguard.proxy.relay import HeldReplies, ReplyBox
 from floorguard.proxy.replies import (
-    JSON,
     NO_RETRY,
     Exchange,
     end_stream,
     json_error,
-    next_chunk,
 )
+from floorguard.proxy.shares import Reload, capacities, merge_backends, slot_shares
 from floorguard.proxy.status import guard_status
 from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
 
-__all__ = ["Pool", "PoolHost", "Reload", "merge_backends"]
+__all__ = ["Pool", "PoolHost"]
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -76,58 +71,7 @@ DECISION: web.RequestKey[str] = web.RequestKey("floorguard.decision", str)
 """The request's admission (`entitled` / `surplus`), kept on the aiohttp request."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Reload:
-    """A pool's part of a reload, validated (`Pool.plan_reload`), not yet applied."""
-
-    config: GuardServerConfig
-    backends: list[BackendSpec]
-    removed: frozenset[int]
-    guard_config: GuardConfig
-
-
-def merge_backends(
-    running: Sequence[BackendSpec], wanted: Sequence[BackendSpec]
-) -> tuple[list[BackendSpec], frozenset[int]]:
-    """The backends after a reload, by position: each running one where it is (with the
-    new `slots` if it is still wanted; removed, draining, if not), then the new ones in
-    their order. A backend is its URL."""
-    by_url = {b.url.rstrip("/"): b for b in wanted}
-    merged, removed = [], set()
-    for i, backend in enumerate(running):
-        kept = by_url.pop(backend.url.rstrip("/"), None)
-        merged.append(kept if kept is not None else backend)
-        if kept is None:
-            removed.add(i)
-    return [*merged, *by_url.values()], frozenset(removed)
-
-
-class _UnreachableError(Exception):
-    """The backend could not be reached before any byte was sent: place the request again."""
-
-
-class PoolHost(Protocol):
-    """What a pool needs of the edge that hands it requests (the HTTP edge in `app.py`; a
-    test gives a fake): the clock, the upstream transport, the event sink, the metrics, the
-    held-reply budget, the fault hook and the drain's state."""
-
-    clock: Clock
-    replica: str
-    http_learner: HttpLearner | None
-    replies: HeldReplies
-    cutting: bool
-    """Set at the drain deadline: an ending request was cut by the drain."""
-    num_cut_at_deadline: int
-
-    @property
-    def metrics(self) -> GuardMetrics: ...
-    @property
-    def session(self) -> aiohttp.ClientSession: ...
-    def on_event(self, event: TraceEvent) -> None: ...
-    def checkpoint(self, point: str) -> Awaitable[None]: ...
-
-
-class Pool:
+class Pool(Forwarding):
     """One pool's guard and request path; the edge (a `PoolHost`) owns identity, bodies,
     the decision log, metrics and the upstream session, and hands each request here."""
 
@@ -288,38 +232,15 @@ class Pool:
     def _shares(
         self, backends: Sequence[BackendSpec], removed: frozenset[int], count: int
     ) -> tuple[int, ...]:
-        """Each backend's slots for this replica: with partitioned slots in a fleet,
-        `min(slots, ⌊capacity / count⌋)` where the backend's capacity is known (declared,
-        else reported), so the live replicas' shares never sum past it; else `slots`.
-        Removed backends: 0. A fleet with more replicas than a backend has slots gives
-        some a share of 0; if every share here is 0 the replica keeps one slot on its
-        largest backend (logged: the backend may then run more than its capacity)."""
         store = self.config.store
-        partitioned = store is not None and store.slots == "partition"
-        shares = []
-        for i, backend in enumerate(backends):
-            capacity = self._capacity(backend)
-            if i in removed:
-                shares.append(0)
-            elif partitioned and capacity is not None:
-                shares.append(min(backend.slots, capacity // count))
-            else:
-                shares.append(backend.slots)
-        if not any(shares):
-            kept = max(
-                (i for i in range(len(backends)) if i not in removed),
-                key=lambda i: self._capacity(backends[i]) or 0,
-            )
-            shares[kept] = 1
-            log.warning(
-                "%d replicas live%s, more than the backends have slots for: this replica "
-                "keeps one slot on %s (its capacity may be exceeded; lease the slots, "
-                "docs/replicas.md)",
-                count,
-                self._of(),
-                backends[kept].url,
-            )
-        return tuple(shares)
+        return slot_shares(
+            backends,
+            removed,
+            count,
+            partitioned=store is not None and store.slots == "partition",
+            capacity_of=self._capacity,
+            where=self._of(),
+        )
 
     def _capacity(self, backend: BackendSpec) -> int | None:
         """The backend's own slot count: declared, else as it reported it at start."""
@@ -328,8 +249,7 @@ class Pool:
     def _capacities(self, backends: Sequence[BackendSpec]) -> tuple[int | None, ...]:
         """Each backend's capacity as the decision log records it (for `verify`'s SLOTS
         across replicas); () when none is known."""
-        capacity = tuple(self._capacity(b) for b in backends)
-        return capacity if any(c is not None for c in capacity) else ()
+        return capacities(backends, self._capacity)
 
     def _follow_fleet(self, count: int) -> None:
         """The live replica count changed: fail-static's share and the leases' fallback
@@ -502,6 +422,8 @@ class Pool:
             admission = await self._admit(offered)
             if not admission.admitted:
                 return self._refusal(admission, self.clock.now())
+            if admission.entitled and self.leases is not None:
+                self._in_background(self.leases.announce_async())
             return await self._serve(
                 request, path, work, admission, exchange=exchange, request_id=request_id
             )
@@ -564,7 +486,7 @@ class Pool:
                 return await self._forward(
                     request, path, work, decision, headers=headers, exchange=exchange
                 )
-            except _UnreachableError:
+            except UnreachableError:
                 self.health.unreachable(decision.backend)
                 self._release_lease(rid)
                 unreachable += 1
@@ -614,7 +536,11 @@ class Pool:
             await leases.release_async(backend, rid, waiting)
             self.pump.pump()
 
-        task = asyncio.get_running_loop().create_task(release())
+        self._in_background(release())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` beside the request path (a lease call whose answer nobody awaits)."""
+        task = asyncio.get_running_loop().create_task(work)
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
 
@@ -639,216 +565,6 @@ class Pool:
         )
 
     # -- the backend ----------------------------------------------------------------------
-
-    async def _forward(
-        self,
-        request: web.Request,
-        path: str,
-        work: Work,
-        decision: Dispatch,
-        *,
-        headers: dict[str, str],
-        exchange: Exchange,
-    ) -> web.StreamResponse:
-        rid = str(decision.request.request_id)
-        backend = self.backends[decision.backend]
-        upstream_config = self.config.upstream
-        await self.edge.checkpoint("connect")
-        try:
-            async with asyncio.timeout(upstream_config.first_byte_timeout_s):
-                upstream = await self.edge.session.post(
-                    backend.url.rstrip("/") + path,
-                    data=work.body,
-                    headers=self._upstream_headers(decision, headers["x-request-id"]),
-                    allow_redirects=False,
-                )
-        except aiohttp.ClientConnectorError as exc:
-            raise _UnreachableError from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._upstream_failed(rid, exc, headers)
-        async with upstream:
-            await self.edge.checkpoint("headers")
-            if upstream.status >= 300:
-                self._end(rid, "fail", f"upstream_{upstream.status}")
-                if 400 <= upstream.status < 500 and upstream.status not in (408, 429):
-                    return await _rejected(upstream, headers)
-                return json_error(
-                    502,
-                    "upstream_error",
-                    f"the backend answered {upstream.status}",
-                    headers,
-                    upstream_status=upstream.status,
-                )
-            if work.stream:
-                return await self._relay(request, rid, upstream, headers, exchange)
-            return await self._reply(request, rid, upstream, headers)
-
-    def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
-        """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
-        pool) the objective of the request's class. Nothing of the client's headers."""
-        out = {**JSON, "x-request-id": request_id}
-        objectives = self.config.upstream.inference_objectives
-        if objectives is not None:
-            cls = self.contracts[decision.request.tenant].cls
-            if cls in objectives:
-                out["x-gateway-inference-objective"] = objectives[cls]
-        return out
-
-    def _upstream_failed(
-        self, rid: str, exc: BaseException, headers: dict[str, str]
-    ) -> web.Response:
-        """Before the response started: end the request as failed and answer 504 (the backend
-        timed out) or 502 (its connection failed) — never with its text or address."""
-        if isinstance(exc, TimeoutError):
-            self._end(rid, "fail", "upstream_timeout")
-            return json_error(
-                504, "upstream_timeout", "the backend did not answer in time", headers
-            )
-        self._end(rid, "fail", "upstream_error")
-        return json_error(502, "upstream_error", "the backend connection failed", headers)
-
-    async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
-        return await next_chunk(upstream.content, timeout_s)
-
-    def _box(self, request: web.Request, limit_bytes: int) -> ReplyBox:
-        """A reply box whose cut aborts this client's connection (relay.py)."""
-        transport = request.transport
-        return self.edge.replies.box(
-            limit_bytes, transport.abort if transport is not None else None
-        )
-
-    async def _from_backend(
-        self, rid: str, upstream: aiohttp.ClientResponse, box: ReplyBox, first: bytes = b""
-    ) -> None:
-        """Read the backend's reply at the backend's pace into `box`, bounded by
-        `limits.max_response_bytes`, and end the request in the guard when the backend has
-        finished (its slot goes on then, whatever the client does). A failure ends the box
-        with it; a cut box stops the reading (the request is aborted by the writer)."""
-        cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
-        metrics, cls = self.edge.metrics, self._class_of(rid)
-        size, last, chunk = 0, self.clock.now(), first
-        try:
-            if not chunk:
-                chunk = await self._read_chunk(upstream, idle)
-            while chunk:
-                size += len(chunk)
-                if size > cap:
-                    self._end(rid, "fail", "upstream_reply_too_large")
-                    box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
-                    return
-                if not box.put(chunk):
-                    return
-                await self.edge.checkpoint("stream")
-                chunk = await self._read_chunk(upstream, idle)
-                if chunk and first:
-                    now = self.clock.now()
-                    metrics.on_chunk_gap(self.label, cls, now - last)
-                    last = now
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            reason = (
-                "upstream_timeout"
-                if isinstance(exc, TimeoutError)
-                else "upstream_broke_mid_stream"
-                if first
-                else "upstream_error"
-            )
-            self._end(rid, "fail", reason)
-            box.finish((reason, "the backend reply failed mid-way"))
-            return
-        self._complete(rid)
-        box.finish()
-
-    async def _reply(
-        self,
-        request: web.Request,
-        rid: str,
-        upstream: aiohttp.ClientResponse,
-        headers: dict[str, str],
-    ) -> web.StreamResponse:
-        """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
-        ended in the guard, then written to the client within `client_write_timeout_s`."""
-        box = self._box(request, self.config.limits.max_response_bytes)
-        try:
-            await self._from_backend(rid, upstream, box)
-            if box.cut_reason is not None:
-                self._end(rid, "abort", box.cut_reason)
-                return json_error(503, box.cut_reason, "the guard holds too many replies")
-            if box.failure is not None:
-                code, message = box.failure
-                self._end(rid, "abort", code)  # stopped by the drain (a failure has ended it)
-                status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
-                return json_error(status, code, message, headers)
-            body = box.take_all()
-            response = web.StreamResponse(status=200, headers={**headers, **JSON})
-            response.content_length = len(body)
-            await response.prepare(request)
-            try:
-                await self._to_client(response, body)
-                await response.write_eof()
-            except TimeoutError:
-                box.cut("client_too_slow")
-                log.info("request %s: its client was cut (client_too_slow)", rid)
-            return response
-        finally:
-            box.close()
-
-    async def _to_client(self, response: web.StreamResponse, chunk: bytes) -> None:
-        """One write towards the client, within `client_write_timeout_s` (TimeoutError)."""
-        async with asyncio.timeout(self.config.client_write_timeout_s):
-            await response.write(chunk)
-
-    async def _relay(
-        self,
-        request: web.Request,
-        rid: str,
-        upstream: aiohttp.ClientResponse,
-        headers: dict[str, str],
-        exchange: Exchange,
-    ) -> web.StreamResponse:
-        """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
-        it, the stream ends with an SSE error event (never a second response). The backend
-        is read into a bounded box at its own pace (`_from_backend`); the client is written
-        from it, and cut when it cannot keep up (relay.py)."""
-        timeouts = self.config.upstream
-        try:
-            first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return self._upstream_failed(rid, exc, headers)
-        response = web.StreamResponse(
-            status=200,
-            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-        )
-        exchange.response = response
-        await response.prepare(request)
-        self.guard.on_first_token(rid, self.clock.now())
-        box = self._box(request, self.config.limits.max_buffered_reply_bytes)
-        reading = asyncio.create_task(self._from_backend(rid, upstream, box, first))
-        reading.add_done_callback(box.finish_with)
-        try:
-            while (chunk := await box.get()) is not None:
-                await self._to_client(response, chunk)
-            if box.cut_reason is None:
-                await asyncio.wait([reading])
-                reading.result()  # a fault inside the reading fails this request here
-            if box.failure is not None:
-                await end_stream(response, *box.failure)
-            elif box.cut_reason is None:
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write_eof()
-        except TimeoutError:
-            box.cut("client_too_slow")
-        except ConnectionResetError:
-            pass
-        finally:
-            if not reading.done():
-                reading.cancel()
-                await asyncio.wait([reading])
-            stopped = box.failure[0] if box.failure is not None else None
-            self._end(rid, "abort", box.cut_reason or stopped or "client_disconnected")
-            if box.cut_reason is not None:
-                log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
-            box.close()
-        return response
 
     def _class_of(self, rid: str) -> ContractClass:
         request = self.guard.in_flight_request(rid)
@@ -885,26 +601,6 @@ class Pool:
         """The shared floor's state: `shared`, or degraded under its fallback policy."""
         assert self.shared_floor is not None
         return self.shared_floor.status()
-
-
-async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:
-    """A backend's 4xx (the request itself is wrong: a mistyped model, a field it refuses)
-    relayed as that 4xx in the OpenAI shape, not retryable — a retry would cost the tenant
-    another admission. Only the backend's own message goes back, clipped."""
-    message = ""
-    with contextlib.suppress(Exception):
-        answer = orjson.loads(await upstream.content.read(8192))
-        error = answer.get("error", answer) if isinstance(answer, dict) else {}
-        found = error.get("message") or error.get("detail") if isinstance(error, dict) else None
-        message = found if isinstance(found, str) else ""
-    status = upstream.status
-    return json_error(
-        status,
-        "upstream_rejected",
-        f"the backend refused the request ({status})" + (f": {message[:300]}" if message else ""),
-        {**headers, **NO_RETRY},
-        upstream_status=status,
-    )
 
 
 def _retrieve(done: asyncio.Future[Any]) -> None:

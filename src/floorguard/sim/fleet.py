@@ -44,8 +44,9 @@ from floorguard.core.surface import Dispatch, Pending, StoreCall
 from floorguard.experiments.figures import subplots
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.profiles import get_profile
-from floorguard.sim.backend import SimBackend, create_backend
+from floorguard.sim.backend import create_backend
 from floorguard.sim.engine import Engine, Priority
+from floorguard.sim.serving import Serving
 from floorguard.sim.targets import saturated_capacity
 from floorguard.store.base import Plan, StoreUnavailable
 from floorguard.store.leases import LeaseCall, LeaseReply, SlotLeases
@@ -153,10 +154,11 @@ class _FleetSimulation:
         rng = np.random.default_rng(seed)
         self.rng = rng
         profile = get_profile(fleet.profile)
-        self.backends: list[SimBackend] = [
-            create_backend(profile, fleet.slots, r) for r in rng.spawn(fleet.backends)
-        ]
-        self._versions = [0] * fleet.backends
+        self.serving = Serving(
+            self.engine,
+            [create_backend(profile, fleet.slots, r) for r in rng.spawn(fleet.backends)],
+            self.on_completion,
+        )
         self.running = [0] * fleet.backends
         """Requests in flight on each backend, fleet-wide."""
         self.peak = 0
@@ -297,7 +299,11 @@ class _FleetSimulation:
         need = pending.need
         if need is not None:  # a learner ask: the surplus learner answers at once
             answer = consult(self.learner, need.request, need.cls, need.load, now)  # type: ignore[union-attr]
-            guard.continue_arrival(pending, now, answer)
+            pending = guard.continue_arrival(pending, now, answer)
+        leases = self.leases[replica]
+        admission = pending.admission
+        if leases is not None and admission is not None and admission.entitled:
+            self._finish_plan(leases.plan_announce())
         self._poll(replica, now)
 
     # -- dispatch, leases and completion ----------------------------------------------------
@@ -382,25 +388,14 @@ class _FleetSimulation:
 
     def _start(self, replica: int, decision: Dispatch, now: float) -> None:
         backend = self.owned[replica][decision.backend]
-        self.backends[backend].join(decision.request, now)
+        self.serving.join(backend, decision.request, now)
         self.running[backend] += 1
         self.peak = max(self.peak, self.running[backend])
-        self._reschedule(backend)
+        self.serving.reschedule(backend)
 
-    def _reschedule(self, backend: int) -> None:
-        self._versions[backend] += 1
-        at = self.backends[backend].next_completion_at()
-        if at is not None:
-            self.engine.schedule(
-                at, Priority.COMPLETION, self.on_completion, (backend, self._versions[backend])
-            )
-
-    def on_completion(self, payload: tuple[int, int], now: float) -> None:
-        backend, version = payload
-        if version != self._versions[backend]:
-            return
+    def on_completion(self, backend: int, done: list[RequestId], now: float) -> None:
         owners = []
-        for request_id in self.backends[backend].complete_due(now):
+        for request_id in done:
             replica = self.owner.pop(request_id)
             self.running[backend] -= 1
             leases = self.leases[replica]
@@ -409,7 +404,7 @@ class _FleetSimulation:
                 self._finish_plan(leases.plan_release(local, str(request_id), leases.waiting()))
             self.guards[replica].finish(request_id, now, "complete")
             owners.append(replica)
-        self._reschedule(backend)
+        self.serving.reschedule(backend)
         for replica in dict.fromkeys(owners):
             self._poll(replica, now)
 

@@ -17,6 +17,7 @@ from floorguard.learners.registry import LearnerOptions, create_learner
 from floorguard.sim.backend import SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.scenarios import Scenario
+from floorguard.sim.serving import Serving
 from floorguard.sim.workloads import build_requests
 
 __all__ = ["SimRun", "scenario_requests", "simulate_once"]
@@ -39,14 +40,13 @@ class _Simulation:
     ) -> None:
         self.engine = Engine()
         self.guard = guard
-        self.backends = backends
-        self._versions = [0] * len(backends)
+        self.serving = Serving(self.engine, backends, self.on_completion)
         self._record_first_token = record_first_token
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.guard.on_arrival(request, now, request.arrival_at)
         for index in self._dispatch(now):
-            self._reschedule(index)
+            self.serving.reschedule(index)
 
     def _dispatch(self, now: float) -> set[int] | tuple[()]:
         """Start what the guard dispatches; returns the backends whose batch changed."""
@@ -56,8 +56,7 @@ class _Simulation:
         touched: set[int] = set()
         for decision in decisions:
             if type(decision) is Dispatch:
-                backend = self.backends[decision.backend]
-                first_token_at = backend.join(decision.request, now)
+                first_token_at = self.serving.join(decision.backend, decision.request, now)
                 if self._record_first_token:
                     self.engine.schedule(
                         first_token_at,
@@ -68,29 +67,17 @@ class _Simulation:
                 touched.add(decision.backend)
         return touched
 
-    def _reschedule(self, index: int) -> None:
-        """Invalidate the backend's pending completion event and schedule the new one."""
-        self._versions[index] += 1
-        at = self.backends[index].next_completion_at()
-        if at is not None:
-            self.engine.schedule(
-                at, Priority.COMPLETION, self.on_completion, (index, self._versions[index])
-            )
-
-    def on_completion(self, payload: tuple[int, int], now: float) -> None:
-        index, version = payload
-        if version != self._versions[index]:
-            return
-        for request_id in self.backends[index].complete_due(now):
+    def on_completion(self, index: int, done: list[RequestId], now: float) -> None:
+        for request_id in done:
             self.guard.on_complete(request_id, now)
         touched = self._dispatch(now)
         # One event per changed backend, none left stale: this backend's first unless it
         # started work again, then those that did (the order of the events left live when
         # it was rescheduled before the dispatch as well).
         if index not in touched:
-            self._reschedule(index)
+            self.serving.reschedule(index)
         for other in touched:
-            self._reschedule(other)
+            self.serving.reschedule(other)
 
     def on_first_token(self, request_id: RequestId, now: float) -> None:
         self.guard.on_first_token(request_id, now)

@@ -215,13 +215,23 @@ class SlotLeases:
         """Give the lease back (a request that ended); a failed call leaves it to expire.
         `waiting`: this replica's entitled count as of the end (the caller takes it before
         its own queue moves on, so the freed slot is not taken by another replica's
-        opportunistic request ahead of this replica's entitled one)."""
+        opportunistic request ahead of this replica's entitled one). The call publishes the
+        larger of that and the count when it is sent: an entitled request that arrived
+        in between waits too (a release sent later than its end must not clear it)."""
         if self.held[backend].pop(request_id, None) is None:
             return
-        count = self.waiting() if waiting is None else waiting
+        count = self.waiting() if waiting is None else max(waiting, self.waiting())
         reply = yield self._call(backend, "release", self._member(request_id), waiting=count)
         if not isinstance(reply, StoreUnavailable):
             yield from self._answered()
+
+    def plan_announce(self) -> Plan[None]:
+        """An entitled request was just queued: if it is this replica's only one waiting,
+        publish the count on every backend's board at once (a board shows a replica's
+        count only from its last call there; a held-off backend may not be called again
+        for a while, and another replica's opportunistic start must not slip past)."""
+        if self.waiting() == 1:
+            yield from self.plan_renew()
 
     def plan_renew(self) -> Plan[None]:
         """Renew this replica's leases and waiting-board entry on every backend."""
@@ -252,6 +262,9 @@ class SlotLeases:
         self, backend: int, request_id: str, waiting: int | None = None
     ) -> None:
         await run_plan_async(self.plan_release(backend, request_id, waiting), self._script())
+
+    async def announce_async(self) -> None:
+        await run_plan_async(self.plan_announce(), self._script())
 
     async def renew_every(self) -> None:
         """Keep this replica's leases and waiting-board entries alive (every `ttl_s / 4`)."""

@@ -1,0 +1,319 @@
+"""A pool's conversation with its backend, from the forwarded request to the client's reply
+(SPEC §12): connect / first-byte / idle timeouts, a backend's 4xx relayed as its own, a
+non-streamed reply read whole, an SSE stream relayed through a bounded box at the backend's
+pace (relay.py), and every way it can fail ended once in the guard (`_end`, `_complete`,
+which the pool defines)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Protocol
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from floorguard.clock import Clock
+from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.events import TraceEvent
+from floorguard.core.guard import Guard
+from floorguard.core.surface import Dispatch
+from floorguard.proxy.config import BackendSpec, GuardServerConfig
+from floorguard.proxy.learner_http import HttpLearner
+from floorguard.proxy.metrics import GuardMetrics
+from floorguard.proxy.normalize import Work
+from floorguard.proxy.relay import HeldReplies, ReplyBox
+from floorguard.proxy.replies import (
+    JSON,
+    NO_RETRY,
+    Exchange,
+    end_stream,
+    json_error,
+    next_chunk,
+)
+
+__all__ = ["Forwarding", "PoolHost", "UnreachableError"]
+
+log = logging.getLogger("floorguard.proxy")
+
+
+class UnreachableError(Exception):
+    """The backend could not be reached before any byte was sent: place the request again."""
+
+
+class PoolHost(Protocol):
+    """What a pool needs of the edge that hands it requests (the HTTP edge in `app.py`; a
+    test gives a fake): the clock, the upstream transport, the event sink, the metrics, the
+    held-reply budget, the fault hook and the drain's state."""
+
+    clock: Clock
+    replica: str
+    http_learner: HttpLearner | None
+    replies: HeldReplies
+    cutting: bool
+    """Set at the drain deadline: an ending request was cut by the drain."""
+    num_cut_at_deadline: int
+
+    @property
+    def metrics(self) -> GuardMetrics: ...
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+    def on_event(self, event: TraceEvent) -> None: ...
+    def checkpoint(self, point: str) -> Awaitable[None]: ...
+
+
+class Forwarding:
+    """The backend half of `Pool`'s request path (a mixin: the pool's state is its own)."""
+
+    config: GuardServerConfig
+    clock: Clock
+    guard: Guard
+    edge: PoolHost
+    backends: list[BackendSpec]
+    contracts: dict[str, Contract]
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    def _end(self, rid: str, kind: str, reason: str = "") -> None:
+        raise NotImplementedError
+
+    def _complete(self, rid: str) -> None:
+        raise NotImplementedError
+
+    def _class_of(self, rid: str) -> ContractClass:
+        raise NotImplementedError
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        work: Work,
+        decision: Dispatch,
+        *,
+        headers: dict[str, str],
+        exchange: Exchange,
+    ) -> web.StreamResponse:
+        rid = str(decision.request.request_id)
+        backend = self.backends[decision.backend]
+        upstream_config = self.config.upstream
+        await self.edge.checkpoint("connect")
+        try:
+            async with asyncio.timeout(upstream_config.first_byte_timeout_s):
+                upstream = await self.edge.session.post(
+                    backend.url.rstrip("/") + path,
+                    data=work.body,
+                    headers=self._upstream_headers(decision, headers["x-request-id"]),
+                    allow_redirects=False,
+                )
+        except aiohttp.ClientConnectorError as exc:
+            raise UnreachableError from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
+        async with upstream:
+            await self.edge.checkpoint("headers")
+            if upstream.status >= 300:
+                self._end(rid, "fail", f"upstream_{upstream.status}")
+                if 400 <= upstream.status < 500 and upstream.status not in (408, 429):
+                    return await _rejected(upstream, headers)
+                return json_error(
+                    502,
+                    "upstream_error",
+                    f"the backend answered {upstream.status}",
+                    headers,
+                    upstream_status=upstream.status,
+                )
+            if work.stream:
+                return await self._relay(request, rid, upstream, headers, exchange)
+            return await self._reply(request, rid, upstream, headers)
+
+    def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
+        """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
+        pool) the objective of the request's class. Nothing of the client's headers."""
+        out = {**JSON, "x-request-id": request_id}
+        objectives = self.config.upstream.inference_objectives
+        if objectives is not None:
+            cls = self.contracts[decision.request.tenant].cls
+            if cls in objectives:
+                out["x-gateway-inference-objective"] = objectives[cls]
+        return out
+
+    def _upstream_failed(
+        self, rid: str, exc: BaseException, headers: dict[str, str]
+    ) -> web.Response:
+        """Before the response started: end the request as failed and answer 504 (the backend
+        timed out) or 502 (its connection failed) — never with its text or address."""
+        if isinstance(exc, TimeoutError):
+            self._end(rid, "fail", "upstream_timeout")
+            return json_error(
+                504, "upstream_timeout", "the backend did not answer in time", headers
+            )
+        self._end(rid, "fail", "upstream_error")
+        return json_error(502, "upstream_error", "the backend connection failed", headers)
+
+    async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
+        return await next_chunk(upstream.content, timeout_s)
+
+    def _box(self, request: web.Request, limit_bytes: int) -> ReplyBox:
+        """A reply box whose cut aborts this client's connection (relay.py)."""
+        transport = request.transport
+        return self.edge.replies.box(
+            limit_bytes, transport.abort if transport is not None else None
+        )
+
+    async def _from_backend(
+        self, rid: str, upstream: aiohttp.ClientResponse, box: ReplyBox, first: bytes = b""
+    ) -> None:
+        """Read the backend's reply at the backend's pace into `box`, bounded by
+        `limits.max_response_bytes`, and end the request in the guard when the backend has
+        finished (its slot goes on then, whatever the client does). A failure ends the box
+        with it; a cut box stops the reading (the request is aborted by the writer)."""
+        cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
+        metrics, cls = self.edge.metrics, self._class_of(rid)
+        size, last, chunk = 0, self.clock.now(), first
+        try:
+            if not chunk:
+                chunk = await self._read_chunk(upstream, idle)
+            while chunk:
+                size += len(chunk)
+                if size > cap:
+                    self._end(rid, "fail", "upstream_reply_too_large")
+                    box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
+                    return
+                if not box.put(chunk):
+                    return
+                await self.edge.checkpoint("stream")
+                chunk = await self._read_chunk(upstream, idle)
+                if chunk and first:
+                    now = self.clock.now()
+                    metrics.on_chunk_gap(self.label, cls, now - last)
+                    last = now
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            reason = (
+                "upstream_timeout"
+                if isinstance(exc, TimeoutError)
+                else "upstream_broke_mid_stream"
+                if first
+                else "upstream_error"
+            )
+            self._end(rid, "fail", reason)
+            box.finish((reason, "the backend reply failed mid-way"))
+            return
+        self._complete(rid)
+        box.finish()
+
+    async def _reply(
+        self,
+        request: web.Request,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
+        ended in the guard, then written to the client within `client_write_timeout_s`."""
+        box = self._box(request, self.config.limits.max_response_bytes)
+        try:
+            await self._from_backend(rid, upstream, box)
+            if box.cut_reason is not None:
+                self._end(rid, "abort", box.cut_reason)
+                return json_error(503, box.cut_reason, "the guard holds too many replies")
+            if box.failure is not None:
+                code, message = box.failure
+                self._end(rid, "abort", code)  # stopped by the drain (a failure has ended it)
+                status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
+                return json_error(status, code, message, headers)
+            body = box.take_all()
+            response = web.StreamResponse(status=200, headers={**headers, **JSON})
+            response.content_length = len(body)
+            await response.prepare(request)
+            try:
+                await self._to_client(response, body)
+                await response.write_eof()
+            except TimeoutError:
+                box.cut("client_too_slow")
+                log.info("request %s: its client was cut (client_too_slow)", rid)
+            return response
+        finally:
+            box.close()
+
+    async def _to_client(self, response: web.StreamResponse, chunk: bytes) -> None:
+        """One write towards the client, within `client_write_timeout_s` (TimeoutError)."""
+        async with asyncio.timeout(self.config.client_write_timeout_s):
+            await response.write(chunk)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        exchange: Exchange,
+    ) -> web.StreamResponse:
+        """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
+        it, the stream ends with an SSE error event (never a second response). The backend
+        is read into a bounded box at its own pace (`_from_backend`); the client is written
+        from it, and cut when it cannot keep up (relay.py)."""
+        timeouts = self.config.upstream
+        try:
+            first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return self._upstream_failed(rid, exc, headers)
+        response = web.StreamResponse(
+            status=200,
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
+        exchange.response = response
+        await response.prepare(request)
+        self.guard.on_first_token(rid, self.clock.now())
+        box = self._box(request, self.config.limits.max_buffered_reply_bytes)
+        reading = asyncio.create_task(self._from_backend(rid, upstream, box, first))
+        reading.add_done_callback(box.finish_with)
+        try:
+            while (chunk := await box.get()) is not None:
+                await self._to_client(response, chunk)
+            if box.cut_reason is None:
+                await asyncio.wait([reading])
+                reading.result()  # a fault inside the reading fails this request here
+            if box.failure is not None:
+                await end_stream(response, *box.failure)
+            elif box.cut_reason is None:
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write_eof()
+        except TimeoutError:
+            box.cut("client_too_slow")
+        except ConnectionResetError:
+            pass
+        finally:
+            if not reading.done():
+                reading.cancel()
+                await asyncio.wait([reading])
+            stopped = box.failure[0] if box.failure is not None else None
+            self._end(rid, "abort", box.cut_reason or stopped or "client_disconnected")
+            if box.cut_reason is not None:
+                log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
+            box.close()
+        return response
+
+
+async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:
+    """A backend's 4xx (the request itself is wrong: a mistyped model, a field it refuses)
+    relayed as that 4xx in the OpenAI shape, not retryable — a retry would cost the tenant
+    another admission. Only the backend's own message goes back, clipped."""
+    message = ""
+    with contextlib.suppress(Exception):
+        answer = orjson.loads(await upstream.content.read(8192))
+        error = answer.get("error", answer) if isinstance(answer, dict) else {}
+        found = error.get("message") or error.get("detail") if isinstance(error, dict) else None
+        message = found if isinstance(found, str) else ""
+    status = upstream.status
+    return json_error(
+        status,
+        "upstream_rejected",
+        f"the backend refused the request ({status})" + (f": {message[:300]}" if message else ""),
+        {**headers, **NO_RETRY},
+        upstream_status=status,
+    )

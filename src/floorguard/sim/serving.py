@@ -1,0 +1,45 @@
+"""The simulated backends on an engine: each backend's next completion is one live event,
+rescheduled whenever its batch changes (a stale one is skipped by its version). The one
+simulation loop both drivers share — `sim/run.py` (one stack) and `sim/fleet.py` (a fleet
+of replicas) — so completions are scheduled, invalidated and handled one way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from floorguard.core.request import Request, RequestId
+from floorguard.sim.backend import SimBackend
+from floorguard.sim.engine import Engine, Priority
+
+__all__ = ["Serving"]
+
+OnDone = Callable[[int, list[RequestId], float], None]
+"""Called with the backend's index, the requests it finished, and the time."""
+
+
+class Serving:
+    def __init__(self, engine: Engine, backends: Sequence[SimBackend], on_done: OnDone) -> None:
+        self.engine = engine
+        self.backends = list(backends)
+        self._on_done = on_done
+        self._versions = [0] * len(self.backends)
+
+    def join(self, index: int, request: Request, now: float) -> float:
+        """Start `request` on backend `index` (the caller reschedules it: `reschedule`);
+        returns when its first token is out."""
+        return self.backends[index].join(request, now)
+
+    def reschedule(self, index: int) -> None:
+        """Invalidate the backend's pending completion event and schedule the new one."""
+        self._versions[index] += 1
+        at = self.backends[index].next_completion_at()
+        if at is not None:
+            self.engine.schedule(
+                at, Priority.COMPLETION, self._on_completion, (index, self._versions[index])
+            )
+
+    def _on_completion(self, payload: tuple[int, int], now: float) -> None:
+        index, version = payload
+        if version != self._versions[index]:
+            return
+        self._on_done(index, self.backends[index].complete_due(now), now)
