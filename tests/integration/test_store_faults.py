@@ -227,7 +227,6 @@ def _leases(url, replica, capacity=2, ttl_s=2.0, waiting=lambda: 0):
         backends=["http://vllm:8000"],
         capacity=[capacity],
         replica=replica,
-        replicas=2,
         ttl_s=ttl_s,
         waiting=waiting,
     )

@@ -98,7 +98,6 @@ async def _run(url: str, requests: int, concurrency: int, repeats: int) -> dict[
         backends=["http://bench"],
         capacity=[concurrency],
         replica="bench",
-        replicas=1,
         waiting=lambda: 0,
     )
     raw, guarded, leased = [], [], []

@@ -149,7 +149,6 @@ class Pool(Forwarding):
             backends=[b.url.rstrip("/") for b in self.config.backends],
             capacity=[b.slots for b in self.config.backends],
             replica=self.edge.replica,
-            replicas=store.replicas,
             ttl_s=store.lease_ttl_s,
             waiting=lambda: self.guard.num_queued_entitled,
         )
@@ -252,13 +251,12 @@ class Pool(Forwarding):
         return capacities(backends, self._capacity)
 
     def _follow_fleet(self, count: int) -> None:
-        """The live replica count changed: fail-static's share and the leases' fallback
-        follow at once; so do partitioned slots (logged as a `config` event, reason
-        `membership`: a shrunk backend gets nothing new until enough of it ends)."""
+        """The live replica count changed: fail-static's share follows at once, and so do
+        partitioned slots, logged as a `config` event (reason `membership`: a shrunk
+        backend gets nothing new until enough of it ends); leased slots need no share."""
         if self.shared_floor is not None:
             self.shared_floor.replicas = count
         if self.leases is not None:
-            self.leases.replicas = count
             return
         latest = self.guard.latest_config
         slots = self._shares(self.backends, self.removed, count)

@@ -7,11 +7,11 @@ virtual clock, held to the real scripts by differential tests; a configurable ro
 and an outage window during which every call fails). Slots are either *partitioned* — each
 replica owns `M/R` whole backends (C slots each) — or *leased*: every replica's guard
 offers every backend's `C` slots, and each start first takes a lease through the shipped
-`SlotLeases` policy (the waiting board, the `⌊C/N⌋` fallback while the store is down); a
-start the fleet has no lease for waits again (`no_lease`) and its backend is held off, as
-the guard core decides for the HTTP guard. The decision logs of all replicas pass
-`check_fleet` (AF across replicas, SLOTS per backend across replicas, and ORDER across
-replicas when leased).
+`SlotLeases` policy (the waiting board; while the store is down, each replica keeps the
+slots it held); a start the fleet has no lease for waits again (`no_lease`) and its
+backend is held off, as the guard core decides for the HTTP guard. The decision logs of
+all replicas pass `check_fleet` (AF across replicas, SLOTS per backend across replicas,
+and ORDER across replicas when leased).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Fleet:
     """The floor store's round trip: an assured decision lands this long after arrival."""
     store_outage: tuple[float, float] | None = None
     """Redis unreachable during [start, end) seconds: replicas fall back to fail-static
-    (the floor) and to `⌊C/N⌋` local leases per backend (leased slots)."""
+    (the floor) and to local leases in the slots each replica held (leased slots)."""
     lease_ttl_s: float = 2.0
     """The slot leases' expiry (`store.lease_ttl_s`); renewed every quarter of it."""
     duration_s: float = 12.0
@@ -127,7 +127,7 @@ class FleetResult:
     no_lease: int = 0
     """Starts the fleet had no lease for (each waited again, its backend held off)."""
     local_grants: int = 0
-    """Leases granted locally (the `⌊C/N⌋` fallback) while the store was down."""
+    """Leases granted locally (in the slots a replica held) while the store was down."""
     wall_s: float = 0.0
 
     @property
@@ -232,7 +232,6 @@ class _FleetSimulation:
             backends=[f"b{b}" for b in range(fleet.backends)],
             capacity=[fleet.slots] * fleet.backends,
             replica=f"r{replica}",
-            replicas=fleet.replicas,
             ttl_s=fleet.lease_ttl_s,
             waiting=lambda: guard.num_queued_entitled,
             clock=lambda: self.engine.now,

@@ -103,7 +103,6 @@ class SlotLeases:
         backends: Sequence[str],
         capacity: Sequence[int],
         replica: str,
-        replicas: int,
         ttl_s: float = 2.0,
         waiting: Callable[[], int],
         clock: Callable[[], float] | None = None,
@@ -114,8 +113,6 @@ class SlotLeases:
         self.backends = list(backends)
         self.capacity = list(capacity)
         self.replica = replica
-        self.replicas = replicas
-        """The live replica count: the fallback grants `⌊C / replicas⌋` per backend."""
         self.ttl_s = ttl_s
         self._waiting = waiting
         """This replica's floor-entitled requests queued (the guard's count)."""
@@ -202,13 +199,15 @@ class SlotLeases:
         for backend, held in enumerate(self.held):
             if not held:
                 continue
-            members = [self._member(r) for r in held]
+            restored = list(held)  # what is held now (it may change while the call is out)
+            members = [self._member(r) for r in restored]
             reply = yield self._call(backend, "restore", *members, waiting=self.waiting())
             if isinstance(reply, StoreUnavailable):
                 self._lost()
                 return
-            for request_id in held:
-                held[request_id] = True
+            for request_id in restored:
+                if request_id in held:
+                    held[request_id] = True
         log.warning("slot leases: Redis answers again; the leases held are restored")
 
     def plan_release(self, backend: int, request_id: str, waiting: int | None = None) -> Plan[None]:
