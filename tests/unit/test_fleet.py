@@ -87,9 +87,8 @@ def test_a_partition_share_while_the_store_is_down_would_overshoot_c(monkeypatch
     """The rule the leases replaced, attacked on purpose: falling back to a ⌊C/N⌋ share
     lets a replica that held little take its share while the others still run what they
     held, and a backend is handed more than C."""
-    monkeypatch.setattr(
-        SlotLeases, "_lost", lambda self: [c // self.replicas for c in self.capacity]
-    )
+    replicas = SMALL["replicas"]
+    monkeypatch.setattr(SlotLeases, "_lost", lambda self: [c // replicas for c in self.capacity])
     with pytest.raises(RuntimeError, match="over-dispatched"):
         simulate_fleet(Fleet(**SMALL, store_outage=(2.0, 5.0)), seed=0)
 

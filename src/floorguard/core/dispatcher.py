@@ -218,10 +218,7 @@ class SlotPool:
         """A lease was granted on `backend`: its next hold-off starts short again."""
         self._denials.pop(backend, None)
 
-    def freed(self, backend: int) -> None:
-        """A request of this guard's on `backend` ended: its lease is being given back, so
-        the fleet has a slot there — offer it again now, and start short again."""
-        self._denials.pop(backend, None)
+    def _lift_one(self, backend: int) -> None:
         if self.held_until.pop(backend, None) is not None:
             self._offer(backend, backend not in self._down)
 
@@ -248,11 +245,16 @@ class SlotPool:
             self.num_free -= 1
 
     def release(self, backend: int) -> None:
+        """A slot on `backend` is free again (its request ended, or waits again). A hold-off
+        there ends with it: the guard's own lease there is coming back (a lease denial
+        holds the backend off again right after its requeue)."""
         if self._free[backend] >= self.capacity[backend]:
             raise RuntimeError(f"release() of backend {backend} with no slot in use")
         self._free[backend] += 1
         if self._available[backend] and self._free[backend] > 0:
             self.num_free += 1
+        if self.held_until:
+            self._lift_one(backend)
 
     def in_flight(self, backend: int) -> int:
         return self.capacity[backend] - self._free[backend]

@@ -308,7 +308,7 @@ class Guard(Ledger):
         """Its backend could not be reached before any byte was sent (or, `no_lease`, the
         fleet had no slot lease for it): free the slot and let the request wait again in its
         old place (ahead of everything admitted after it), to be placed again."""
-        ticket = self._release(request_id, ended=False)
+        ticket = self._release(request_id)
         if self._sink is not None:
             self._emit(EventKind.REQUEUE, ticket, now, backend=ticket.backend, reason=reason)
         ticket.backend = -1
@@ -319,10 +319,10 @@ class Guard(Ledger):
 
     def poll(self, now: float) -> list[Dispatch | Drop]:
         """Fill free slots from the queue, dropping (only) the provably doomed."""
-        if self._slots.held_until:
-            self._slots.lift(now)
         out: list[Dispatch | Drop] = []
         slots, queue, verdict_of = self._slots, self._queue, self._doom.verdict
+        if slots.held_until:
+            slots.lift(now)
         while slots.num_free > 0:
             ticket = queue.pop()
             if ticket is None:

@@ -436,9 +436,8 @@ class Ledger:
             )
         return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at)
 
-    def _release(self, request_id: RequestId, *, ended: bool = True) -> Ticket:
-        """Take an in-flight ticket off its slot (`ended`: the request ended there, rather
-        than waiting again)."""
+    def _release(self, request_id: RequestId) -> Ticket:
+        """Take an in-flight ticket off its slot."""
         ticket = self._in_flight.pop(request_id, None)
         if ticket is None:
             state = (
@@ -446,8 +445,6 @@ class Ledger:
             )
             raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
         self._slots.release(ticket.backend)
-        if ended and self._slots.held_until:
-            self._slots.freed(ticket.backend)
         return ticket
 
     def _drop(self, ticket: Ticket, now: float, reason: str) -> Drop:
