@@ -48,8 +48,9 @@ from floorguard.sim.backend import create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.serving import Serving
 from floorguard.sim.targets import saturated_capacity
-from floorguard.store.base import Plan, StoreUnavailable
+from floorguard.store.base import StoreUnavailable
 from floorguard.store.leases import LeaseCall, LeaseReply, SlotLeases
+from floorguard.store.plan import Plan
 from floorguard.store.shared import SharedFloor, Unavailable
 from floorguard.store.simulated import SimulatedRedis
 

@@ -8,22 +8,12 @@ own clock (Redis `TIME`, a later issue) slots in without the meter changing.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple
 
 from floorguard.windows import WindowSchedule
 
-__all__ = ["CreditStore", "Grant", "Plan", "StoreUnavailable", "run_plan", "run_plan_async"]
-
-_T = TypeVar("_T")
-
-Plan = Generator[Any, Any, _T]
-"""A store policy's decision without I/O: it yields each store call and is sent the reply
-(or the `StoreUnavailable` the call raised), or yields a backoff (a float, seconds) and is
-sent None; it returns the decision. `run_plan` and `run_plan_async` are its shells."""
+__all__ = ["CreditStore", "Grant", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):  # noqa: N818  # a state, as the policies name it
@@ -68,48 +58,3 @@ class CreditStore(ABC):
     @abstractmethod
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         """Credits left for `key` in the window that holds `now` (read-only)."""
-
-
-def run_plan(
-    plan: Plan[_T], call: Callable[[Any], Any], sleep: Callable[[float], None] = time.sleep
-) -> _T:
-    """Run `plan` with synchronous I/O: `call(step)` answers each store call."""
-    answer: Any = None
-    try:
-        while True:
-            try:
-                step = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if isinstance(step, float):
-                sleep(step)
-                answer = None
-                continue
-            try:
-                answer = call(step)
-            except StoreUnavailable as exc:
-                answer = exc
-    finally:
-        plan.close()  # a call that raised anything else: the plan's cleanup still runs
-
-
-async def run_plan_async(plan: Plan[_T], call: Callable[[Any], Awaitable[Any]]) -> _T:
-    """Run `plan` on the event loop: `await call(step)` answers each store call. Cancelled
-    mid-call, the plan is closed (its cleanup runs) and the cancellation goes on."""
-    answer: Any = None
-    try:
-        while True:
-            try:
-                step = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if isinstance(step, float):
-                await asyncio.sleep(step)
-                answer = None
-                continue
-            try:
-                answer = await call(step)
-            except StoreUnavailable as exc:
-                answer = exc
-    finally:
-        plan.close()

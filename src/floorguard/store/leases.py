@@ -37,7 +37,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import NamedTuple, cast
 
-from floorguard.store.base import Plan, StoreUnavailable, run_plan_async
+from floorguard.store.base import StoreUnavailable
+from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 
 __all__ = ["LeaseCall", "LeaseReply", "SlotLeases", "redis_lease_script"]

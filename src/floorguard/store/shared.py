@@ -41,8 +41,9 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from floorguard.store.base import CreditStore, Grant, Plan, run_plan, run_plan_async
+from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
+from floorguard.store.plan import Plan, run_plan, run_plan_async
 from floorguard.store.redis_store import Carry, RedisCreditStore, Reply
 from floorguard.windows import WindowSchedule
 
