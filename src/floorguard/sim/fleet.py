@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from floorguard.sim.serving import Serving
 from floorguard.sim.targets import saturated_capacity
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.leases import LeaseCall, LeaseReply, SlotLeases
-from floorguard.store.plan import Plan
+from floorguard.store.plan import Plan, run_plan
 from floorguard.store.shared import SharedFloor, Unavailable
 from floorguard.store.simulated import SimulatedRedis
 
@@ -349,13 +349,7 @@ class _FleetSimulation:
     def _finish_plan(self, plan: Plan[_T], reply: object = None) -> _T:
         """Send a call's reply (None: start the plan); run every further call the plan
         asks for at once (a release, a renewal, the leases restored after an outage)."""
-        answer = reply
-        while True:
-            try:
-                call = plan.send(answer)
-            except StopIteration as done:
-                return cast(_T, done.value)
-            answer = self._lease_call(call)
+        return run_plan(plan, self._lease_call, answer=reply)
 
     def _lease_call(self, call: LeaseCall) -> LeaseReply | StoreUnavailable:
         self.lease_calls += 1

@@ -23,10 +23,14 @@ sent None; it returns the decision. `run_plan` and `run_plan_async` are its shel
 
 
 def run_plan(
-    plan: Plan[_T], call: Callable[[Any], Any], sleep: Callable[[float], None] = time.sleep
+    plan: Plan[_T],
+    call: Callable[[Any], Any],
+    sleep: Callable[[float], None] = time.sleep,
+    *,
+    answer: Any = None,
 ) -> _T:
-    """Run `plan` with synchronous I/O: `call(step)` answers each store call."""
-    answer: Any = None
+    """Run `plan` with synchronous I/O: `call(step)` answers each store call. `answer`: the
+    reply to a call the plan already asked for (a driver that answered it itself)."""
     try:
         while True:
             try:
