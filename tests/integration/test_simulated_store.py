@@ -119,6 +119,7 @@ _lease_calls = st.fixed_dictionaries(
         "capacity": st.integers(0, 3),
         "waiting": st.integers(0, 2),
         "entitled": st.booleans(),
+        "seq": st.integers(0, 3),  # not rising: late calls, and a restarted replica's
     }
 )
 
@@ -127,15 +128,16 @@ def _stored_leases(client, keys):
     leases = {m.decode(): score for m, score in client.zrange(keys[0], 0, -1, withscores=True)}
     board = {}
     for replica, value in client.hgetall(keys[1]).items():
-        count, expiry = value.decode().split("|")
-        board[replica.decode()] = (int(count), float(expiry))
+        count, expiry, seq = value.decode().split("|")
+        board[replica.decode()] = (int(count), float(expiry), int(seq))
     return leases, board
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(calls=st.lists(_lease_calls, min_size=1, max_size=30))
 def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
-    """Leases, their expiry, renewal and restore, releases, and the waiting board's order denials,
+    """Leases, their expiry, renewal and restore, releases, the waiting board's order denials
+    and a late call (numbered below the board entry's) leaving the entry alone,
     call for call against `lease.lua` on the caller's clock (ttl 1 s), and the leases and
     the board as stored after each call."""
     prefix = f"lease{next(PREFIXES)}"
@@ -154,7 +156,7 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
             member = f"{call['replica']}|{call['request']}"
             args = [call["op"], call["capacity"], "1.0", call["replica"], call["waiting"]]
             granted, reason, count, _ = script(
-                keys=keys, args=[*args, int(call["entitled"]), repr(now), member]
+                keys=keys, args=[*args, int(call["entitled"]), repr(now), call["seq"], member]
             )
             real = (bool(granted), reason.decode(), int(count))
             simulated = sim.lease(
@@ -167,6 +169,7 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
                 call["entitled"],
                 [member],
                 now,
+                call["seq"],
             )
             assert simulated == real, call
             assert sim.lease_state("b") == _stored_leases(client, keys), call

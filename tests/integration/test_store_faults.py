@@ -14,6 +14,7 @@ import redis
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.store.leases import SlotLeases, redis_lease_script
+from floorguard.store.plan import run_plan
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
@@ -251,6 +252,43 @@ def test_slot_leases_bound_the_fleet_and_keep_it_assured_first(server, loop):
         run(a.release_async(0, "a1"))
         assert run(b.acquire_async(0, "b5", entitled=False)) == ""
         assert a.denied == {"full": 1, "order": 0} and b.denied == {"full": 0, "order": 2}
+    finally:
+        run(sa.aclose())
+        run(sb.aclose())
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["in_order", "grant_runs_late"])
+def test_an_entitled_request_queued_while_another_takes_its_lease_holds_others_back(
+    server, loop, late
+):
+    """Replica A's entitled a1 takes a lease; its call carries A's count without a1 (0).
+    Entitled a2 queues while the call is out: A announces a2, though a1 counts as waiting
+    (the announcement once waited for A's first). a1's call is granted, in order or after
+    the announcement (another connection): either way A's board entry must still show a2,
+    and B's opportunistic request is held back (`order`). Without the announcement, or
+    with a late call's count standing over a newer one's, a1's grant cleared the entry."""
+    queued = [0]
+    (sa, a), (sb, b) = _leases(server.url, "A", waiting=lambda: queued[0]), _leases(server.url, "B")
+    run = loop.run_until_complete
+    script = a._script()
+
+    def answer(plan, call):
+        return run_plan(plan, lambda c: run(script(c)), answer=run(script(call)))
+
+    try:
+        taking = a.plan_acquire(0, "a1", entitled=True)
+        sent = next(taking)  # a1's call is out
+        queued[0] = 1  # a2 is queued
+        announcing = a.plan_announce()
+        announcement = next(announcing, None)
+        assert announcement is not None and announcement.waiting == 2  # a1 and a2
+        if late:
+            answer(announcing, announcement)
+            assert answer(taking, sent) == ""
+        else:
+            assert answer(taking, sent) == ""
+            answer(announcing, announcement)
+        assert run(b.acquire_async(0, "b1", entitled=False)) == "order"
     finally:
         run(sa.aclose())
         run(sb.aclose())

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -151,6 +152,7 @@ class Pool(Forwarding):
             replica=self.edge.replica,
             ttl_s=store.lease_ttl_s,
             waiting=lambda: self.guard.num_queued_entitled,
+            first_seq=time.time_ns() // 1000,  # above any former self's under this name
         )
 
     def _create_membership(self, store: StoreSpec | None) -> Membership | None:

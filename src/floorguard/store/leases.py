@@ -53,7 +53,7 @@ class LeaseCall(NamedTuple):
     backend: str
     """The backend's fleet-wide name (its URL): the keys hang off it."""
     op: str
-    """`acquire`, `release` or `renew`."""
+    """`acquire`, `release`, `renew` or `restore`."""
     capacity: int
     ttl_s: float
     replica: str
@@ -63,6 +63,9 @@ class LeaseCall(NamedTuple):
     members: tuple[str, ...]
     now: float | None
     """The caller's clock; None: the script reads the Redis server's (`TIME`)."""
+    seq: int
+    """The call's number, rising with each call this replica sends: a call that reaches
+    Redis after a newer one (another connection) leaves the waiting board to the newer."""
 
 
 class LeaseReply(NamedTuple):
@@ -87,7 +90,8 @@ def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
         args = [call.op, call.capacity, repr(call.ttl_s), call.replica, call.waiting]
         now = "" if call.now is None else repr(call.now)
         reply = await script(
-            keys=[key, f"{key}:wait"], args=[*args, int(call.entitled), now, *call.members]
+            keys=[key, f"{key}:wait"],
+            args=[*args, int(call.entitled), now, call.seq, *call.members],
         )
         granted, reason, in_use, *_ = reply
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -107,6 +111,7 @@ class SlotLeases:
         ttl_s: float = 2.0,
         waiting: Callable[[], int],
         clock: Callable[[], float] | None = None,
+        first_seq: int = 0,
     ) -> None:
         self.script = script
         """The script the async shells run the plans through; None: a driver runs the plans
@@ -125,6 +130,13 @@ class SlotLeases:
         self.taking_entitled = 0
         """Entitled requests of this replica whose lease call is in flight: they wait too."""
         self.local_grants = 0
+        self._seq = first_seq
+        """The last call's number. A replica that restarts under the same name must number
+        above its former self (the HTTP guard starts at the wall clock's microseconds),
+        or its board entries would stand still until the old ones expire."""
+        self._shown = [0] * len(self.backends)
+        """Per backend: the count of entitled requests waiting that the newest call sent
+        there carries (what the board shows once it has run, or more)."""
         self._kept: list[int] | None = None
         """While Redis is unreachable: the leases held on each backend when it was lost, the
         most this replica may hold there until Redis answers; None while it answers."""
@@ -144,6 +156,8 @@ class SlotLeases:
         self, backend: int, op: str, *members: str, entitled: bool = False, waiting: int
     ) -> LeaseCall:
         now = None if self._clock is None else self._clock()
+        self._seq += 1
+        self._shown[backend] = waiting
         return LeaseCall(
             self.backends[backend],
             op,
@@ -154,6 +168,7 @@ class SlotLeases:
             entitled,
             members,
             now,
+            self._seq,
         )
 
     def _member(self, request_id: str) -> str:
@@ -226,16 +241,21 @@ class SlotLeases:
             yield from self._answered()
 
     def plan_announce(self) -> Plan[None]:
-        """An entitled request was just queued: if it is this replica's only one waiting,
-        publish the count on every backend's board at once (a board shows a replica's
-        count only from its last call there; a held-off backend may not be called again
-        for a while, and another replica's opportunistic start must not slip past)."""
-        if self.waiting() == 1:
-            yield from self.plan_renew()
+        """An entitled request was just queued: publish the count on every backend whose
+        board its newest call left at zero (a board shows a replica's count only from its
+        last call there; a held-off backend may not be called again for a while, and
+        another replica's opportunistic start must not slip past). Not only when it is
+        the first one waiting: an entitled request whose lease call is out counts as
+        waiting, but its call carries the count without it, so if granted it clears the
+        board while this one waits."""
+        unshown = [b for b, shown in enumerate(self._shown) if shown < 1]
+        if unshown and self.waiting() > 0:
+            yield from self.plan_renew(unshown)
 
-    def plan_renew(self) -> Plan[None]:
-        """Renew this replica's leases and waiting-board entry on every backend."""
-        for backend in range(len(self.backends)):
+    def plan_renew(self, backends: Sequence[int] | None = None) -> Plan[None]:
+        """Renew this replica's leases and waiting-board entry on every backend (or on
+        `backends`)."""
+        for backend in range(len(self.backends)) if backends is None else backends:
             members = [self._member(r) for r, shared in self.held[backend].items() if shared]
             reply = yield self._call(backend, "renew", *members, waiting=self.waiting())
             if isinstance(reply, StoreUnavailable):

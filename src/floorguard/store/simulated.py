@@ -25,6 +25,9 @@ from floorguard.windows import WindowSchedule
 
 __all__ = ["SimulatedRedis"]
 
+_Entry = tuple[int, float, int]
+"""A waiting-board entry: (count, expiry, the number of the call that wrote it)."""
+
 
 @dataclass
 class _Counter:
@@ -52,7 +55,7 @@ class SimulatedRedis:
         self._generations: dict[str, str] = {}
         self._leases: dict[str, dict[str, float]] = {}
         """Per backend: lease member → the instant it expires unless renewed."""
-        self._boards: dict[str, dict[str, tuple[int, float]]] = {}
+        self._boards: dict[str, dict[str, _Entry]] = {}
         """Per backend: replica → (entitled requests waiting, the instant the entry expires)."""
         self._tokens = itertools.count()
 
@@ -119,9 +122,9 @@ class SimulatedRedis:
         grant = Grant(granted, index, limit - used, window_floor)
         return Reply(grant, generation, now, restored, closed)
 
-    def lease_state(self, backend: str) -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
+    def lease_state(self, backend: str) -> tuple[dict[str, float], dict[str, _Entry]]:
         """A backend's leases (member → expiry) and waiting board (replica → (count,
-        expiry)), as stored."""
+        expiry, seq)), as stored."""
         return dict(self._leases.get(backend, {})), dict(self._boards.get(backend, {}))
 
     def lease(  # noqa: PLR0917  # the script's arguments, in its order
@@ -135,6 +138,7 @@ class SimulatedRedis:
         entitled: bool,
         members: list[str],
         now: float,
+        seq: int = 0,
     ) -> tuple[bool, str, int]:
         """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
         `order`, leases in use)."""
@@ -156,8 +160,11 @@ class SimulatedRedis:
             waiting += not granted and entitled
         else:
             _update(leases, op, members, now + ttl_s)
-        if waiting > 0:
-            board[replica] = (waiting, now + ttl_s)
+        mine = board.get(replica)
+        if mine is not None and mine[1] > now and mine[2] > seq:
+            pass  # a newer call's count stands
+        elif waiting > 0:
+            board[replica] = (waiting, now + ttl_s, seq)
         else:
             board.pop(replica, None)
         return granted, reason, len(leases)
@@ -176,11 +183,11 @@ def _update(leases: dict[str, float], op: str, members: list[str], expiry: float
             leases[member] = expiry
 
 
-def _board_order(board: dict[str, tuple[int, float]], replica: str, now: float) -> str:
+def _board_order(board: dict[str, _Entry], replica: str, now: float) -> str:
     """`order` if another replica's board entry shows entitled requests waiting; expired
     entries are dropped on the way (all of them, as the script's loop does)."""
     reason = ""
-    for other, (count, expiry) in list(board.items()):
+    for other, (count, expiry, _) in list(board.items()):
         if other == replica:
             continue
         if expiry <= now:
@@ -245,5 +252,6 @@ class SimulatedClient(CreditStore):
             call.entitled,
             list(call.members),
             call.now,
+            call.seq,
         )
         return LeaseReply(granted, reason, in_use)
