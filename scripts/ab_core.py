@@ -110,13 +110,17 @@ class Side:
 
 def _decision_us(side: Side) -> float:
     guard = side.guard_cls(side.scenario.guard_config(), learner=side.admit())
+    one_call = not hasattr(guard, "on_complete")  # the tree's own terminal call (issue 25)
     started = time.process_time()
     for r in side.requests:
         now = r.arrival_at
         guard.on_arrival(r, now)
         for d in guard.poll(now):
             if len(d) == 5:  # a Dispatch (a Drop has 3 fields)
-                guard.on_complete(d.request.request_id, now)
+                if one_call:
+                    guard.finish(d.request.request_id, now, "complete")
+                else:
+                    guard.on_complete(d.request.request_id, now)
     return (time.process_time() - started) / len(side.requests) * 1e6
 
 

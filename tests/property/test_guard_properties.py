@@ -61,16 +61,16 @@ def _end_one(guard, op, now):
     pick = op[2]
     if op[0] == "abort_queued" and guard._queued:
         ids = sorted(guard._queued)
-        assert guard.on_abort(ids[pick % len(ids)], now, "client_disconnected")
+        assert guard.finish(ids[pick % len(ids)], now, "abort", "client_disconnected")
     elif guard._in_flight:
         ids = sorted(guard._in_flight)
         rid = ids[pick % len(ids)]
         if op[0] == "complete":
-            guard.on_complete(rid, now)
+            guard.finish(rid, now, "complete")
         elif op[0] == "fail":
-            guard.on_fail(rid, now, "upstream_error")
+            guard.finish(rid, now, "fail", "upstream_error")
         else:
-            guard.on_abort(rid, now, "client_disconnected")
+            guard.finish(rid, now, "abort", "client_disconnected")
 
 
 def drive(config, script, ops, prefetch=False, timer_from_start=False):
@@ -126,7 +126,7 @@ def drive(config, script, ops, prefetch=False, timer_from_start=False):
     while guard.num_in_flight or guard.num_queued:
         now += 0.1
         for rid in sorted(guard._in_flight):
-            guard.on_complete(rid, now)
+            guard.finish(rid, now, "complete")
         poll()
     return guard, events, next_id
 

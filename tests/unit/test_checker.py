@@ -79,7 +79,7 @@ def hand_trace(dispatch=DispatchOrder.ASSURED_FIRST):
         guard.on_arrival(make_request(request_id=rid, assured=assured), 0.0)
         guard.poll(0.0)
     for t in (0.3, 0.6, 0.9):
-        guard.on_complete(next(iter(guard._in_flight)), t)
+        guard.finish(next(iter(guard._in_flight)), t, "complete")
         guard.poll(t)
     return events
 
@@ -179,7 +179,7 @@ def _fleet(shared: bool, excess: ExcessPolicy = ExcessPolicy.REJECT):
         guard = guards[i % 3]
         guard.on_arrival(make_request(request_id=f"r{i}", at=now, tenant="a95"), now)
         for d in guard.poll(now):
-            guard.on_complete(d.request.request_id, now + 0.01)
+            guard.finish(d.request.request_id, now + 0.01, "complete")
     return logs
 
 
@@ -274,7 +274,7 @@ def _two_replicas_on_one_backend(slots: int, capacity: int = 4):
         while guard.num_in_flight:
             for rid in list(started):
                 if rid in guard._in_flight:
-                    guard.on_complete(rid, now)
+                    guard.finish(rid, now, "complete")
                     started += [d.request.request_id for d in guard.poll(now)]
             now += 1.0
     return logs

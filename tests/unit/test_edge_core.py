@@ -48,7 +48,7 @@ def test_surplus_over_its_queue_limit_is_refused_and_entitled_never_is():
     assert second.reason == RejectReason.QUEUE_FULL
     assert all(guard.on_arrival(make_request(request_id=i), 0.0).entitled for i in range(2, 7))
     guard.poll(0.0)  # the opportunistic one waits behind the assured; then frees its place
-    guard.on_abort(0, 0.1, "client_disconnected")
+    guard.finish(0, 0.1, "abort", "client_disconnected")
     assert guard.on_arrival(make_request(assured=False, request_id=9), 0.2).admitted
 
 
@@ -72,11 +72,11 @@ def test_requeue_puts_the_request_back_in_its_old_place_and_the_log_verifies():
         assert isinstance(first, Dispatch) and first.request.request_id == 0
         guard.requeue(0, 0.01)
         assert guard.in_flight_on(first.backend) == 0
-        guard.on_complete(1, 0.02)
+        guard.finish(1, 0.02, "complete")
         started = [d.request.request_id for d in guard.poll(0.02)]
         assert started == [0, 2]  # 0 again, ahead of 2, which was admitted after it
-        guard.on_complete(0, 0.5)
-        guard.on_complete(2, 0.9)
+        guard.finish(0, 0.5, "complete")
+        guard.finish(2, 0.9, "complete")
         assert EventKind.REQUEUE in [e.kind for e in events]
         assert check_trace(events).ok(), check_trace(events).violations
 
@@ -102,9 +102,9 @@ def test_a_doomed_drop_beside_a_waiting_entitled_request_is_no_order_violation()
     guard.poll(0.0)
     guard.on_arrival(make_request(request_id=2, tokens=1, at=0.5), 0.5)
     assert [d.request.request_id for d in guard.expire(0.7)] == [1]
-    guard.on_complete(0, 0.8)
+    guard.finish(0, 0.8, "complete")
     guard.poll(0.8)
-    guard.on_complete(2, 1.2)
+    guard.finish(2, 1.2, "complete")
     assert check_trace(events).ok()
 
 

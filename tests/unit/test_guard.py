@@ -125,7 +125,7 @@ def test_liar_relabel_orders_only_the_surplus_and_never_beats_the_floor():
         assert out.entitled == (r is entitled)
     order = []
     for t in (0.1, 0.2, 0.3):
-        guard.on_complete(order[-1] if order else 100, t)
+        guard.finish(order[-1] if order else 100, t, "complete")
         (d,) = guard.poll(t)
         order.append(d.request.request_id)
     assert order == [3, 2, 1]
@@ -138,8 +138,8 @@ def test_never_more_than_C_in_flight_and_completion_frees_a_slot():
         guard.on_arrival(make_request(request_id=i), 0.0)
     assert [d.request.request_id for d in guard.poll(0.0)] == [0, 1]
     assert guard.poll(0.0) == []
-    done = guard.on_complete(0, 0.5)
-    assert (done.service_s, done.late) == (0.5, False)
+    assert guard.finish(0, 0.5, "complete")
+    assert guard.stats.per_class[ContractClass.ASSURED].late == 0
     assert [d.request.request_id for d in guard.poll(0.5)] == [2]
     assert guard.num_in_flight == 2
 
@@ -151,7 +151,7 @@ def test_doom_gate_drops_at_dispatch_only_when_infeasible():
     guard.on_arrival(make_request(request_id=0), 0.0)
     guard.on_arrival(make_request(request_id=1), 0.0)
     guard.poll(0.0)
-    guard.on_complete(0, 0.71)
+    guard.finish(0, 0.71, "complete")
     (drop,) = guard.poll(0.71)
     assert isinstance(drop, Drop) and drop.reason == "doomed"
     assert guard.stats.per_class[ContractClass.ASSURED].dropped == 1
@@ -162,7 +162,7 @@ def test_late_completion_is_counted_as_late():
     guard = make_guard(make_config(deadline_s=0.5))
     guard.on_arrival(make_request(request_id=7), 0.0)
     guard.poll(0.0)
-    assert guard.on_complete(7, 0.6).late
+    assert guard.finish(7, 0.6, "complete")
     assert guard.stats.per_class[ContractClass.ASSURED].late == 1
 
 
@@ -173,13 +173,13 @@ def test_abort_dequeues_or_frees_and_fail_frees_the_slot():
     for i in range(3):
         guard.on_arrival(make_request(request_id=i), 0.0)
     guard.poll(0.0)
-    assert guard.on_abort(1, 0.1, "client_disconnected")  # queued
+    assert guard.finish(1, 0.1, "abort", "client_disconnected")  # queued
     assert guard.num_queued_entitled == 1 and guard.backlog.backlog == 1
-    guard.on_fail(0, 0.2, "upstream_error")  # in flight
+    guard.finish(0, 0.2, "fail", "upstream_error")  # in flight
     (d,) = guard.poll(0.2)
     assert d.request.request_id == 2
-    assert guard.on_abort(2, 0.3, "client_disconnected")  # in flight
-    assert not guard.on_abort(2, 0.4, "again")
+    assert guard.finish(2, 0.3, "abort", "client_disconnected")  # in flight
+    assert not guard.finish(2, 0.4, "abort", "again")
     assert guard.num_in_flight == 0 and guard.num_queued == 0
 
 
@@ -200,7 +200,7 @@ def test_every_decision_is_a_trace_event():
     guard.on_arrival(make_request(assured=False, request_id=5), 0.0)
     guard.poll(0.0)
     guard.on_first_token(5, 0.05)
-    guard.on_complete(5, 0.3)
+    guard.finish(5, 0.3, "complete")
     assert [e.kind for e in events] == [
         EventKind.CONFIG,
         EventKind.ARRIVE,
@@ -233,9 +233,9 @@ def test_lower_floor_action_refuses_what_measured_capacity_cannot_serve():
             guard.on_arrival(make_request(request_id=rid, at=0.0), 0.0)
         guard.poll(0.0)
         for rid, t in [(0, 0.4), (1, 0.8)]:
-            guard.on_complete(rid, t)
+            guard.finish(rid, t, "complete")
             guard.poll(t)
-        guard.on_complete(2, 1.2)  # closes window 0: μ̂ = 2/s
+        guard.finish(2, 1.2, "complete")  # closes window 0: μ̂ = 2/s
         out = [guard.on_arrival(make_request(request_id=10 + i, at=1.3), 1.3) for i in range(4)]
         return [a.reason for a in out]
 

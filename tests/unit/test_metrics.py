@@ -22,7 +22,7 @@ def scripted_trace():
         guard.poll(at)
     # 0 runs 0.0–0.3, 1 runs 0.3–0.6, 3 runs 0.6–1.5 (late: due 1.3)
     for rid, at in [(0, 0.3), (1, 0.6), (3, 1.5)]:
-        guard.on_complete(rid, at)
+        guard.finish(rid, at, "complete")
         guard.poll(at)
     return fold_trace(events)
 

@@ -101,7 +101,6 @@ def _host(clock, transport, events):
         return None
 
     metrics = SimpleNamespace(
-        on_complete=lambda *a: None,
         on_chunk_gap=lambda *a: None,
         backends_changed=lambda *a: None,
     )

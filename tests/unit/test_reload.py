@@ -63,9 +63,9 @@ def test_a_removed_tenant_finishes_what_it_has_in_flight_then_is_unknown():
     queued = admit(guard, 0.2)
     only_a10 = dataclasses.replace(guard.config, contracts=(Contract("a10", OPPORTUNISTIC, 1.0),))
     guard.reconfigure(only_a10, 0.3)
-    guard.on_complete(started.request.request_id, 0.4)
+    guard.finish(started.request.request_id, 0.4, "complete")
     assert [d.request.request_id for d in guard.poll(0.4)] == [queued.request_id]
-    guard.on_complete(queued.request_id, 0.5)
+    guard.finish(queued.request_id, 0.5, "complete")
     late = admit(guard, 1.1)
     assert not late.admitted and late.reason == "unknown_tenant"
     assert running.entitled
@@ -87,9 +87,9 @@ def test_backends_keep_their_positions_a_removed_one_drains():
         admit(guard, 0.3)
     starts = guard.poll(0.3)
     assert [d.backend for d in starts] == [1, 1]  # the removed backend gets nothing new
-    guard.on_complete(first.request.request_id, 0.4)
+    guard.finish(first.request.request_id, 0.4, "complete")
     assert guard.poll(0.4) == []  # its freed slot is not offered again
-    guard.on_complete(starts[0].request.request_id, 0.5)
+    guard.finish(starts[0].request.request_id, 0.5, "complete")
     assert [d.backend for d in guard.poll(0.5)] == [1]
     assert guard.in_flight_on(0) == 0
     report = check_trace(events, allow_open=True)

@@ -98,7 +98,7 @@ def guard_dispatch_order(order, n_assured, n_opp, slots):
     started += [d.request for d in guard.poll(now) if isinstance(d, Dispatch)]
     while guard.num_in_flight:
         now += 1.0
-        guard.on_complete(next(iter(guard._in_flight)), now)
+        guard.finish(next(iter(guard._in_flight)), now, "complete")
         started += [d.request for d in guard.poll(now) if isinstance(d, Dispatch)]
     return [r.tenant == "a95" for r in started]
 

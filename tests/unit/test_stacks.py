@@ -36,7 +36,7 @@ def started(decisions):
 
 
 def finish(stack, rid, now):
-    stack.on_complete(rid, now)
+    stack.finish(rid, now, "complete")
     return started(stack.poll(now))
 
 
@@ -229,7 +229,7 @@ def test_flow_control_queue_ttl_evicts_with_a_reason():
     stack.poll(0.0)
     stack.on_arrival(make_request(request_id=1, at=0.0), 0.0)
     stack.poll(0.0)
-    stack.on_complete(0, 0.6)
+    stack.finish(0, 0.6, "complete")
     (drop,) = stack.poll(0.6)
     assert isinstance(drop, Drop) and drop.reason == "ttl_expired"
 
@@ -240,9 +240,9 @@ def test_stack_abort_frees_or_dequeues():
     for rid in range(2):
         stack.on_arrival(make_request(request_id=rid), 0.0)
     stack.poll(0.0)
-    assert stack.on_abort(1, 0.1, "client_disconnected")
-    assert stack.on_abort(0, 0.2, "client_disconnected")
-    assert not stack.on_abort(0, 0.3, "again")
+    assert stack.finish(1, 0.1, "abort", "client_disconnected")
+    assert stack.finish(0, 0.2, "abort", "client_disconnected")
+    assert not stack.finish(0, 0.3, "abort", "again")
     assert (stack.num_in_flight, stack.num_queued) == (0, 0)
 
 

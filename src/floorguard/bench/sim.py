@@ -62,7 +62,7 @@ def _decision_loop(guard_factory: Callable[[], Guard], requests: list[Request]) 
         guard.on_arrival(request, now)
         for decision in guard.poll(now):
             if isinstance(decision, Dispatch):
-                guard.on_complete(decision.request.request_id, now)
+                guard.finish(decision.request.request_id, now, "complete")
     return time.perf_counter() - started
 
 

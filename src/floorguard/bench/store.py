@@ -58,7 +58,7 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
             grant = await floor.acquire_async(*need[:3], schedule, now, floor=need.floor)
             guard.continue_arrival(pending, now, grant)
             for decision in guard.poll(now):
-                guard.on_complete(decision.request.request_id, now)
+                guard.finish(decision.request.request_id, now, "complete")
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(tasks)))

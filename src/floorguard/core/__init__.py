@@ -18,7 +18,6 @@ from floorguard.core.monitors import AssumptionReport, assumption_report
 from floorguard.core.request import Request
 from floorguard.core.surface import (
     Admission,
-    Completion,
     Dispatch,
     Drop,
     LearnerAsk,
@@ -33,7 +32,6 @@ __all__ = [
     "Admission",
     "AffineEnvelope",
     "AssumptionReport",
-    "Completion",
     "Contract",
     "ContractClass",
     "Dispatch",

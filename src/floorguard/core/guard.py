@@ -30,7 +30,6 @@ from floorguard.core.surface import (
     WINDOW_BOUND,
     Admission,
     Answer,
-    Completion,
     Dispatch,
     Drop,
     Pending,
@@ -46,7 +45,6 @@ from floorguard.store.memory import MemoryCreditStore
 __all__ = [
     "Admission",
     "ClassStats",
-    "Completion",
     "Dispatch",
     "Drop",
     "Guard",

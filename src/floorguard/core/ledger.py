@@ -40,7 +40,6 @@ from floorguard.core.surface import (
     NO_LEASE,
     Admission,
     Answer,
-    Completion,
     Dispatch,
     Drop,
     LearnerAsk,
@@ -57,6 +56,8 @@ from floorguard.store.base import CreditStore
 __all__ = ["DEFAULT_REPORT_TOKENS", "ClassStats", "GuardStats", "Ledger", "assumptions_of"]
 
 ASSURED = ContractClass.ASSURED
+_OUTCOMES = frozenset({"complete", "fail", "abort"})
+"""What `finish` ends a request with."""
 DEFAULT_REPORT_TOKENS = 1
 """The ℓ the §6 report is made for before any assured request arrived: the smallest
 request (a run with no assured traffic is inside the region by what it asked for)."""
@@ -484,13 +485,42 @@ class Ledger:
                 )
             )
 
-    def on_complete(self, request_id: RequestId, now: float) -> Completion:
+    def finish(self, request_id: RequestId, now: float, outcome: str, reason: str = "") -> bool:
+        """End a request exactly once, whatever the path (the one terminal call, as vLLM's
+        scheduler has): `complete` or `fail` one in flight, `abort` one queued or in
+        flight. True if this call ended it; False if it had already ended (or was never
+        admitted), and nothing changes — so every exit of a driver may call it.
+        `ProtocolError` for an outcome its state cannot take (a queued request cannot
+        complete or fail) or an unknown one, before any change."""
+        if request_id in self._in_flight:
+            if outcome == "complete":
+                self._complete(request_id, now)
+            elif outcome == "fail":
+                self._fail(request_id, now, reason)
+            elif outcome == "abort":
+                self._abort(request_id, now, reason)
+            else:
+                raise ProtocolError(f"finish({request_id!r}): unknown outcome {outcome!r}")
+            return True
+        if outcome not in _OUTCOMES:
+            raise ProtocolError(f"finish({request_id!r}): unknown outcome {outcome!r}")
+        if request_id in self._queued:
+            if outcome != "abort":
+                raise ProtocolError(
+                    f"{outcome} of request {request_id!r}: it is queued, not in flight"
+                )
+            self._abort(request_id, now, reason)
+            return True
+        return False
+
+    def _complete(self, request_id: RequestId, now: float) -> None:
+        """The backend finished an in-flight request: free its slot, and let the monitors
+        see its service time."""
         ticket = self._release(request_id)
         service_s = now - ticket.dispatched_at
-        late = now > ticket.deadline_at
         stats = self.stats.per_class[ticket.contract.cls]
         stats.completed += 1
-        stats.late += late
+        stats.late += now > ticket.deadline_at
         self.envelope.observe_bounds(service_s, ticket.lower_s, ticket.upper_s)
         self.capacity.on_complete(now, len(self._queued))
         if self._sink is not None:
@@ -504,50 +534,26 @@ class Ledger:
                     backend=ticket.backend,
                 )
             )
-        return Completion(request_id, now, service_s, late)
 
-    def finish(self, request_id: RequestId, now: float, outcome: str, reason: str = "") -> bool:
-        """End a request exactly once, whatever the path: `complete` or `fail` one in
-        flight, `abort` one queued or in flight. True if this call ended it; False if it
-        had already ended (or was never admitted), and nothing changes — so every exit of
-        a driver may call it. `ProtocolError` for an outcome its state cannot take (a
-        queued request cannot complete or fail) or an unknown one, before any change."""
-        if outcome == "abort":
-            return self.on_abort(request_id, now, reason)
-        if outcome not in {"complete", "fail"}:
-            raise ProtocolError(f"finish({request_id!r}): unknown outcome {outcome!r}")
-        if request_id in self._in_flight:
-            if outcome == "complete":
-                self.on_complete(request_id, now)
-            else:
-                self.on_fail(request_id, now, reason)
-            return True
-        if request_id in self._queued:
-            raise ProtocolError(f"{outcome} of request {request_id!r}: it is queued, not in flight")
-        return False
-
-    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None:
+    def _fail(self, request_id: RequestId, now: float, reason: str) -> None:
         """The backend failed an in-flight request (error, timeout): free its slot."""
         ticket = self._release(request_id)
         self.stats.per_class[ticket.contract.cls].failed += 1
         if self._sink is not None:
             self._emit(EventKind.FAIL, ticket, now, reason=reason, backend=ticket.backend)
 
-    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool:
-        """The client went away: dequeue it, or free its slot. False if it already ended."""
+    def _abort(self, request_id: RequestId, now: float, reason: str) -> None:
+        """The client went away: dequeue it, or free its slot (it is held: `finish` asked)."""
         ticket = self._queued.get(request_id)
         if ticket is not None:
             self._cancel(ticket)
             backend = None
-        elif request_id in self._in_flight:
+        else:
             ticket = self._release(request_id)
             backend = ticket.backend
-        else:
-            return False
         self.stats.per_class[ticket.contract.cls].aborted += 1
         if self._sink is not None:
             self._emit(EventKind.ABORT, ticket, now, reason=reason, backend=backend)
-        return True
 
     def _cancel(self, ticket: Ticket) -> None:
         """Take a queued ticket out of the stack's queue, and out of its counts (its

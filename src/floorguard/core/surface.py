@@ -14,7 +14,10 @@ A driver (the simulator, the HTTP proxy, a real-backend run) speaks only this su
     lease_granted / lease_denied(id, now) (leased slots: the fleet's answer for a start;
                                           denied, it waits again and the backend is held off)
     store_changed(now, state, …)         (the shared floor's state, for the log)
-    on_first_token / on_complete / on_fail / on_abort
+    on_first_token(id, now)
+    finish(id, now, outcome, reason)     (the one terminal call: complete / fail / abort;
+                                          True if it ended the request, False if it had
+                                          ended; a ProtocolError for what its state forbids)
 
 Arrival is sans-IO: a stack never calls a remote store or a remote learner itself. It says
 what it needs — a `StoreCall` (charge the floor) or a `LearnerAsk` (a proposal for the
@@ -49,7 +52,6 @@ __all__ = [
     "WINDOW_BOUND",
     "Admission",
     "Answer",
-    "Completion",
     "Dispatch",
     "Drop",
     "LearnerAsk",
@@ -199,13 +201,6 @@ class Drop(NamedTuple):
     reason: str
 
 
-class Completion(NamedTuple):
-    request_id: RequestId
-    at: float
-    service_s: float
-    late: bool
-
-
 class Stack(Protocol):
     """The driver surface of the guard and of every comparison stack."""
 
@@ -236,9 +231,6 @@ class Stack(Protocol):
         self, now: float, state: str, tenant: str | None = None, window: int | None = None
     ) -> None: ...
     def on_first_token(self, request_id: RequestId, now: float) -> None: ...
-    def on_complete(self, request_id: RequestId, now: float) -> Completion: ...
-    def on_fail(self, request_id: RequestId, now: float, reason: str) -> None: ...
-    def on_abort(self, request_id: RequestId, now: float, reason: str) -> bool: ...
     def finish(self, request_id: RequestId, now: float, outcome: str, reason: str = "") -> bool: ...
     def holds(self, request_id: RequestId) -> bool: ...
     def in_flight_request(self, request_id: RequestId) -> Request | None: ...

@@ -293,9 +293,9 @@ async def _unguarded(
                 return result(503)
             status, _ = await post_completion(session, url, request, model=backend.model)
             if status == 200:
-                stack.on_complete(rid, clock.now())
+                stack.finish(rid, clock.now(), "complete")
             else:
-                stack.on_fail(rid, clock.now(), f"http_{status}")
+                stack.finish(rid, clock.now(), "fail", f"http_{status}")
             pump.pump()
             return result(status)
 

@@ -82,9 +82,6 @@ class Forwarding:
     def _end(self, rid: str, kind: str, reason: str = "") -> None:
         raise NotImplementedError
 
-    def _complete(self, rid: str) -> None:
-        raise NotImplementedError
-
     def _class_of(self, rid: str) -> ContractClass:
         raise NotImplementedError
 
@@ -203,7 +200,7 @@ class Forwarding:
             self._end(rid, "fail", reason)
             box.finish((reason, "the backend reply failed mid-way"))
             return
-        self._complete(rid)
+        self._end(rid, "complete")
         box.finish()
 
     async def _reply(

@@ -1,6 +1,6 @@
 """Prometheus metrics of one guard server (its own registry: no module-level state).
 
-The per-request path only bumps plain counts and bucket tallies (`on_event`, `on_complete`,
+The per-request path only bumps plain counts and bucket tallies (`on_event`,
 `on_chunk_gap`); the exposition is built when `/metrics` is scraped (a custom collector),
 so a request pays no metric-library locking per event.
 
@@ -69,11 +69,19 @@ class _Histogram:
 
 
 class Timing:
-    __slots__ = ("admitted_at", "arrived_at", "backend", "dispatched_at", "first_token_at")
+    __slots__ = (
+        "admitted_at",
+        "arrived_at",
+        "backend",
+        "deadline_at",
+        "dispatched_at",
+        "first_token_at",
+    )
 
     def __init__(self, arrived_at: float) -> None:
         self.arrived_at = arrived_at
         self.admitted_at: float | None = None
+        self.deadline_at: float | None = None
         self.dispatched_at: float | None = None
         self.first_token_at: float | None = None
         self.backend = ""
@@ -158,6 +166,7 @@ class GuardMetrics:
             self.admitted[model, event.tenant or "", _cls(event), entitled] += 1
             if timing is not None:
                 timing.admitted_at = event.at
+                timing.deadline_at = event.deadline_at
         elif kind is EventKind.DISPATCH and timing is not None:
             timing.dispatched_at = event.at
             timing.backend = self._backend(model, event.backend)
@@ -186,6 +195,8 @@ class GuardMetrics:
                 self.ended.clear()
             self.ended[event.request_id] = (timing, event)
         if kind is EventKind.COMPLETE:
+            if timing.deadline_at is not None and event.at > timing.deadline_at:
+                self.late[model, event.tenant or "", _cls(event)] += 1
             if timing.dispatched_at is not None:
                 labels = (model, _cls(event), timing.backend)
                 self.service.observe(labels, event.at - timing.dispatched_at)
@@ -204,10 +215,6 @@ class GuardMetrics:
 
     def take_ended(self, rid: Any) -> tuple[Timing, TraceEvent] | None:
         return self.ended.pop(rid, None) if self.ended is not None else None
-
-    def on_complete(self, model: str, tenant: str, cls: ContractClass, late: bool) -> None:
-        if late:
-            self.late[model, tenant, _LABEL[cls]] += 1
 
     def on_chunk_gap(self, model: str, cls: ContractClass, gap_s: float) -> None:
         """The silence between two chunks of a streamed reply (one token per chunk, as

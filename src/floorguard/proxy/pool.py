@@ -444,11 +444,11 @@ class Pool(Forwarding):
 
     def _end(self, rid: str, kind: str, reason: str = "") -> None:
         """End the request in the guard if it still holds it (exactly once: the guard's
-        state says whether it ended), and hand its slot on."""
+        state says whether it ended), and hand its slot on. `kind`: `complete`, `fail` or
+        `abort`; a request still queued can only abort."""
         self._release_lease(rid)
         guard = self.guard
-        in_flight = guard.in_flight_request(rid) is not None
-        outcome = "fail" if kind == "fail" and in_flight else "abort"  # a queued one aborts
+        outcome = kind if guard.in_flight_request(rid) is not None else "abort"
         if not guard.finish(rid, self.clock.now(), outcome, reason):
             return
         if reason == "drain_deadline":
@@ -573,17 +573,6 @@ class Pool(Forwarding):
             if request is not None
             else ContractClass.OPPORTUNISTIC
         )
-
-    def _complete(self, rid: str) -> None:
-        self._release_lease(rid)
-        guard = self.guard
-        request = guard.in_flight_request(rid)
-        if request is None:
-            return
-        tenant = request.tenant
-        done = guard.on_complete(rid, self.clock.now())
-        self.edge.metrics.on_complete(self.label, tenant, self.contracts[tenant].cls, done.late)
-        self.pump.pump()
 
     # -- status ---------------------------------------------------------------------------
 

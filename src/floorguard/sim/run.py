@@ -69,7 +69,7 @@ class _Simulation:
 
     def on_completion(self, index: int, done: list[RequestId], now: float) -> None:
         for request_id in done:
-            self.guard.on_complete(request_id, now)
+            self.guard.finish(request_id, now, "complete")
         touched = self._dispatch(now)
         # One event per changed backend, none left stale: this backend's first unless it
         # started work again, then those that did (the order of the events left live when
