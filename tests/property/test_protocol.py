@@ -1,10 +1,15 @@
-"""The request protocol refuses misuse (issue 25.5): random sequences of arrivals, polls and
-ends — misuse included (completing or failing a queued request, ending twice, ending a
-request never admitted, answering a decided arrival again) — show every misuse raising a
-`ProtocolError` at the call site with nothing changed, `finish` idempotent, and every
-request ending exactly once in a decision log that `check_trace` passes."""
+"""The request protocol refuses misuse (issue 25.5): random sequences of arrivals, polls,
+lease answers and ends — misuse included (completing or failing a queued request, ending
+twice, ending a request never admitted, answering a decided arrival again; on leased slots,
+answering a lease no start asked for or one answered already, completing a start whose
+lease is not answered) — show every misuse raising a `ProtocolError` at the call site with
+nothing changed, `finish` idempotent, and every request ending exactly once in a decision
+log that `check_trace` passes."""
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,13 +31,16 @@ _ops = st.lists(
             st.integers(0, 40),  # which id: any seen, or one never admitted
         ),
         st.tuples(st.just("answer_again"), st.integers(0, 40)),
+        st.tuples(st.sampled_from(["grant", "deny"]), st.integers(0, 40)),
     ),
     max_size=60,
 )
 
 
 def _snapshot(guard):
-    return guard.num_queued, guard.num_in_flight, len(guard._queued), dict(guard.stats.per_class)
+    held = dict(guard._slots.held_until)
+    stats = copy.deepcopy(guard.stats)  # values, not the live objects
+    return guard.num_queued, guard.num_in_flight, len(guard._queued), stats, held
 
 
 def _arrive(guard, assured, now):
@@ -49,11 +57,36 @@ def _answer_again(guard, pending, now):
     assert _snapshot(guard) == before
 
 
-def _end(guard, rid, op, now):
+def _poll(guard, now, leased, ended, leasing):
+    for d in guard.poll(now):
+        if not isinstance(d, Dispatch):
+            ended.add(d.request.request_id)
+            continue
+        assert d.lease is leased
+        if leased:
+            leasing.add(d.request.request_id)
+
+
+def _lease(guard, rid, op, now, leasing):
+    """One lease answer, misuse or not (`leasing`: the starts whose lease is unanswered,
+    as the test saw them in `poll`'s `Dispatch.lease`)."""
+    answer = guard.lease_granted if op == "grant" else guard.lease_denied
+    if rid not in leasing:
+        before = _snapshot(guard)
+        with pytest.raises(ProtocolError):
+            answer(rid, now)
+        assert _snapshot(guard) == before
+        return
+    answer(rid, now)
+    leasing.discard(rid)
+    assert (guard.in_flight_request(rid) is not None) is (op == "grant")  # denied: it waits
+
+
+def _end(guard, rid, op, now, leasing):
     """One `finish`, misuse or not; True if it ended the request."""
     queued, in_flight = rid in guard._queued, guard.in_flight_request(rid) is not None
     before = _snapshot(guard)
-    if op == "bogus" or (queued and op != "abort"):
+    if op == "bogus" or (queued and op != "abort") or (op == "complete" and rid in leasing):
         with pytest.raises(ProtocolError):
             guard.finish(rid, now, op, "test")
         assert _snapshot(guard) == before
@@ -64,15 +97,18 @@ def _end(guard, rid, op, now):
         return False
     assert not guard.holds(rid)
     assert guard.finish(rid, now, op, "test") is False  # idempotent
+    leasing.discard(rid)
     return True
 
 
+@pytest.mark.parametrize("leased", [False, True], ids=["own_slots", "leased_slots"])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_ops)
-def test_misuse_raises_and_every_request_ends_once(ops):
+def test_misuse_raises_and_every_request_ends_once(leased, ops):
     events: list = []
-    guard = make_guard(make_config(floor=2, slots=(2,)), events=events)
-    now, ids, decided, ended = 0.0, [], [], set()
+    config = dataclasses.replace(make_config(floor=2, slots=(2, 1)), slot_leases=leased)
+    guard = make_guard(config, events=events)
+    now, ids, decided, ended, leasing = 0.0, [], [], set(), set()
     for op, arg in ops:
         now += 0.01
         if op == "arrive":
@@ -82,12 +118,15 @@ def test_misuse_raises_and_every_request_ends_once(ops):
             if not pending.admission.admitted:
                 ended.add(pending.request.request_id)
         elif op == "poll":
-            ended |= {d.request.request_id for d in guard.poll(now) if not isinstance(d, Dispatch)}
-        elif op == "answer_again" and decided:
-            _answer_again(guard, decided[arg % len(decided)], now)
-        elif op != "answer_again":
+            _poll(guard, now, leased, ended, leasing)
+        elif op == "answer_again":
+            if decided:
+                _answer_again(guard, decided[arg % len(decided)], now)
+        else:
             rid = ids[arg % len(ids)] if ids and arg < 30 else f"never-{arg}"
-            if _end(guard, rid, op, now):
+            if op in ("grant", "deny"):
+                _lease(guard, rid, op, now, leasing)
+            elif _end(guard, rid, op, now, leasing):
                 ended.add(rid)
     for rid in ids:  # the driver's last exit: end whatever is still held
         if guard.finish(rid, now + 1, "abort", "shutdown"):

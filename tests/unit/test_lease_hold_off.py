@@ -1,6 +1,8 @@
 """Leased slots in the core (SPEC §13): the fleet's answer to a start is the driver's to
 give, the core requeues a denied one, holds its backend off (doubling, capped) and says
-when to poll again; the log records grants, local ones marked."""
+when to poll again; the log records grants, local ones marked. A start on leased slots
+says so (`Dispatch.lease`), and its lease is answered exactly once before it may
+complete."""
 
 from __future__ import annotations
 
@@ -93,6 +95,34 @@ def test_lease_events_mark_local_grants_and_refuse_a_request_not_in_flight():
         guard.lease_granted("nobody", 0.0)
     with pytest.raises(ProtocolError):
         guard.lease_denied("nobody", 0.0)
+
+
+def test_a_leased_start_says_it_needs_a_lease_and_the_lease_is_answered_once():
+    guard = _guard()
+    request = make_request(assured=False, at=0.0)
+    guard.on_arrival(request, 0.0)
+    (start,) = guard.poll(0.0)
+    rid = request.request_id
+    assert start.lease  # the core, not the driver's config, says this start needs one
+    with pytest.raises(ProtocolError, match="waits for its slot lease"):
+        guard.finish(rid, 0.1, "complete")  # it has not started yet
+    guard.lease_granted(rid, 0.1)
+    with pytest.raises(ProtocolError, match="answered already"):
+        guard.lease_granted(rid, 0.1)
+    with pytest.raises(ProtocolError, match="answered already"):
+        guard.lease_denied(rid, 0.1)
+    assert guard.finish(rid, 0.2, "complete")
+
+
+def test_without_leased_slots_no_start_asks_for_a_lease():
+    guard = make_guard(make_config(slots=(1,)))
+    request = make_request(assured=False, at=0.0)
+    guard.on_arrival(request, 0.0)
+    (start,) = guard.poll(0.0)
+    assert not start.lease
+    with pytest.raises(ProtocolError, match="slots not leased"):
+        guard.lease_granted(request.request_id, 0.0)
+    assert guard.finish(request.request_id, 0.1, "complete")
 
 
 def test_store_changes_are_logged_by_the_core():

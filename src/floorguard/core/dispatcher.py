@@ -45,6 +45,8 @@ class Ticket:
     cancelled: bool = False
     backend: int = -1
     dispatched_at: float = float("nan")
+    leasing: bool = False
+    """Started on leased slots, its slot lease not yet answered (`Dispatch.lease`)."""
 
 
 class Dispatcher(ABC):

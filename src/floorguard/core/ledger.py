@@ -130,6 +130,7 @@ class Ledger:
         self._seq = 0
         self._max_assured_tokens = 0
         self._total_slots = config.total_slots
+        self._slot_leases = config.slot_leases
         self._reloaded: tuple[float, GuardConfig] | None = None
         """A reload's configuration and the instant its contracts govern from."""
         self._sink = sink
@@ -422,6 +423,7 @@ class Ledger:
         request = ticket.request
         ticket.backend = backend
         ticket.dispatched_at = now
+        ticket.leasing = leasing = self._slot_leases
         self._in_flight[request.request_id] = ticket
         if self._sink is not None:
             self._sink(
@@ -435,7 +437,7 @@ class Ledger:
                     entitled=ticket.entitled,
                 )
             )
-        return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at)
+        return Dispatch(request, backend, now, ticket.entitled, ticket.deadline_at, leasing)
 
     def _release(self, request_id: RequestId) -> Ticket:
         """Take an in-flight ticket off its slot."""
@@ -492,8 +494,14 @@ class Ledger:
         admitted), and nothing changes — so every exit of a driver may call it.
         `ProtocolError` for an outcome its state cannot take (a queued request cannot
         complete or fail) or an unknown one, before any change."""
-        if request_id in self._in_flight:
+        ticket = self._in_flight.get(request_id)
+        if ticket is not None:
             if outcome == "complete":
+                if ticket.leasing:
+                    raise ProtocolError(
+                        f"complete of request {request_id!r}: its start waits for its slot "
+                        "lease (answer lease_granted or lease_denied first)"
+                    )
                 self._complete(request_id, now)
             elif outcome == "fail":
                 self._fail(request_id, now, reason)
@@ -589,9 +597,8 @@ class Ledger:
         `LEASE_HOLD_OFF_MAX_S`, lifted when one of this guard's requests there ends — so
         the fleet's replicas do not spin on a full backend (`next_wake_at` says when to
         poll again)."""
-        ticket = self._in_flight.get(request_id)
-        backend = ticket.backend if ticket is not None else -1
-        self.requeue(request_id, now, NO_LEASE)  # ProtocolError if not in flight
+        backend = self._leasing(request_id, "lease_denied").backend
+        self.requeue(request_id, now, NO_LEASE)
         self._slots.hold_off(backend, now, LEASE_HOLD_OFF_S, LEASE_HOLD_OFF_MAX_S)
 
     def set_backend_available(self, backend: int, available: bool) -> None:
@@ -606,9 +613,8 @@ class Ledger:
         event; with leased slots, the fleet's SLOTS count starts here, not at dispatch).
         `local`: granted by the fallback while the store was unreachable (the event says
         so; `verify` judges fleet ORDER there conditionally)."""
-        ticket = self._in_flight.get(request_id)
-        if ticket is None:
-            raise ProtocolError(f"a lease for {request_id!r}, which is not in flight")
+        ticket = self._leasing(request_id, "lease_granted")
+        ticket.leasing = False
         self._slots.leased(ticket.backend)
         if self._sink is not None:
             self._emit(
@@ -619,6 +625,16 @@ class Ledger:
                 entitled=ticket.entitled,
                 reason=LOCAL_LEASE if local else None,
             )
+
+    def _leasing(self, request_id: RequestId, call: str) -> Ticket:
+        """The in-flight ticket whose start waits for its lease, or a `ProtocolError`."""
+        ticket = self._in_flight.get(request_id)
+        if ticket is None:
+            raise ProtocolError(f"{call} for {request_id!r}, which is not in flight")
+        if not ticket.leasing:
+            why = "was answered already" if self._slot_leases else "needs none (slots not leased)"
+            raise ProtocolError(f"{call} for {request_id!r}, whose start {why}")
+        return ticket
 
     def store_changed(
         self, now: float, state: str, tenant: str | None = None, window: int | None = None

@@ -193,6 +193,10 @@ class Dispatch(NamedTuple):
     at: float
     entitled: bool
     deadline_at: float
+    lease: bool = False
+    """The start needs the fleet's slot lease on `backend` first (leased slots, SPEC §13):
+    the driver takes one and answers `lease_granted` (it runs) or `lease_denied` (it waits
+    again); until then it may fail or abort, not complete."""
 
 
 class Drop(NamedTuple):

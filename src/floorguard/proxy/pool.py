@@ -501,10 +501,12 @@ class Pool(Forwarding):
         """With fleet-wide leases, take one for the slot the guard chose; without one the
         guard puts the request back (`no_lease`) and holds the backend off, so the pump
         does not spin on it. True when the request may start."""
-        if self.leases is None:
+        if not decision.lease:
             return True
+        leases = self.leases
+        assert leases is not None  # the guard leases slots only when the pool has leases
         taking = asyncio.ensure_future(
-            self.leases.acquire_async(decision.backend, rid, entitled=entitled)
+            leases.acquire_async(decision.backend, rid, entitled=entitled)
         )
         try:
             why = await asyncio.shield(taking)
@@ -514,8 +516,7 @@ class Pool(Forwarding):
         now = self.clock.now()
         if not why:
             self._leased[rid] = (decision.backend, None)
-            local = self.leases.is_local(decision.backend, rid)
-            self.guard.lease_granted(rid, now, local=local)
+            self.guard.lease_granted(rid, now, local=leases.is_local(decision.backend, rid))
             return True
         self.guard.lease_denied(rid, now)  # its next turn's pump arms the hold-off's end
         return False

@@ -316,9 +316,10 @@ class _FleetSimulation:
         for decision in guard.poll(now):
             if type(decision) is not Dispatch:
                 continue
-            if leases is None:
+            if not decision.lease:
                 self._start(replica, decision, now)
                 continue
+            assert leases is not None  # leased slots: the replica has the fleet's leases
             request = decision.request
             plan = leases.plan_acquire(
                 decision.backend, str(request.request_id), entitled=decision.entitled
