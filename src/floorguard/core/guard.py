@@ -23,9 +23,10 @@ from floorguard.core.dispatcher import Ticket, create_dispatcher
 from floorguard.core.doom import DoomVerdict
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, consult
-from floorguard.core.ledger import ClassStats, GuardStats, Ledger
+from floorguard.core.ledger import Ledger
 from floorguard.core.meter import ReservationMeter
 from floorguard.core.request import Request, RequestId
+from floorguard.core.stats import ClassStats, GuardStats
 from floorguard.core.surface import (
     WINDOW_BOUND,
     Admission,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
@@ -33,6 +33,7 @@ from floorguard.core.monitors import (
     assumption_report,
 )
 from floorguard.core.request import Request, RequestId
+from floorguard.core.stats import ClassStats, GuardStats
 from floorguard.core.surface import (
     LEASE_HOLD_OFF_MAX_S,
     LEASE_HOLD_OFF_S,
@@ -45,7 +46,6 @@ from floorguard.core.surface import (
     LearnerAsk,
     Need,
     Pending,
-    RejectReason,
     Sink,
     Stack,
     StoreCall,
@@ -61,35 +61,6 @@ _OUTCOMES = frozenset({"complete", "fail", "abort"})
 DEFAULT_REPORT_TOKENS = 1
 """The ℓ the §6 report is made for before any assured request arrived: the smallest
 request (a run with no assured traffic is inside the region by what it asked for)."""
-
-
-@dataclass(slots=True)
-class ClassStats:
-    offered: int = 0
-    admitted: int = 0
-    entitled: int = 0
-    demoted: int = 0
-    rejected: int = 0
-    dropped: int = 0
-    completed: int = 0
-    late: int = 0
-    failed: int = 0
-    aborted: int = 0
-
-
-@dataclass(slots=True)
-class GuardStats:
-    per_class: dict[ContractClass, ClassStats] = field(
-        default_factory=lambda: {c: ClassStats() for c in ContractClass}
-    )
-    rejected_by_reason: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(RejectReason, 0)
-    )
-    """By reason: the guard's `RejectReason`s, and any a comparison stack adds."""
-    learner_calls: int = 0
-    learner_faults: int = 0
-    doom_uncertain: int = 0
-    unknown_tenant: int = 0
 
 
 class Ledger:

@@ -40,8 +40,8 @@ from floorguard.errors import ProtocolError
 from floorguard.store.base import Grant
 
 if TYPE_CHECKING:
-    from floorguard.core.ledger import GuardStats
     from floorguard.core.monitors import AssumptionReport, BacklogMonitor, EnvelopeMonitor
+    from floorguard.core.stats import GuardStats
 
 __all__ = [
     "AUTO_RETRY",
