@@ -15,10 +15,11 @@ from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.cli._common import fmt
 from floorguard.errors import FloorguardError
+from floorguard.experiments.figures import fleet_figure
 from floorguard.learners.registry import LEARNERS
 from floorguard.profiles import PROFILES, get_profile
 from floorguard.proxy.config import GuardServerConfig, load_config
-from floorguard.sim.fleet import Fleet, SlotMode, fleet_figure, simulate_fleet
+from floorguard.sim.fleet import Fleet, SlotMode, simulate_fleet
 from floorguard.sim.scenarios import (
     PACE_JITTER_S,
     SCENARIOS,

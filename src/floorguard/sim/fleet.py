@@ -20,9 +20,8 @@ import functools
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -41,7 +40,6 @@ from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
-from floorguard.experiments.figures import subplots
 from floorguard.learners.adversaries import AlwaysAdmit
 from floorguard.profiles import get_profile
 from floorguard.sim.backend import create_backend
@@ -54,7 +52,7 @@ from floorguard.store.plan import Plan, run_plan
 from floorguard.store.shared import SharedFloor, Unavailable
 from floorguard.store.simulated import SimulatedRedis
 
-__all__ = ["Fleet", "FleetResult", "SlotMode", "fleet_figure", "simulate_fleet"]
+__all__ = ["Fleet", "FleetResult", "SlotMode", "simulate_fleet"]
 
 SlotMode = Literal["partition", "leased"]
 _T = TypeVar("_T")
@@ -451,39 +449,3 @@ def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> Fleet
         sum(leases.local_grants for leases in sim.leases if leases is not None),
         wall_s,
     )
-
-
-def fleet_figure(results: Sequence[FleetResult], path: Path) -> Path:
-    """Partitioned against leased slots across the load balancer's skew: the fleet's slot
-    utilization and opportunistic goodput (left), the assured p99 sojourn (right)."""
-    fig, (left, right) = subplots(1, 2, figsize=(11, 4.2))
-    for mode, color in (("partition", "tab:orange"), ("leased", "tab:blue")):
-        runs = sorted((r for r in results if r.fleet.slot_mode == mode), key=lambda r: r.fleet.skew)
-        if not runs:
-            continue
-        skews = [r.fleet.skew for r in runs]
-        left.plot(skews, [r.utilization for r in runs], marker="o", color=color, label=mode)
-        right.plot(skews, [r.assured_p99_ms for r in runs], marker="o", color=color, label=mode)
-    f = results[0].fleet
-    left.set(
-        xlabel="load-balancer skew s (replica r's share ∝ (r+1)^−s)",
-        ylabel="busy slot-seconds / fleet slot-seconds",
-        ylim=(0, 1.05),
-        title="Slot utilization",
-    )
-    right.set(
-        xlabel="load-balancer skew s",
-        ylabel="floor-admitted assured p99 sojourn (ms)",
-        title=f"Assured p99 (deadline {f.deadline_ms:.0f} ms)",
-    )
-    right.axhline(f.deadline_ms, color="gray", ls=":", lw=1)
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-    fig.suptitle(
-        f"{f.replicas} replicas × {f.backends} backends (C = {f.slots}) × {f.tenants} assured "
-        f"tenants, flood at 2× capacity",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
