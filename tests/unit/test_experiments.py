@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -7,8 +8,9 @@ import pytest
 from floorguard.analysis.stats import Interval
 from floorguard.cli import main
 from floorguard.experiments import Condition, catalogue, run_condition
+from floorguard.experiments.records import CONDITION_KEYS, ConditionKeys, Summary, run_row
 from floorguard.experiments.runner import seed_for
-from floorguard.experiments.tables import summarize
+from floorguard.experiments.tables import CONDITION_FIELDS, summarize
 from tests.helpers import write_burstgpt
 
 
@@ -81,6 +83,31 @@ def test_run_rows_carry_every_spec_metric():
     ):
         assert key in row, key
     assert row["false_drops"] == 0 and row["mu_sat"] > 5
+
+
+def test_the_typed_records_declare_what_the_runs_and_summaries_carry():
+    """The readings are type-checked against `RunRow` and `Summary` (issue 25.7): the
+    records must say what a run's row and a summary really hold, the condition's knobs
+    with the same names and types as `Condition`'s fields."""
+    knobs = {
+        f.name: f.type
+        for f in dataclasses.fields(Condition)
+        if f.name not in ("detail", "keep_samples", "keep_ids")
+    }
+    declared = {k: v.__forward_arg__ for k, v in ConditionKeys.__annotations__.items()}
+    assert declared == knobs
+    assert set(CONDITION_KEYS) == set(CONDITION_FIELDS)
+    rows = [run_condition(Condition(keep_samples=True, keep_ids=True, detail=True), 1)]
+    assert run_row(rows[0]) is rows[0]
+    (summary,) = summarize(rows)
+    assert set(summary) == set(Summary.__annotations__)
+
+
+def test_a_row_with_a_key_the_record_does_not_declare_is_refused():
+    row = run_condition(Condition(), 1)
+    row["a_mis"] = row.pop("a_miss")  # a producer's rename the readings would not see
+    with pytest.raises(KeyError, match="a_mis"):
+        run_row(row)
 
 
 def test_experiment_cli_errors(capsys, tmp_path):

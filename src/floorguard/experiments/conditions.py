@@ -392,7 +392,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "bound_s": region.bound_s,
         "inside_region": region.inside,
         "held": m.assured.late == 0,
-        "phase_counts": [list(p) for p in m.phase_counts],
+        "phase_counts": list(m.phase_counts),
     }
     if c.replay_admission:
         row["admission_identical"] = admitted == frozenset(

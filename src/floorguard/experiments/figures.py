@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from floorguard.experiments.spec import Row
+from floorguard.experiments.records import RunRow
 from floorguard.experiments.tables import source_name, summarize
 
 if TYPE_CHECKING:
@@ -46,12 +46,12 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _miss(row: Row) -> float:
+def _miss(row: RunRow) -> float:
     admitted = row["a_admitted"]
     return row["a_late"] / admitted if admitted else math.nan
 
 
-def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
+def completion_vs_arrival(rows: Sequence[RunRow], out: Path) -> Path:
     """E1: assured completion time against arrival, deadline line, at the β where the
     unguarded twin misses most; the guard run and the unguarded run share their arrivals."""
     with_detail = [r for r in rows if r.get("detail") is not None]
@@ -73,10 +73,12 @@ def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
         if run is None:
             continue
         d = run["deadline_ms"] / 1e3
-        done = [(a, e) for a, e, outcome, _ in run["detail"] if outcome == "completed"]
+        detail = run["detail"]
+        assert not isinstance(detail, bool), "E1's grid keeps each request's detail"
+        done = [(a, e) for a, e, outcome, _ in detail if outcome == "completed" and e is not None]
         late = [(a, e) for a, e in done if e - a > d]
         ok = [(a, e) for a, e in done if e - a <= d]
-        refused = [a for a, _, outcome, _ in run["detail"] if outcome != "completed"]
+        refused = [a for a, _, outcome, _ in detail if outcome != "completed"]
         if ok:
             ax.scatter(*zip(*ok, strict=True), s=10, color="tab:blue", label="on time")
         if late:
@@ -90,7 +92,7 @@ def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
                 color="gray",
                 label="refused or dropped (at arrival)",
             )
-        xs = np.linspace(0, max(a for a, *_ in run["detail"]) + 0.5, 2)
+        xs = np.linspace(0, max(a for a, *_ in detail) + 0.5, 2)
         ax.plot(xs, xs + d, "k--", lw=1, label=f"deadline (d = {d * 1e3:.0f} ms)")
         ax.set_title(f"{policy}, β = {run['beta']:g} (seed {run['seed']})")
         ax.set_xlabel("arrival time (s)")
@@ -99,13 +101,15 @@ def completion_vs_arrival(rows: Sequence[Row], out: Path) -> Path:
     return _save(fig, out / "e1_completion_vs_arrival.png")
 
 
-def priority_vs_fifo(rows: Sequence[Row], out: Path) -> Path:
+def priority_vs_fifo(rows: Sequence[RunRow], out: Path) -> Path:
     """E3: assured miss and worst p99 sojourn over offered load, assured-first vs FIFO at
     identical admission."""
     fig, axes = subplots(1, 2, figsize=(9, 3.8))
     summaries = summarize(rows)
     for policy, label in (("guard", "assured-first (guard)"), ("gated-fifo", "FIFO (gated-fifo)")):
-        mine = sorted((s for s in summaries if s["policy"] == policy), key=lambda s: s["rho_hat"])
+        mine = sorted(
+            (s for s in summaries if s["policy"] == policy), key=lambda s: s["rho_hat"] or 0.0
+        )
         rho = [s["rho_hat"] for s in mine]
         axes[0].plot(rho, [s["miss"].estimate or 0 for s in mine], "o-", label=label)
         axes[1].plot(rho, [s["sojourn_p99_ms"] or 0 for s in mine], "o-", label=label)
@@ -120,7 +124,7 @@ def priority_vs_fifo(rows: Sequence[Row], out: Path) -> Path:
     return _save(fig, out / "e3_priority_vs_fifo.png")
 
 
-def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
+def region_heatmap(rows: Sequence[RunRow], out: Path) -> Path:
     """E7: assured miss over (ρ_eff, d); cells inside SPEC §6's region outlined."""
     summaries = summarize(rows)
     floors = sorted({s["floor"] for s in summaries})
@@ -160,7 +164,7 @@ def region_heatmap(rows: Sequence[Row], out: Path) -> Path:
     return _save(fig, out / "e7_operating_region.png")
 
 
-def cv_vs_miss(rows: Sequence[Row], out: Path) -> Path:
+def cv_vs_miss(rows: Sequence[RunRow], out: Path) -> Path:
     """E12: realized interarrival CV of each trace slice against its assured miss."""
     sources = sorted({r["trace_path"] for r in rows})
     fig, axes = subplots(1, len(sources), figsize=(4.2 * len(sources), 3.8), squeeze=False)
@@ -185,7 +189,7 @@ def cv_vs_miss(rows: Sequence[Row], out: Path) -> Path:
     return _save(fig, out / "e12_cv_vs_miss.png")
 
 
-def attainment_vs_phase(rows: Sequence[Row], out: Path) -> Path:
+def attainment_vs_phase(rows: Sequence[RunRow], out: Path) -> Path:
     """E13: floor-entitled attainment as the contract's window origin shifts by φ."""
     fig, ax = subplots(figsize=(7, 4))
     groups: dict[str, dict[float, list[int]]] = {}

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from floorguard.experiments.conditions import Condition, run_condition
+from floorguard.experiments.records import RunRow, run_row
 from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import markdown_table, summarize, write_csv
 
@@ -59,7 +60,7 @@ def seed_for(experiment_id: str, rep: int, condition: Condition) -> int:
 @dataclass
 class ExperimentResult:
     experiment: Experiment
-    rows: list[Row]
+    rows: list[RunRow]
     table_md: str
     figures: list[Path]
     wall_s: float
@@ -195,11 +196,12 @@ def write_rows(rows: Sequence[Row], folder: Path, stem: str = "runs") -> None:
 
 def _write(experiment: Experiment, rows: list[Row], folder: Path, cpu_s: float) -> ExperimentResult:
     write_rows(rows, folder)
-    table = markdown_table(experiment, summarize(rows))
+    runs = [run_row(row) for row in rows]
+    table = markdown_table(experiment, summarize(runs))
     if experiment.extra is not None:
-        table += "\n\n" + experiment.extra(rows)
+        table += "\n\n" + experiment.extra(runs)
     (folder / "table.md").write_text(
         f"# {experiment.id}: {experiment.title}\n\n{experiment.caption}\n\n{table}\n"
     )
-    figures = [draw(rows, folder) for draw in experiment.figures]
-    return ExperimentResult(experiment, rows, table, figures, cpu_s)
+    figures = [draw(runs, folder) for draw in experiment.figures]
+    return ExperimentResult(experiment, runs, table, figures, cpu_s)

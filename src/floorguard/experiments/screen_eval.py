@@ -18,7 +18,7 @@ import numpy as np
 
 from floorguard.experiments.conditions import Condition, mu_sat_of
 from floorguard.experiments.figures import subplots
-from floorguard.experiments.spec import Row
+from floorguard.experiments.records import RunRow
 from floorguard.screen.evaluate import (
     DEADLINES_S,
     Cell,
@@ -101,22 +101,22 @@ def e18_grid(quick: bool) -> list[Condition]:
     ]
 
 
-def _label(row: Row) -> str:
+def _label(row: RunRow) -> str:
     dispatch = "fifo" if row["policy"] == "gated-fifo" else "priority"
     return f"{dispatch} B={row['floor']} C={row['slots']} λo={row['opp_rate']:g}"
 
 
-def _by_config(rows: Sequence[Row]) -> dict[str, list[Row]]:
-    out: dict[str, list[Row]] = {}
+def _by_config(rows: Sequence[RunRow]) -> dict[str, list[RunRow]]:
+    out: dict[str, list[RunRow]] = {}
     for row in sorted(rows, key=lambda r: r["rep"]):
         out.setdefault(_label(row), []).append(row)
     return out
 
 
-_MEMO: dict[tuple[str, int, str], tuple[Sequence[Row], object]] = {}
+_MEMO: dict[tuple[str, int, str], tuple[Sequence[RunRow], object]] = {}
 
 
-def _memo(what: str, rows: Sequence[Row], how: str, compute: Callable[[], T]) -> T:
+def _memo(what: str, rows: Sequence[RunRow], how: str, compute: Callable[[], T]) -> T:
     """`compute()` once per row set (the extra, the reading and the figures all read the
     same cells): keyed by the rows object itself, checked by identity."""
     key = (what, id(rows), how)
@@ -129,7 +129,7 @@ def _memo(what: str, rows: Sequence[Row], how: str, compute: Callable[[], T]) ->
     return hit[1]  # type: ignore[return-value]
 
 
-def _cells(rows: Sequence[Row], aggregation: str) -> tuple[Cell, ...]:
+def _cells(rows: Sequence[RunRow], aggregation: str) -> tuple[Cell, ...]:
     """In-sample cells: ŝ and the outcome from all of a configuration's runs."""
     return _memo(
         "cells",
@@ -158,11 +158,11 @@ class _Folds:
         return self.block / self.reps
 
 
-def _held_out(rows: Sequence[Row]) -> list[_Folds]:
+def _held_out(rows: Sequence[RunRow]) -> list[_Folds]:
     return _memo("held-out", rows, HELD_OUT_AGGREGATION, lambda: _compute_held_out(rows))
 
 
-def _compute_held_out(rows: Sequence[Row]) -> list[_Folds]:
+def _compute_held_out(rows: Sequence[RunRow]) -> list[_Folds]:
     by_config = _by_config(rows)
     out: list[_Folds] = []
     for fraction in FRACTIONS:
@@ -173,7 +173,7 @@ def _compute_held_out(rows: Sequence[Row]) -> list[_Folds]:
     return out
 
 
-def _scores_table(rows: Sequence[Row]) -> list[str]:
+def _scores_table(rows: Sequence[RunRow]) -> list[str]:
     lines = [
         "| screen | ŝ | cells | accepts | precision | recall | agreement | coverage |",
         "|---|---|---|---|---|---|---|---|",
@@ -202,7 +202,7 @@ def _regimes(cells: Sequence[Cell], knee: tuple[float, float]) -> dict[str, list
     return {name: group for name, group in groups.items() if group}
 
 
-def _outcome_cells(rows: Sequence[Row], how: str) -> tuple[Cell, ...]:
+def _outcome_cells(rows: Sequence[RunRow], how: str) -> tuple[Cell, ...]:
     """The in-sample cells (ŝ = `REGIME_SERVICE`) with `met` decided by the reps' measured
     outcomes aggregated by `how` (`OUTCOME_AGGREGATIONS`) instead of the pooled p95."""
     picks: dict[str, Callable[[list[float]], Any]] = {
@@ -228,7 +228,7 @@ def _outcome_cells(rows: Sequence[Row], how: str) -> tuple[Cell, ...]:
     return _memo("outcome", rows, how, compute)
 
 
-def _regime_table(rows: Sequence[Row], knee: tuple[float, float]) -> list[str]:
+def _regime_table(rows: Sequence[RunRow], knee: tuple[float, float]) -> list[str]:
     head = " | ".join(f"{s} accepts | precision | recall" for s in SCREENS)
     lines = [
         f"| regime | outcome over reps | cells | met | {head} |",
@@ -260,7 +260,7 @@ def _rho_bins(cells: Sequence[Cell]) -> list[tuple[float, float]]:
     return [(lo, hi) for lo, hi in itertools.pairwise(edges) if any(lo <= r < hi for r in present)]
 
 
-def _false_accept_tables(rows: Sequence[Row]) -> list[str]:
+def _false_accept_tables(rows: Sequence[RunRow]) -> list[str]:
     cells_by = {how: _cells(rows, how) for how in HEADLINE}
     bad = _false_accepts(cells_by)
     keys = list(bad)
@@ -296,7 +296,7 @@ def _false_accept_tables(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def _held_out_table(rows: Sequence[Row]) -> list[str]:
+def _held_out_table(rows: Sequence[RunRow]) -> list[str]:
     lines = [
         "| calibration fraction (block / reps) | folds | screen | precision, fold mean "
         "[min, max] | recall, mean | coverage, mean |",
@@ -317,7 +317,7 @@ def _held_out_table(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def _load_facts(rows: Sequence[Row]) -> str:
+def _load_facts(rows: Sequence[RunRow]) -> str:
     """What the published learner let through, and the backend's measured μ_sat per C: the
     two things that set where the grid's cells sit."""
     offered = sum(r["o_offered"] for r in rows)
@@ -338,7 +338,7 @@ def _load_facts(rows: Sequence[Row]) -> str:
     )
 
 
-def screen_extra(rows: Sequence[Row], knee: tuple[float, float]) -> str:
+def screen_extra(rows: Sequence[RunRow], knee: tuple[float, float]) -> str:
     cells = _cells(rows, HEADLINE[0])
     return "\n".join(
         [
@@ -378,7 +378,7 @@ def _summary(cells: Sequence[Cell], verdict: str) -> str:
     return f"{s.accepts}/{s.n} accepted, precision {_fmt(s.precision)}, recall {_fmt(s.recall)}"
 
 
-def screen_reading(rows: Sequence[Row], knee: tuple[float, float]) -> str:
+def screen_reading(rows: Sequence[RunRow], knee: tuple[float, float]) -> str:
     p50, p99 = _cells(rows, "p50"), _cells(rows, "p99")
     parts = []
     for verdict in SCREENS:
@@ -448,7 +448,7 @@ _STYLE = {
 }
 
 
-def screen_figure(rows: Sequence[Row], out: Path, knee: tuple[float, float]) -> Path:
+def screen_figure(rows: Sequence[RunRow], out: Path, knee: tuple[float, float]) -> Path:
     """Per configuration, each screen's predicted sojourn over the measured p95 against ρ̂
     (below 1: optimistic, where false accepts come from), and each screen's precision and
     coverage by aggregation."""
@@ -495,7 +495,7 @@ def screen_figure(rows: Sequence[Row], out: Path, knee: tuple[float, float]) -> 
     return path
 
 
-def held_out_figure(rows: Sequence[Row], out: Path) -> Path:
+def held_out_figure(rows: Sequence[RunRow], out: Path) -> Path:
     """Held-out precision (fold mean, min–max) and coverage against the calibration
     fraction, both screens, p99 ŝ."""
     fig, axes = subplots(1, 2, figsize=(11, 4.0))

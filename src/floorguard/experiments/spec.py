@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from floorguard.experiments.conditions import Condition
+from floorguard.experiments.records import RunRow
 
 __all__ = ["Experiment", "Row"]
 
 Row = dict[str, Any]
+"""A row as written (`runs.csv`): a simulated run's (read as a `RunRow`), a real one's."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,9 @@ class Experiment:
     quick_reps: int = 2
     shown: tuple[str, ...] = ("policy",)
     """Condition fields that label a table row."""
-    figures: tuple[Callable[[Sequence[Row], Path], Path], ...] = ()
-    reading: Callable[[Sequence[Row]], str] | None = None
-    extra: Callable[[Sequence[Row]], str] | None = None
+    figures: tuple[Callable[[Sequence[RunRow], Path], Path], ...] = ()
+    reading: Callable[[Sequence[RunRow]], str] | None = None
+    extra: Callable[[Sequence[RunRow]], str] | None = None
     """Extra Markdown after the table (correlations, derived quantities)."""
     needs_data: bool = False
     """Reads ../shared/data; skipped with a note when the traces are absent."""

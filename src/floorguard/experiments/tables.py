@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from floorguard.analysis.metrics import UNMET_OUTCOMES, ratio, worst_phase
 from floorguard.analysis.stats import Interval, clopper_pearson, wilson
 from floorguard.experiments.conditions import Condition
+from floorguard.experiments.records import RunRow, Summary
 from floorguard.experiments.spec import Experiment, Row
 
 __all__ = [
@@ -37,7 +38,7 @@ CONDITION_FIELDS = [
 NESTED = ("phase_counts", "detail", "a_sojourns", "services", "doomed_ids", "on_time_ids")
 
 
-def condition_of(row: Row) -> tuple[Any, ...]:
+def condition_of(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row[name] for name in CONDITION_FIELDS)
 
 
@@ -46,23 +47,25 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
-def _sum(rows: Sequence[Row], key: str) -> int:
+def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> int:
     return int(sum(r[key] for r in rows))
 
 
-def pooled(rows: Sequence[Row], numerator: Sequence[str], denominator: str) -> float | None:
+def pooled(
+    rows: Sequence[Mapping[str, Any]], numerator: Sequence[str], denominator: str
+) -> float | None:
     """A ratio pooled over runs: the counts summed first (None when the denominator is 0)."""
     return ratio(sum(_sum(rows, key) for key in numerator), _sum(rows, denominator))
 
 
-def mean_of(rows: Sequence[Row], key: str) -> float | None:
+def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """The mean of a per-run figure over the runs that have it (None and NaN skipped)."""
     return _mean([r[key] for r in rows])
 
 
-def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
+def summarize(rows: Sequence[RunRow]) -> list[Summary]:
     """One summary per condition, in grid order."""
-    groups: dict[tuple[Any, ...], list[Row]] = {}
+    groups: dict[tuple[Any, ...], list[RunRow]] = {}
     for row in rows:
         groups.setdefault(condition_of(row), []).append(row)
     out = []
@@ -75,36 +78,35 @@ def summarize(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 counts[1] += entitled
         worst, worst_at = worst_phase((p, m, e) for p, (m, e) in sorted(phases.items()))
         late, admitted = _sum(runs, "a_late"), _sum(runs, "a_admitted")
-        out.append(
-            {
-                **dict(zip(CONDITION_FIELDS, key, strict=True)),
-                "runs": len(runs),
-                "a_offered": _sum(runs, "a_offered"),
-                "a_admitted": admitted,
-                "a_rejected": _sum(runs, "a_rejected"),
-                "a_dropped": _sum(runs, "a_dropped"),
-                "a_late": late,
-                "miss": wilson(late, admitted),
-                "unmet": pooled(runs, [f"a_{k}" for k in UNMET_OUTCOMES], "a_offered"),
-                "held": clopper_pearson(sum(bool(r["held"]) for r in runs), len(runs)),
-                "attainment": ratio(_sum(runs, "entitled_met"), _sum(runs, "entitled")),
-                "worst_phase": worst,
-                "worst_phase_ms": worst_at * 1e3,
-                "rho_eff": _mean([r["rho_eff"] for r in runs]),
-                "rho_emp": _mean([r["rho_emp"] for r in runs]),
-                "rho_hat": _mean([r["rho_hat"] for r in runs]),
-                "wait_growth_ms_per_s": _mean([r["a_wait_growth_ms_per_s"] for r in runs]),
-                "max_qa": max(r["max_assured_backlog"] for r in runs),
-                "dr_firings": _sum(runs, "dr_firings"),
-                "wait_p99_ms": _max_ms([r["a_queue_wait_p99_s"] for r in runs]),
-                "sojourn_p99_ms": _max_ms([r["a_sojourn_p99_s"] for r in runs]),
-                "max_service_ms": _max_ms([r["max_service_s"] for r in runs]),
-                "o_unmet": pooled(runs, [f"o_{k}" for k in UNMET_OUTCOMES], "o_offered"),
-                "inside_region": all(r["inside_region"] for r in runs),
-                "fire_cv": _mean([r["fire_cv"] for r in runs]),
-                "max_fire_lag_ms": max(r["max_fire_lag_s"] for r in runs) * 1e3,
-            }
-        )
+        summary = {
+            **dict(zip(CONDITION_FIELDS, key, strict=True)),
+            "runs": len(runs),
+            "a_offered": _sum(runs, "a_offered"),
+            "a_admitted": admitted,
+            "a_rejected": _sum(runs, "a_rejected"),
+            "a_dropped": _sum(runs, "a_dropped"),
+            "a_late": late,
+            "miss": wilson(late, admitted),
+            "unmet": pooled(runs, [f"a_{k}" for k in UNMET_OUTCOMES], "a_offered"),
+            "held": clopper_pearson(sum(bool(r["held"]) for r in runs), len(runs)),
+            "attainment": ratio(_sum(runs, "entitled_met"), _sum(runs, "entitled")),
+            "worst_phase": worst,
+            "worst_phase_ms": worst_at * 1e3,
+            "rho_eff": _mean([r["rho_eff"] for r in runs]),
+            "rho_emp": _mean([r["rho_emp"] for r in runs]),
+            "rho_hat": _mean([r["rho_hat"] for r in runs]),
+            "wait_growth_ms_per_s": _mean([r["a_wait_growth_ms_per_s"] for r in runs]),
+            "max_qa": max(r["max_assured_backlog"] for r in runs),
+            "dr_firings": _sum(runs, "dr_firings"),
+            "wait_p99_ms": _max_ms([r["a_queue_wait_p99_s"] for r in runs]),
+            "sojourn_p99_ms": _max_ms([r["a_sojourn_p99_s"] for r in runs]),
+            "max_service_ms": _max_ms([r["max_service_s"] for r in runs]),
+            "o_unmet": pooled(runs, [f"o_{k}" for k in UNMET_OUTCOMES], "o_offered"),
+            "inside_region": all(r["inside_region"] for r in runs),
+            "fire_cv": _mean([r["fire_cv"] for r in runs]),
+            "max_fire_lag_ms": max(r["max_fire_lag_s"] for r in runs) * 1e3,
+        }
+        out.append(cast(Summary, summary))
     return out
 
 
@@ -161,7 +163,7 @@ def _cell(field: str, value: Any) -> str:
 
 def markdown_table(
     experiment: Experiment,
-    summaries: Sequence[dict[str, Any]],
+    summaries: Sequence[Mapping[str, Any]],
     columns: Sequence[tuple[str, str]] = COLUMNS,
 ) -> str:
     head = [f.replace("trace_path", "source") for f in experiment.shown] + [c[1] for c in columns]

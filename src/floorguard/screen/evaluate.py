@@ -13,7 +13,7 @@ learner the admitted surplus is measured, not configured).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,8 @@ BASELINES = ("service-only", "always-reject")
 VERDICTS = (*(m.value for m in ScreenModel), *BASELINES)
 """Every verdict a cell carries: the two screens, then the two baselines."""
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]
+"""A run's row (the experiments' `RunRow` is one)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def clustered_scores(
 
 
 def held_out(
-    runs_by_config: dict[str, list[Row]], fraction: float, aggregation: str
+    runs_by_config: Mapping[str, Sequence[Row]], fraction: float, aggregation: str
 ) -> tuple[int, list[list[Cell]]]:
     """Rotated k-fold, run-level disjoint: in fold i, ŝ (and the admitted opportunistic
     rate) come from a rotating block of `round(fraction·reps)` runs (at least one, at most

@@ -4,14 +4,14 @@ sentences, the marquee defaults, and where the real traces are."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from floorguard.experiments.conditions import Condition
-from floorguard.experiments.spec import Row
+from floorguard.experiments.records import RunRow, Summary
 from floorguard.experiments.tables import summarize
 from floorguard.sim.probe import PREDICTOR_FITS, latency_model_for
 
@@ -33,7 +33,7 @@ def _fmt3(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def _range(summaries: Sequence[dict[str, Any]], key: str = "miss") -> str:
+def _range(summaries: Sequence[Mapping[str, Any]], key: str = "miss") -> str:
     values = [s[key].estimate if hasattr(s[key], "estimate") else s[key] for s in summaries]
     values = [v for v in values if v is not None]
     if not values:
@@ -46,7 +46,7 @@ def _range(summaries: Sequence[dict[str, Any]], key: str = "miss") -> str:
 
 
 def _per_condition(
-    rows: Sequence[Row], describe: Callable[[dict[str, Any]], str], conclusion: str = ""
+    rows: Sequence[RunRow], describe: Callable[[Summary], str], conclusion: str = ""
 ) -> str:
     """ "Per condition: a; b; c." from one description per condition summary."""
     return (
@@ -57,12 +57,12 @@ def _per_condition(
     )
 
 
-def _by_policy(rows: Sequence[Row], what: str) -> str:
+def _by_policy(rows: Sequence[RunRow], what: str) -> str:
     summaries = summarize(rows)
     parts = []
     for policy in dict.fromkeys(s["policy"] for s in summaries):
         mine = [s for s in summaries if s["policy"] == policy]
-        held = sum(s["held"].estimate * s["runs"] for s in mine)
+        held = sum((s["held"].estimate or 0.0) * s["runs"] for s in mine)
         runs = sum(s["runs"] for s in mine)
         parts.append(
             f"**{policy}**: assured miss {_range(mine)} across {len(mine)} "
@@ -74,12 +74,14 @@ def _by_policy(rows: Sequence[Row], what: str) -> str:
     return f"{what} " + "; ".join(parts) + "."
 
 
-def _sweep(rows: Sequence[Row], field: str, label: str) -> str:
+def _sweep(
+    rows: Sequence[RunRow], field: Literal["deadline_ms", "floor", "slots", "tokens"], label: str
+) -> str:
     summaries = summarize(rows)
     several = len({x["profile"] for x in summaries}) > 1
     floors = field != "floor" and len({x["floor"] for x in summaries}) > 1
 
-    def where(s: dict[str, Any]) -> str:
+    def where(s: Summary) -> str:
         tags = [s["profile"]] if several else []
         tags += [f"B = {s['floor']}"] if floors else []
         return f" ({', '.join(tags)})" if tags else ""
@@ -116,14 +118,16 @@ def _beta_grid(learner: str) -> Callable[[bool], list[Condition]]:
     return grid
 
 
-def _pooled_share(runs: Sequence[Row], cls: str) -> str:
+def _pooled_share(runs: Sequence[RunRow], cls: Literal["a", "o"]) -> str:
     """ "admitted/offered (share)" of class `cls` (`a` or `o`), pooled over `runs`."""
-    admitted = sum(r[f"{cls}_admitted"] for r in runs)
-    offered = sum(r[f"{cls}_offered"] for r in runs)
+    if cls == "a":
+        admitted, offered = sum(r["a_admitted"] for r in runs), sum(r["a_offered"] for r in runs)
+    else:
+        admitted, offered = sum(r["o_admitted"] for r in runs), sum(r["o_offered"] for r in runs)
     return f"{admitted}/{offered} ({admitted / offered:.0%})" if offered else "–"
 
 
-def _admitted_by_beta(rows: Sequence[Row], assured: bool) -> str:
+def _admitted_by_beta(rows: Sequence[RunRow], assured: bool) -> str:
     """Per β, what the learner let through: the opportunistic share under each stack and,
     for a learner that may reject any class, the assured share unguarded (where nothing
     stops it)."""
@@ -141,7 +145,7 @@ def _admitted_by_beta(rows: Sequence[Row], assured: bool) -> str:
     return "; ".join(cells)
 
 
-def _by_predictor(rows: Sequence[Row], what: str, assured: bool = False) -> str:
+def _by_predictor(rows: Sequence[RunRow], what: str, assured: bool = False) -> str:
     parts = []
     for fit in dict.fromkeys(r["predictor"] for r in rows):
         mine = [r for r in rows if r["predictor"] == fit]
@@ -157,7 +161,7 @@ def _by_predictor(rows: Sequence[Row], what: str, assured: bool = False) -> str:
     return " ".join(parts)
 
 
-def _against_published_29(rows: Sequence[Row]) -> str:
+def _against_published_29(rows: Sequence[RunRow]) -> str:
     """SPEC §11's one figure for the published learner: class-agnostic at β = 1 on the
     marquee it admitted 29 of 72 assured requests."""
     runs = [

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from floorguard.experiments.catalogue._common import _fmt3
 from floorguard.experiments.conditions import Condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow, Summary
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 
 
@@ -27,7 +27,7 @@ def _e10(quick: bool) -> list[Condition]:
     ]
 
 
-def _e10_cell(rows: Sequence[Row], s: dict[str, Any]) -> str:
+def _e10_cell(rows: Sequence[RunRow], s: Summary) -> str:
     runs = [r for r in rows if (r["profile"], r["meter"]) == (s["profile"], s["meter"])]
     short_late = sum(r["a_short_late"] for r in runs)
     short_admitted = sum(r["a_short_admitted"] for r in runs)

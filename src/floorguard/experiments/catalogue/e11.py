@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from floorguard.experiments.catalogue._common import _fmt3, _per_condition
 from floorguard.experiments.conditions import Condition, mu_sat_of
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 from floorguard.profiles import get_profile
 from floorguard.screen.model import ScreenConfig, ScreenModel, ScreenVerdict, aggregate, screen
@@ -57,7 +58,7 @@ def _e11_verdicts() -> tuple[float, tuple[tuple[int, ScreenVerdict], ...]]:
     return service_s, verdicts
 
 
-def _e11_screen(rows: Sequence[Row]) -> str:
+def _e11_screen(rows: Sequence[RunRow]) -> str:
     healthy, degraded = mu_sat_of("v100-moe", 4), mu_sat_of("v100-moe", 1)
     service_s, verdicts = _e11_verdicts()
     lines = [
@@ -81,7 +82,7 @@ def _e11_screen(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _e11_reading(rows: Sequence[Row]) -> str:
+def _e11_reading(rows: Sequence[RunRow]) -> str:
     text = _per_condition(
         rows,
         lambda s: (

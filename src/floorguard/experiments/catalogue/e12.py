@@ -13,7 +13,8 @@ from floorguard.analysis.stats import cluster_bootstrap, spearman
 from floorguard.experiments import figures
 from floorguard.experiments.catalogue._common import data_dir
 from floorguard.experiments.conditions import Condition, trace_of
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import mean_of, source_name
 from floorguard.profiles import ADA_SCALE
 
@@ -98,7 +99,7 @@ def _e12_grid(burstgpt: str | None = None) -> Callable[[bool], list[Condition]]:
     return grid
 
 
-def _e12_extra(rows: Sequence[Row]) -> str:
+def _e12_extra(rows: Sequence[RunRow]) -> str:
     slices = dict.fromkeys((r["slice_index"], r["slice_s"]) for r in rows)
     lines = [
         "Slices (offset into the source: realized interarrival CV, mean over its runs): "
@@ -150,7 +151,7 @@ def _pooled_ratio(clusters: Sequence[tuple[int, int]]) -> float | None:
     return sum(late for late, _ in clusters) / admitted if admitted else None
 
 
-def _e12_reading(rows: Sequence[Row]) -> str:
+def _e12_reading(rows: Sequence[RunRow]) -> str:
     parts = []
     keys = dict.fromkeys((r["trace_path"], r["deadline_ms"], r["profile"]) for r in rows)
     for path, deadline, profile in keys:

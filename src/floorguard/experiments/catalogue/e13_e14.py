@@ -9,7 +9,8 @@ from floorguard.experiments import figures
 from floorguard.experiments.catalogue._common import _range
 from floorguard.experiments.catalogue.e12 import E12_BASE_MS, _e12_grid
 from floorguard.experiments.conditions import Condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 from floorguard.profiles import get_profile
 
@@ -31,7 +32,7 @@ def _e13(quick: bool) -> list[Condition]:
     return marquee + (bursty[:4] if quick else bursty)
 
 
-def _e13_reading(rows: Sequence[Row]) -> str:
+def _e13_reading(rows: Sequence[RunRow]) -> str:
     summaries = [s for s in summarize(rows) if s["attainment"] is not None]
     parts = []
     for workload in dict.fromkeys(s["workload"] for s in summaries):
@@ -81,7 +82,7 @@ def _e14(quick: bool) -> list[Condition]:
     ]
 
 
-def _e14_extra(rows: Sequence[Row]) -> str:
+def _e14_extra(rows: Sequence[RunRow]) -> str:
     """Per cell: max Q_A, max service vs s_max(16), ρ_a and the §6 bound (W = 1 s)."""
     lines = [
         "| B | d (ms) | max Q_A | max service (ms) | s_max(16) (ms) | ρ_a | §6 bound (ms) "

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from floorguard.experiments.conditions import Condition, mu_sat_of
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 from floorguard.profiles import get_profile
 
@@ -32,7 +33,7 @@ def _e15(quick: bool) -> list[Condition]:
     ]
 
 
-def _replayed_false_drops(rows: Sequence[Row], row: Row) -> int:
+def _replayed_false_drops(rows: Sequence[RunRow], row: RunRow) -> int:
     """Of a gate-on run's doomed drops, those whose request completed on time in the same
     seed's gate-off run (the counterfactual replay: the request dispatched instead)."""
     if not row["doom_gate"]:
@@ -44,16 +45,16 @@ def _replayed_false_drops(rows: Sequence[Row], row: Row) -> int:
     return len(set(row["doomed_ids"]) & set(off["on_time_ids"]))
 
 
-def _e15_cell(rows: Sequence[Row], s: dict[str, Any]) -> list[Row]:
+def _e15_cell(rows: Sequence[RunRow], s: Mapping[str, Any]) -> list[RunRow]:
     key = (s["floor"], s["deadline_ms"], s["doom_gate"])
     return [r for r in rows if (r["floor"], r["deadline_ms"], r["doom_gate"]) == key]
 
 
-def _on_time(runs: Sequence[Row]) -> int:
+def _on_time(runs: Sequence[RunRow]) -> int:
     return sum(round((r["goodput_per_s"] or 0) * r["span_s"]) for r in runs)
 
 
-def _e15_extra(rows: Sequence[Row]) -> str:
+def _e15_extra(rows: Sequence[RunRow]) -> str:
     lines = [
         "| B | d (ms) | gate | DR firings (assured) | false drops by replay | "
         "drops with t + L_model(ℓ) ≤ D | on-time completions (all classes) | assured miss |",
@@ -82,7 +83,7 @@ def _constant_against_model() -> str:
     return f"this model's minimum at ℓ = 16 is {model_ms:.0f} ms, below it"
 
 
-def _e15_reading(rows: Sequence[Row]) -> str:
+def _e15_reading(rows: Sequence[RunRow]) -> str:
     on = [s for s in summarize(rows) if s["doom_gate"]]
     fired = [s for s in on if s["dr_firings"] > 0]
     on_rows = [r for r in rows if r["doom_gate"]]
@@ -110,13 +111,13 @@ def _e15_reading(rows: Sequence[Row]) -> str:
     )
 
 
-def _e15_where(on_rows: Sequence[Row]) -> str:
+def _e15_where(on_rows: Sequence[RunRow]) -> str:
     """Where the firings come from: the cells whose assured rate is past the backend's
     capacity, and those whose deadline is inside the service range, against the rest."""
     mu_sat = mu_sat_of("v100-moe", 4)
     service_max_ms = max(r["max_service_s"] for r in on_rows) * 1e3
 
-    def firings(pick: Callable[[Row], bool]) -> int:
+    def firings(pick: Callable[[RunRow], bool]) -> int:
         return sum(r["dr_firings"] for r in on_rows if pick(r))
 
     over = firings(lambda r: r["assured_rate"] > mu_sat)

@@ -9,7 +9,8 @@ from typing import Any
 
 from floorguard.experiments.catalogue._common import _fmt3
 from floorguard.experiments.conditions import Condition, run_condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 
 _E16_SATURATING_ASSURED = 20
@@ -38,7 +39,7 @@ def _e16_single_runs() -> tuple[dict[str, Any], ...]:
     )
 
 
-def _e16_swap(rows: Sequence[Row]) -> str:
+def _e16_swap(rows: Sequence[RunRow]) -> str:
     lines = [
         "The mapping fault, a single run each (seed 0), miss measured as lateness:",
         "",
@@ -55,7 +56,7 @@ def _e16_swap(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _e16_reading(rows: Sequence[Row]) -> str:
+def _e16_reading(rows: Sequence[RunRow]) -> str:
     correct, swapped, guard = _e16_single_runs()
     per_band = "; ".join(
         f"{s['policy']}: assured late {s['a_late']} of {s['a_admitted']} admitted (miss "

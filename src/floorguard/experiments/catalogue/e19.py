@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from floorguard.experiments.conditions import Condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow, Summary
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 from floorguard.profiles import get_profile
 from floorguard.sim.targets import saturated_capacity
@@ -42,7 +42,7 @@ def _e19(quick: bool) -> list[Condition]:
     return out
 
 
-def _e19_extra(rows: Sequence[Row]) -> str:
+def _e19_extra(rows: Sequence[RunRow]) -> str:
     profile = get_profile("v100-moe")
     lines = [
         "| ℓ | W (s) | full-batch service (ms) | 183 + 14.9·ℓ (ms) | s_max(ℓ) (ms) | ρ_a | "
@@ -63,12 +63,12 @@ def _e19_extra(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _e19_bound_ms(s: dict[str, Any]) -> float:
+def _e19_bound_ms(s: Summary) -> float:
     s_max = get_profile(s["profile"]).ceiling.at(s["tokens"])
     return float(s_max * (1 + -(-s["floor"] // s["slots"])) * 1e3)
 
 
-def _e19_reading(rows: Sequence[Row]) -> str:
+def _e19_reading(rows: Sequence[RunRow]) -> str:
     summaries = summarize(rows)
     parts = []
     for s in summaries:
@@ -80,7 +80,7 @@ def _e19_reading(rows: Sequence[Row]) -> str:
             f"{s['sojourn_p99_ms']:.0f} ms vs the clean line's 2·(183 + 14.9·ℓ) = "
             f"{clean_ms:.0f} ms and §6's {_e19_bound_ms(s):.0f} ms"
         )
-    over = [s["tokens"] for s in summaries if s["sojourn_p99_ms"] > _e19_bound_ms(s)]
+    over = [s["tokens"] for s in summaries if (s["sojourn_p99_ms"] or 0.0) > _e19_bound_ms(s)]
     return "; ".join(parts) + (
         f". The measured p99 exceeds the §6 deadline at ℓ ∈ {over} with ρ_a ≤ 1: there the "
         "bound's s_max(ℓ), scaled along the full-batch line, is short of what a wave behind "

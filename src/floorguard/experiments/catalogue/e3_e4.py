@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from floorguard.experiments import figures
 from floorguard.experiments.catalogue._common import _range, _sweep
 from floorguard.experiments.conditions import Condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 from floorguard.profiles import get_profile
 
@@ -27,7 +28,7 @@ def _e3(quick: bool) -> list[Condition]:
     ]
 
 
-def _e3_reading(rows: Sequence[Row]) -> str:
+def _e3_reading(rows: Sequence[RunRow]) -> str:
     replayed = [r for r in rows if r["replay_admission"]]
     identical = sum(bool(r["admission_identical"]) for r in replayed)
     cells = []
@@ -64,7 +65,7 @@ E3 = Experiment(
 # -- E4–E7: deadlines, reservations, the operating region ---------------------------------
 
 
-def _e4_limits(rows: Sequence[Row]) -> str:
+def _e4_limits(rows: Sequence[RunRow]) -> str:
     """Per profile: the tightest clean deadline against SPEC §6's, and what is not tested."""
     parts = []
     for profile in dict.fromkeys(r["profile"] for r in rows):

@@ -10,7 +10,8 @@ import numpy as np
 
 from floorguard.experiments.catalogue._common import _sweep
 from floorguard.experiments.conditions import Condition, run_condition
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 
 _E5_FLOORS = {"v100-moe": (4, 5, 6, 7, 8, 9, 10), "ada-fp8": (4, 8, 12, 14, 16, 18, 22, 26)}
@@ -37,7 +38,7 @@ def _e5(quick: bool) -> list[Condition]:
     ]
 
 
-def _e5_run_lengths(rows: Sequence[Row]) -> str:
+def _e5_run_lengths(rows: Sequence[RunRow]) -> str:
     """How the published break cells' miss and queue growth move with the run length."""
     cells = [s for s in summarize(rows) if s["profile"] == "v100-moe" and s["floor"] in (7, 8)]
     if len({s["duration_s"] for s in cells}) < 2:
@@ -49,7 +50,7 @@ def _e5_run_lengths(rows: Sequence[Row]) -> str:
             f"B = {b}: "
             + ", ".join(
                 f"T {s['duration_s']:g} s miss {s['miss'].fmt()}, growth "
-                f"{round(s['wait_growth_ms_per_s']) or 0:.0f} ms/s"
+                f"{round(s['wait_growth_ms_per_s'] or 0):.0f} ms/s"
                 for s in mine
             )
         )
@@ -61,7 +62,7 @@ def _e5_run_lengths(rows: Sequence[Row]) -> str:
     )
 
 
-def _e5_reading(rows: Sequence[Row]) -> str:
+def _e5_reading(rows: Sequence[RunRow]) -> str:
     parts = []
     for profile in dict.fromkeys(r["profile"] for r in rows):
         mine = [
@@ -160,7 +161,7 @@ def _e6(quick: bool) -> list[Condition]:
     return out
 
 
-def _e6_reading(rows: Sequence[Row]) -> str:
+def _e6_reading(rows: Sequence[RunRow]) -> str:
     cells = []
     for s in summarize(rows):
         key = (s["profile"], s["floor"])

@@ -10,8 +10,14 @@ import numpy as np
 from floorguard.experiments import figures
 from floorguard.experiments.catalogue._common import _by_policy, _pooled_share, _range
 from floorguard.experiments.conditions import Condition, mu_sat_of
-from floorguard.experiments.spec import Experiment, Row
+from floorguard.experiments.records import RunRow
+from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Two measured p99s equal to the nanosecond (neither missing)."""
+    return a is not None and b is not None and abs(a - b) < 1e-9
 
 
 def _e7(quick: bool) -> list[Condition]:
@@ -24,7 +30,7 @@ def _e7(quick: bool) -> list[Condition]:
     ]
 
 
-def _reading_e7(rows: Sequence[Row]) -> str:
+def _reading_e7(rows: Sequence[RunRow]) -> str:
     summaries = summarize(rows)
     inside = [s for s in summaries if s["inside_region"]]
     outside = [s for s in summaries if not s["inside_region"]]
@@ -54,7 +60,7 @@ E7 = Experiment(
 # -- E8–E11: the other stacks, meters, capacity loss --------------------------------------
 
 
-def _e8_reading(rows: Sequence[Row]) -> str:
+def _e8_reading(rows: Sequence[RunRow]) -> str:
     server = [s for s in summarize(rows) if s["policy"] == "server-priority"]
     late = sum(s["a_late"] for s in server)
     text = _by_policy(rows, "As d tightens,")
@@ -63,7 +69,7 @@ def _e8_reading(rows: Sequence[Row]) -> str:
         facts = "; ".join(
             f"{p}: O admitted {_pooled_share(runs, 'o')}, ρ_eff "
             f"{np.mean([r['rho_eff'] for r in runs]):.2f}, assured wait p99 "
-            f"{max(r['a_queue_wait_p99_s'] for r in runs) * 1e3:.0f} ms, longest service "
+            f"{max(r['a_queue_wait_p99_s'] or 0.0 for r in runs) * 1e3:.0f} ms, longest service "
             f"{max(r['max_service_s'] for r in runs) * 1e3:.0f} ms"
             for p, runs in by.items()
             if runs
@@ -74,7 +80,7 @@ def _e8_reading(rows: Sequence[Row]) -> str:
             if r["policy"] == "guard"
         }
         twins = [
-            abs(pairs[r["deadline_ms"], r["seed"]] - r["a_sojourn_p99_s"]) < 1e-9
+            _same(pairs[r["deadline_ms"], r["seed"]], r["a_sojourn_p99_s"])
             for r in rows
             if r["policy"] == "server-priority" and (r["deadline_ms"], r["seed"]) in pairs
         ]
@@ -144,7 +150,7 @@ E9 = Experiment(
 )
 
 
-def _e9_caps(rows: Sequence[Row]) -> str:
+def _e9_caps(rows: Sequence[RunRow]) -> str:
     mu_sat = mu_sat_of("v100-moe", 4)
     flat = summarize([r for r in rows if r["policy"] == "rate-limit-flat"])
     per_class = summarize([r for r in rows if r["policy"] == "rate-limit-class"])
