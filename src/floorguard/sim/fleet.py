@@ -146,17 +146,14 @@ def _mu_sat(profile: str, tokens: int, slots: int) -> float:
     return saturated_capacity(get_profile(profile), tokens, slots)[0]
 
 
-class _FleetSimulation:
+class _FleetSimulation(Serving):
     def __init__(self, fleet: Fleet, seed: int) -> None:
         self.fleet = fleet
-        self.engine = Engine()
         rng = np.random.default_rng(seed)
         self.rng = rng
         profile = get_profile(fleet.profile)
-        self.serving = Serving(
-            self.engine,
-            [create_backend(profile, fleet.slots, r) for r in rng.spawn(fleet.backends)],
-            self.on_completion,
+        super().__init__(
+            Engine(), [create_backend(profile, fleet.slots, r) for r in rng.spawn(fleet.backends)]
         )
         self.running = [0] * fleet.backends
         """Requests in flight on each backend, fleet-wide."""
@@ -381,10 +378,10 @@ class _FleetSimulation:
 
     def _start(self, replica: int, decision: Dispatch, now: float) -> None:
         backend = self.owned[replica][decision.backend]
-        self.serving.join(backend, decision.request, now)
+        self.join(backend, decision.request, now)
         self.running[backend] += 1
         self.peak = max(self.peak, self.running[backend])
-        self.serving.reschedule(backend)
+        self.reschedule(backend)
 
     def on_completion(self, backend: int, done: list[RequestId], now: float) -> None:
         owners = []
@@ -397,7 +394,7 @@ class _FleetSimulation:
                 self._finish_plan(leases.plan_release(local, str(request_id), leases.waiting()))
             self.guards[replica].finish(request_id, now, "complete")
             owners.append(replica)
-        self.serving.reschedule(backend)
+        self.reschedule(backend)
         for replica in dict.fromkeys(owners):
             self._poll(replica, now)
 

@@ -34,19 +34,18 @@ class SimRun:
     wall_s: float
 
 
-class _Simulation:
+class _Simulation(Serving):
     def __init__(
         self, guard: Stack, backends: list[SimBackend], *, record_first_token: bool
     ) -> None:
-        self.engine = Engine()
+        super().__init__(Engine(), backends)
         self.guard = guard
-        self.serving = Serving(self.engine, backends, self.on_completion)
         self._record_first_token = record_first_token
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.guard.on_arrival(request, now, request.arrival_at)
         for index in self._dispatch(now):
-            self.serving.reschedule(index)
+            self.reschedule(index)
 
     def _dispatch(self, now: float) -> set[int] | tuple[()]:
         """Start what the guard dispatches; returns the backends whose batch changed."""
@@ -56,7 +55,7 @@ class _Simulation:
         touched: set[int] = set()
         for decision in decisions:
             if type(decision) is Dispatch:
-                first_token_at = self.serving.join(decision.backend, decision.request, now)
+                first_token_at = self.join(decision.backend, decision.request, now)
                 if self._record_first_token:
                     self.engine.schedule(
                         first_token_at,
@@ -75,9 +74,9 @@ class _Simulation:
         # started work again, then those that did (the order of the events left live when
         # it was rescheduled before the dispatch as well).
         if index not in touched:
-            self.serving.reschedule(index)
+            self.reschedule(index)
         for other in touched:
-            self.serving.reschedule(other)
+            self.reschedule(other)
 
     def on_first_token(self, request_id: RequestId, now: float) -> None:
         self.guard.on_first_token(request_id, now)

@@ -1,11 +1,16 @@
 """The simulated backends on an engine: each backend's next completion is one live event,
 rescheduled whenever its batch changes (a stale one is skipped by its version). The one
 simulation loop both drivers share — `sim/run.py` (one stack) and `sim/fleet.py` (a fleet
-of replicas) — so completions are scheduled, invalidated and handled one way."""
+of replicas) extend it — so completions are scheduled, invalidated and handled one way.
+
+A base class, not a part the driver holds with a callback: a `Serving` holding its owner's
+bound method would be a reference cycle that keeps a finished run (its guard, its whole
+decision log) alive until the cyclic collector runs; that cost the traced simulator 10 %
+more instructions per request (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from floorguard.core.request import Request, RequestId
 from floorguard.sim.backend import SimBackend
@@ -13,16 +18,16 @@ from floorguard.sim.engine import Engine, Priority
 
 __all__ = ["Serving"]
 
-OnDone = Callable[[int, list[RequestId], float], None]
-"""Called with the backend's index, the requests it finished, and the time."""
-
 
 class Serving:
-    def __init__(self, engine: Engine, backends: Sequence[SimBackend], on_done: OnDone) -> None:
+    def __init__(self, engine: Engine, backends: Sequence[SimBackend]) -> None:
         self.engine = engine
         self.backends = list(backends)
-        self._on_done = on_done
         self._versions = [0] * len(self.backends)
+
+    def on_completion(self, index: int, done: list[RequestId], now: float) -> None:
+        """Backend `index` finished `done` at `now` (the driver ends them and refills)."""
+        raise NotImplementedError
 
     def join(self, index: int, request: Request, now: float) -> float:
         """Start `request` on backend `index` (the caller reschedules it: `reschedule`);
@@ -42,4 +47,4 @@ class Serving:
         index, version = payload
         if version != self._versions[index]:
             return
-        self._on_done(index, self.backends[index].complete_due(now), now)
+        self.on_completion(index, self.backends[index].complete_due(now), now)
