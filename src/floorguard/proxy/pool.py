@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -103,9 +103,20 @@ class Pool(Forwarding):
                 config.learner, np.random.default_rng(seed), config.learner_config()
             )
         )
+        self.redis = _redis(config.store) if config.store else None
+        """The pool's Redis (the floor, the leases and the membership share it)."""
         self.shared_floor = (
-            _shared_floor(config.store, self.clock, self._on_store_change, self._on_lost_state)
-            if config.store
+            SharedFloor(
+                self.redis,
+                policy=config.store.on_unavailable,
+                replicas=config.store.replicas,
+                retry_s=config.store.retry_s,
+                clock=self.clock.now,
+                attempts=config.store.attempts,
+                on_change=self._on_store_change,
+                on_lost_state=self._on_lost_state,
+            )
+            if config.store and self.redis
             else None
         )
         self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
@@ -144,9 +155,9 @@ class Pool(Forwarding):
     def _create_leases(self, store: StoreSpec | None) -> SlotLeases | None:
         if store is None or store.slots != "leased":
             return None
-        assert self.shared_floor is not None
+        assert self.redis is not None
         return SlotLeases(
-            redis_lease_script(self.shared_floor.store),
+            redis_lease_script(self.redis),
             backends=[b.url.rstrip("/") for b in self.config.backends],
             capacity=[b.slots for b in self.config.backends],
             replica=self.edge.replica,
@@ -158,9 +169,9 @@ class Pool(Forwarding):
     def _create_membership(self, store: StoreSpec | None) -> Membership | None:
         if store is None:
             return None
-        assert self.shared_floor is not None
+        assert self.redis is not None
         return Membership(
-            self.shared_floor.store,
+            self.redis,
             replica=self.edge.replica,
             group="members" if self.name is None else f"members:{self.name}",
             ttl_s=store.membership_ttl_s,
@@ -216,8 +227,8 @@ class Pool(Forwarding):
         self.pump.close()
         if self.membership is not None:
             await self.membership.leave()
-        if self.shared_floor is not None:
-            await self.shared_floor.store.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
 
     # -- membership (SPEC §14) -------------------------------------------------------------
 
@@ -599,27 +610,12 @@ def _retrieve(done: asyncio.Future[Any]) -> None:
         done.exception()
 
 
-def _shared_floor(
-    spec: StoreSpec,
-    clock: Clock,
-    on_change: Callable[[str, float], None],
-    on_lost_state: Callable[[str, int, float], None],
-) -> SharedFloor:
-    store = RedisCreditStore(
+def _redis(spec: StoreSpec) -> RedisCreditStore:
+    return RedisCreditStore(
         spec.url,
         prefix=spec.prefix,
         timeout_s=spec.timeout_ms / 1e3,
         connect_timeout_s=spec.connect_timeout_ms / 1e3,
         max_connections=spec.max_connections,
         pool_timeout_s=spec.pool_timeout_ms / 1e3,
-    )
-    return SharedFloor(
-        store,
-        policy=spec.on_unavailable,
-        replicas=spec.replicas,
-        retry_s=spec.retry_s,
-        clock=clock.now,
-        attempts=spec.attempts,
-        on_change=on_change,
-        on_lost_state=on_lost_state,
     )

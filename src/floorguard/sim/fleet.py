@@ -171,7 +171,7 @@ class _FleetSimulation(Serving):
         self.guards: list[Guard] = []
         for replica in range(fleet.replicas):
             floor = SharedFloor(
-                self.redis.client(f"r{replica}"),  # type: ignore[arg-type]  # simulated
+                self.redis.client(f"r{replica}"),
                 policy=Unavailable.FAIL_STATIC,
                 replicas=fleet.replicas,
                 retry_s=0.5,

@@ -29,7 +29,7 @@ import itertools
 import uuid
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import redis
 import redis.asyncio
@@ -39,43 +39,19 @@ import redis.cluster
 import redis.sentinel
 
 from floorguard.errors import ConfigError
-from floorguard.store.base import CreditStore, Grant, StoreUnavailable
+from floorguard.store.base import Grant, StoreUnavailable
+from floorguard.store.script import NO_CARRY, Carry, Mode, Reply, ScriptStore
 from floorguard.windows import WindowSchedule
 
 _UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
 """What the Redis client raises when Redis cannot answer: `StoreUnavailable` to the rest."""
 
-__all__ = ["Carry", "RedisCreditStore", "Reply"]
+__all__ = ["NO_CARRY", "Carry", "RedisCreditStore", "Reply"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("acquire.lua").read_text()
-Mode = Literal["take", "peek"]
 
 
-class Carry(NamedTuple):
-    """What a call carries back to the tenant's count, for window `window` only."""
-
-    window: int = -1
-    shared: int = 0
-    """Granted through Redis earlier in the window: re-forced if Redis lost its state."""
-    local: int = 0
-    """Granted locally while Redis was unreachable: handed back before the take."""
-
-
-NO_CARRY = Carry()
-
-
-class Reply(NamedTuple):
-    grant: Grant
-    generation: str
-    clock_s: float
-    """The clock the script used (Redis `TIME`, or the caller's `now`)."""
-    restored: int
-    """Credits re-forced because the generation had changed."""
-    closed: bool
-    """The window is closed to fresh takes: Redis lost the tenant's state in it."""
-
-
-class RedisCreditStore(CreditStore):
+class RedisCreditStore(ScriptStore):
     def __init__(
         self,
         url: str,
@@ -144,21 +120,6 @@ class RedisCreditStore(CreditStore):
             self._token_base,
             capacity if floor is None else floor,
         ]
-
-    def acquire(
-        self,
-        key: str,
-        weight: int,
-        capacity: int,
-        schedule: WindowSchedule,
-        now: float,
-        *,
-        floor: int | None = None,
-    ) -> Grant:
-        return self.call(key, weight, capacity, schedule, now, floor=floor).grant
-
-    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
-        return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
 
     def call(
         self,

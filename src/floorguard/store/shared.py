@@ -44,7 +44,7 @@ from typing import Any
 from floorguard.store.base import CreditStore, Grant
 from floorguard.store.memory import MemoryCreditStore
 from floorguard.store.plan import Plan, run_plan, run_plan_async
-from floorguard.store.redis_store import Carry, RedisCreditStore, Reply
+from floorguard.store.script import Carry, Reply, ScriptStore
 from floorguard.windows import WindowSchedule
 
 __all__ = ["SharedFloor", "Unavailable"]
@@ -63,7 +63,7 @@ class Unavailable(StrEnum):
 class SharedFloor(CreditStore):
     def __init__(
         self,
-        store: RedisCreditStore,
+        store: ScriptStore,
         *,
         policy: Unavailable,
         replicas: int,

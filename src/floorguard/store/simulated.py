@@ -18,9 +18,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from floorguard.store.base import CreditStore, Grant, StoreUnavailable
+from floorguard.store.base import Grant, StoreUnavailable
 from floorguard.store.leases import LeaseCall, LeaseReply
-from floorguard.store.redis_store import NO_CARRY, Carry, Reply
+from floorguard.store.script import NO_CARRY, Carry, Reply, ScriptStore
 from floorguard.windows import WindowSchedule
 
 __all__ = ["SimulatedRedis"]
@@ -197,7 +197,7 @@ def _board_order(board: dict[str, _Entry], replica: str, now: float) -> str:
     return reason
 
 
-class SimulatedClient(CreditStore):
+class SimulatedClient(ScriptStore):
     """The `RedisCreditStore` surface (`call`, and the `CreditStore` operations) and a
     lease script (`lease`, for `SlotLeases`) over one `SimulatedRedis`, for one caller."""
 
@@ -222,21 +222,6 @@ class SimulatedClient(CreditStore):
         return self.server.call(
             self.caller, key, weight, capacity, schedule, now, mode, seen, carry, floor
         )
-
-    def acquire(
-        self,
-        key: str,
-        weight: int,
-        capacity: int,
-        schedule: WindowSchedule,
-        now: float,
-        *,
-        floor: int | None = None,
-    ) -> Grant:
-        return self.call(key, weight, capacity, schedule, now, floor=floor).grant
-
-    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
-        return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
 
     def lease(self, call: LeaseCall) -> LeaseReply:
         """One `LeaseCall`, on the caller's clock (a simulated Redis has none of its own)."""

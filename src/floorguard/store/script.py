@@ -1,0 +1,99 @@
+"""The seam between the shared floor's policy and a store that runs `acquire.lua`'s
+semantics: `ScriptStore`, one `call` per take or peek carrying back what the caller granted
+and answering with the grant, the tenant's generation and the clock it used. Two implement
+it: `redis_store.RedisCreditStore` (the script on a real Redis, and the only module that
+knows Redis's exception types: it raises `StoreUnavailable`) and `simulated.SimulatedClient`
+(the same semantics on the caller's clock, for the fleet simulator), held against each other
+by the parametrized store suite. `shared.SharedFloor` is written against this seam only."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Literal, NamedTuple
+
+from floorguard.store.base import CreditStore, Grant
+from floorguard.windows import WindowSchedule
+
+__all__ = ["NO_CARRY", "Carry", "Mode", "Reply", "ScriptStore"]
+
+Mode = Literal["take", "peek"]
+
+
+class Carry(NamedTuple):
+    """What a call carries back to the tenant's count, for window `window` only."""
+
+    window: int = -1
+    shared: int = 0
+    """Granted through Redis earlier in the window: re-forced if Redis lost its state."""
+    local: int = 0
+    """Granted locally while Redis was unreachable: handed back before the take."""
+
+
+NO_CARRY = Carry()
+
+
+class Reply(NamedTuple):
+    grant: Grant
+    generation: str
+    clock_s: float
+    """The clock the script used (Redis `TIME`, or the caller's `now`)."""
+    restored: int
+    """Credits re-forced because the generation had changed."""
+    closed: bool
+    """The window is closed to fresh takes: Redis lost the tenant's state in it."""
+
+
+class ScriptStore(CreditStore):
+    """A credit store whose every operation is one `acquire.lua` call."""
+
+    url: str
+    """Where it is (for the status page and the log); never with a password."""
+
+    @abstractmethod
+    def call(
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        mode: Mode = "take",
+        seen: str = "",
+        carry: Carry = NO_CARRY,
+        floor: int | None = None,
+    ) -> Reply:
+        """One call, blocking; `StoreUnavailable` when the store cannot answer."""
+
+    async def call_async(
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        mode: Mode = "take",
+        seen: str = "",
+        carry: Carry = NO_CARRY,
+        floor: int | None = None,
+    ) -> Reply:
+        """One call, awaited; a store with no I/O of its own answers as `call` does."""
+        return self.call(
+            key, weight, capacity, schedule, now, mode=mode, seen=seen, carry=carry, floor=floor
+        )
+
+    def acquire(
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        schedule: WindowSchedule,
+        now: float,
+        *,
+        floor: int | None = None,
+    ) -> Grant:
+        return self.call(key, weight, capacity, schedule, now, floor=floor).grant
+
+    def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
+        return self.call(key, 0, capacity, schedule, now, mode="peek").grant.remaining
