@@ -473,7 +473,7 @@ class Ledger:
                         f"complete of request {request_id!r}: its start waits for its slot "
                         "lease (answer lease_granted or lease_denied first)"
                     )
-                self._complete(request_id, now)
+                self._complete(request_id, ticket, now)
             elif outcome == "fail":
                 self._fail(request_id, now, reason)
             elif outcome == "abort":
@@ -492,10 +492,11 @@ class Ledger:
             return True
         return False
 
-    def _complete(self, request_id: RequestId, now: float) -> None:
+    def _complete(self, request_id: RequestId, ticket: Ticket, now: float) -> None:
         """The backend finished an in-flight request: free its slot, and let the monitors
         see its service time."""
-        ticket = self._release(request_id)
+        del self._in_flight[request_id]
+        self._slots.release(ticket.backend)
         service_s = now - ticket.dispatched_at
         stats = self.stats.per_class[ticket.contract.cls]
         stats.completed += 1

@@ -378,7 +378,7 @@ class _FleetSimulation(Serving):
 
     def _start(self, replica: int, decision: Dispatch, now: float) -> None:
         backend = self.owned[replica][decision.backend]
-        self.join(backend, decision.request, now)
+        self.backends[backend].join(decision.request, now)
         self.running[backend] += 1
         self.peak = max(self.peak, self.running[backend])
         self.reschedule(backend)

@@ -55,7 +55,7 @@ class _Simulation(Serving):
         touched: set[int] = set()
         for decision in decisions:
             if type(decision) is Dispatch:
-                first_token_at = self.join(decision.backend, decision.request, now)
+                first_token_at = self.backends[decision.backend].join(decision.request, now)
                 if self._record_first_token:
                     self.engine.schedule(
                         first_token_at,

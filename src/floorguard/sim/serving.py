@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from floorguard.core.request import Request, RequestId
+from floorguard.core.request import RequestId
 from floorguard.sim.backend import SimBackend
 from floorguard.sim.engine import Engine, Priority
 
@@ -28,11 +28,6 @@ class Serving:
     def on_completion(self, index: int, done: list[RequestId], now: float) -> None:
         """Backend `index` finished `done` at `now` (the driver ends them and refills)."""
         raise NotImplementedError
-
-    def join(self, index: int, request: Request, now: float) -> float:
-        """Start `request` on backend `index` (the caller reschedules it: `reschedule`);
-        returns when its first token is out."""
-        return self.backends[index].join(request, now)
 
     def reschedule(self, index: int) -> None:
         """Invalidate the backend's pending completion event and schedule the new one."""
