@@ -152,6 +152,7 @@ class Guard(Ledger):
     def _charged(self, pending: Pending, now: float, grant: Grant) -> Pending:
         request, contract = pending.request, pending.contract
         window = grant.window_index
+        pending.remaining = grant.remaining
         if grant.floor is not None and grant.floor != contract.floor:
             pending.pinned = grant.floor
         if grant.granted:

@@ -156,6 +156,7 @@ class Pending:
         "floor",
         "need",
         "pinned",
+        "remaining",
         "request",
         "window_index",
     )
@@ -172,6 +173,9 @@ class Pending:
         """The window's floor as a shared store pinned it, where it is not the contract's
         own (another replica's configuration took the window first); logged with the
         decision."""
+        self.remaining: int | None = None
+        """Credits left in the window after the store call (None: no call was made); what
+        the HTTP guard's `x-ratelimit-remaining-*` header says."""
         self.demoted = False
         self.window_index: int | None = None
         """The window a demoted arrival was charged in (it is admitted or refused there)."""

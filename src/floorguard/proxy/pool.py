@@ -41,6 +41,7 @@ from floorguard.core.surface import (
     Drop,
     LearnerAsk,
     Need,
+    Pending,
     RejectReason,
     StoreCall,
 )
@@ -51,6 +52,7 @@ from floorguard.proxy.forward import Forwarding, PoolHost, UnreachableError
 from floorguard.proxy.health import BackendHealth, reported_slots
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
+from floorguard.proxy.ratelimit import rate_limit_headers
 from floorguard.proxy.replies import (
     NO_RETRY,
     Exchange,
@@ -350,10 +352,11 @@ class Pool(Forwarding):
     def _key(self, i: int) -> str:
         return f"backends[{i}]" if self.name is None else f"models.{self.name}.backends[{i}]"
 
-    async def _admit(self, offered: Request) -> Admission:
+    async def _admit(self, offered: Request) -> Pending:
         """The guard's arrival, its needs answered here: the shared floor and the learner
-        service awaited, anything local at once. If the client leaves (or the guard fails)
-        while a need is outstanding, the arrival ends as aborted (one terminal outcome)."""
+        service awaited, anything local at once; the decided arrival (its `admission`). If
+        the client leaves (or the guard fails) while a need is outstanding, the arrival
+        ends as aborted (one terminal outcome)."""
         guard = self.guard
         pending = guard.begin_arrival(offered, self.clock.now())
         try:
@@ -367,7 +370,7 @@ class Pool(Forwarding):
             guard.abandon_arrival(pending, self.clock.now(), "internal_error")
             raise
         assert pending.admission is not None
-        return pending.admission
+        return pending
 
     async def _answer(self, need: Need) -> Answer:
         if type(need) is StoreCall:
@@ -391,7 +394,7 @@ class Pool(Forwarding):
         await self.edge.checkpoint("learner")
         return await self.edge.http_learner.ask(self.edge.session, need)
 
-    def _refusal(self, admission: Admission, now: float) -> web.Response:
+    def _refusal(self, admission: Admission, now: float, limits: dict[str, str]) -> web.Response:
         reason = admission.reason or "rejected"
         retry_s = 1
         if admission.retry_at is not None:
@@ -402,6 +405,7 @@ class Pool(Forwarding):
             "x-floorguard-decision": "rejected",
             "x-floorguard-class": str(admission.cls),
             "Retry-After": str(retry_s),
+            **limits,
         }
         if admission.window_index is not None:
             headers["x-floorguard-window"] = str(admission.window_index)
@@ -430,13 +434,18 @@ class Pool(Forwarding):
         )
         exchange = Exchange()
         try:
-            admission = await self._admit(offered)
+            pending = await self._admit(offered)
+            admission = pending.admission
+            assert admission is not None
+            now = self.clock.now()
+            config = self.guard.config
+            limits = rate_limit_headers(pending, config.meter, config.schedule, now)
             if not admission.admitted:
-                return self._refusal(admission, self.clock.now())
+                return self._refusal(admission, now, limits)
             if admission.entitled and self.leases is not None:
                 self._in_background(self.leases.announce_async())
             return await self._serve(
-                request, path, work, admission, exchange=exchange, request_id=request_id
+                request, path, work, admission, limits, exchange=exchange, request_id=request_id
             )
         except asyncio.CancelledError:
             self._end(
@@ -472,6 +481,7 @@ class Pool(Forwarding):
         path: str,
         work: Work,
         admission: Admission,
+        limits: dict[str, str],
         *,
         exchange: Exchange,
         request_id: str,
@@ -483,6 +493,7 @@ class Pool(Forwarding):
             "x-request-id": request_id,
             "x-floorguard-decision": admitted,
             "x-floorguard-class": str(admission.cls),
+            **limits,
         }
         if admission.window_index is not None:  # a surplus request is in no window
             headers["x-floorguard-window"] = str(admission.window_index)
@@ -490,7 +501,7 @@ class Pool(Forwarding):
         while True:
             decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
             if isinstance(decision, Drop):
-                return self._doomed(decision)
+                return self._doomed(decision, headers)
             if not await self._leased_slot(rid, decision, admission.entitled):
                 continue  # requeued: the fleet had no slot for it on that backend yet
             try:
@@ -556,7 +567,7 @@ class Pool(Forwarding):
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
 
-    def _doomed(self, drop: Drop) -> web.Response:
+    def _doomed(self, drop: Drop, headers: dict[str, str]) -> web.Response:
         request = drop.request
         lower = self.guard.config.lower_envelope
         contract = self.contracts[request.tenant]
@@ -571,7 +582,7 @@ class Pool(Forwarding):
             "doomed",
             f"dropped: it could not finish by its deadline; at most max_tokens = {fit} "
             f"would have fit when it was dropped",
-            {"x-floorguard-decision": "dropped", "Retry-After": "1", **NO_RETRY},
+            {**headers, "x-floorguard-decision": "dropped", "Retry-After": "1", **NO_RETRY},
             param="max_tokens",
             max_tokens_that_fit=fit,
         )
