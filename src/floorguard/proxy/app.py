@@ -391,12 +391,11 @@ class GuardServer:
 
     def _tenant(self, request: web.Request) -> str:
         try:
-            peercert = (
-                request.transport.get_extra_info("peercert")
-                if self._mtls and request.transport is not None
-                else None
+            transport = request.transport if self._mtls else None
+            peercert = transport.get_extra_info("peercert") if transport is not None else None
+            tenant = self.identity.tenant_of(
+                request.headers, peercert, request.remote, request.query
             )
-            tenant = self.identity.tenant_of(request.headers, peercert, request.remote)
         except AuthError as exc:
             raise RefusedError(json_error(exc.status, exc.kind, str(exc))) from exc
         if tenant not in self._tenants:

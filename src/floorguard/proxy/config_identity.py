@@ -54,11 +54,17 @@ class MtlsSpec(Strict):
 
 
 class IdentitySpec(Strict):
-    mode: Literal["jwt", "mtls", "header"]
-    """Where the tenant comes from: a JWT bearer token, a client certificate, or a header
-    set by a named gateway."""
+    mode: Literal["jwt", "api_key", "mtls", "header"]
+    """Where the tenant comes from: a JWT bearer token (or one of the guard's API keys,
+    beside it), only the guard's API keys, a client certificate, or a header set by a named
+    gateway."""
     jwt: JwtSpec | None = None
     """`mode: jwt`: how tokens are checked."""
+    api_keys_file: Path | None = None
+    """The guard's own API keys (`floorguard keys create|list|revoke`), stored hashed:
+    needed by `mode: api_key`; with `mode: jwt`, a bearer token that starts `fgk_` is
+    checked as a key instead of a JWT. Read again when it changes (within a second) and at
+    each reload, so a revoked key is refused without a restart."""
     mtls: MtlsSpec = MtlsSpec()
     """`mode: mtls`: needs `tls.client_ca_file` (the CA that signs tenants' certificates)."""
     header: str | None = None
@@ -76,6 +82,14 @@ class IdentitySpec(Strict):
             except ValueError as exc:
                 raise ValueError(f"{cidr!r} is not an address range (CIDR): {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _keys_where_they_are_read(self) -> IdentitySpec:
+        if self.mode == "api_key" and self.api_keys_file is None:
+            raise ValueError("mode api_key needs `api_keys_file` (floorguard keys create)")
+        if self.api_keys_file is not None and self.mode not in ("jwt", "api_key"):
+            raise ValueError("`api_keys_file` is read in mode jwt or api_key only")
+        return self
 
     @model_validator(mode="after")
     def _header_needs_upstreams(self) -> IdentitySpec:

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from floorguard.errors import ConfigError
+from floorguard.proxy.api_keys import KeyRing, looks_like_key
 from floorguard.proxy.config import IdentitySpec, JwtSpec
 
 __all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
@@ -53,10 +54,23 @@ class AuthError(Exception):
         self.kind = kind
 
 
+CREDENTIAL_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token"})
+"""Query parameters a client may put a credential in: refused, never read (a URL ends up
+in proxies' and servers' logs)."""
+
+
 class Identity:
-    def __init__(self, spec: IdentitySpec, key: Key | None, *, cache_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        spec: IdentitySpec,
+        key: Key | None,
+        *,
+        keys: KeyRing | None = None,
+        cache_size: int = 10_000,
+    ) -> None:
         self.spec = spec
         self.key = key
+        self.keys = keys
         self._verified: dict[str, tuple[str, float]] = {}
         self._cache_size = cache_size
         self._trusted = [ipaddress.ip_network(c, strict=False) for c in spec.trusted_upstreams]
@@ -66,9 +80,18 @@ class Identity:
         headers: Mapping[str, str],
         peercert: PeerCert | None = None,
         peer: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> str:
         """The tenant of a request, from its headers or its verified client certificate
-        (`ssl.SSLSocket.getpeercert()`); `peer`: its source address. AuthError if none."""
+        (`ssl.SSLSocket.getpeercert()`); `peer`: its source address; `query`: its URL's
+        parameters (a credential there is refused). AuthError if none."""
+        if query and any(name.lower() in CREDENTIAL_PARAMS for name in query):
+            raise AuthError(
+                400,
+                "credentials_in_url",
+                "a credential in the URL's query is refused (URLs are logged): send it as "
+                "Authorization: Bearer",
+            )
         if self.spec.mode == "mtls":
             return self._from_certificate(peercert)
         if self.spec.mode == "header":
@@ -83,20 +106,31 @@ class Identity:
             if not tenant:
                 raise AuthError(401, "missing_identity", f"header {self.spec.header} is required")
             return tenant
-        return self._from_jwt(headers)
+        return self._from_bearer(headers)
 
     def _from_trusted_upstream(self, peer: str | None) -> bool:
         address = peer_address(peer)
         return address is not None and any(address in network for network in self._trusted)
 
-    def _from_jwt(self, headers: Mapping[str, str]) -> str:
-        spec = self.spec.jwt
-        assert spec is not None and self.key is not None
+    def _from_bearer(self, headers: Mapping[str, str]) -> str:
+        """`Authorization: Bearer`: one of the guard's keys, or a JWT."""
         auth = _single(headers, "Authorization")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
+        keys_only = self.spec.mode == "api_key"
         if scheme.lower() != "bearer" or not token:
-            raise AuthError(401, "missing_identity", "an Authorization: Bearer JWT is required")
+            what = "API key" if keys_only else "JWT"
+            raise AuthError(401, "missing_identity", f"an Authorization: Bearer {what} is required")
+        if self.keys is not None and (keys_only or looks_like_key(token)):
+            tenant = self.keys.tenant_of(token)
+            if tenant is None:
+                raise AuthError(401, "invalid_api_key", "the API key is unknown or revoked")
+            return tenant
+        return self._from_jwt(token)
+
+    def _from_jwt(self, token: str) -> str:
+        spec = self.spec.jwt
+        assert spec is not None and self.key is not None
         bound = self.key
         if isinstance(bound, Mapping):  # a JWKS: the token's `kid` picks the key
             try:
@@ -212,6 +246,9 @@ def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
 
 def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
     environ = os.environ if environ is None else environ
+    keys = KeyRing(spec.api_keys_file) if spec.api_keys_file is not None else None
+    if spec.mode == "api_key":
+        return Identity(spec, None, keys=keys)
     if spec.mode == "mtls":
         return Identity(spec, None)
     if spec.mode == "header":
@@ -228,14 +265,14 @@ def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None
             "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
         )
     if algorithms == {"HS256"}:
-        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"))
+        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"), keys=keys)
     if spec.jwt.jwks_file is not None:
-        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms))
+        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms), keys=keys)
     if spec.jwt.public_key_file is None:
         raise ConfigError(
             "identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key or a jwks_file"
         )
-    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms))
+    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms), keys=keys)
 
 
 def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:

@@ -1,0 +1,77 @@
+"""`floorguard keys create|list|revoke`: the guard's own API keys (docs/http.md), in the
+keys file a guard reads with `identity.api_keys_file`. A key is printed once, at creation;
+the file keeps only its hash. A running guard sees a revocation within a second."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from floorguard.proxy.api_keys import ApiKey, create_key, list_keys, revoke_key
+
+__all__ = ["register", "run"]
+
+
+def register(commands: Any) -> None:
+    keys = commands.add_parser("keys", help="issue, list and revoke the guard's API keys")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="issue a key for a tenant (printed once)")
+    create.add_argument("tenant", help="the tenant the key names (it needs a contract)")
+    listing = actions.add_parser("list", help="the keys: id, tenant, created, revoked")
+    revoke = actions.add_parser("revoke", help="revoke a key by its id (fgk_<id>_…)")
+    revoke.add_argument("id", help="the key's id: the 8 hex digits after fgk_")
+    for action in (create, listing, revoke):
+        action.add_argument(
+            "--file",
+            type=Path,
+            required=True,
+            help="the keys file (identity.api_keys_file); created by the first create",
+        )
+        action.add_argument("--json", action="store_true")
+    keys.set_defaults(run=run)
+
+
+def _when(at: float | None) -> str:
+    return "–" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+
+
+def _entry(entry: ApiKey) -> dict[str, Any]:
+    """What may be shown of a key: never its hash."""
+    return {k: v for k, v in asdict(entry).items() if k != "sha256"}
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    if args.action == "create":
+        key, entry = create_key(args.file, args.tenant)
+        if args.json:
+            print(json.dumps({"key": key, **_entry(entry)}))
+        else:
+            console.print(f"key for tenant [bold]{entry.tenant}[/] (id {entry.id}):")
+            print(key)
+            console.print("[dim]shown once: the file keeps only its hash[/]")
+        return 0
+    if args.action == "revoke":
+        entry = revoke_key(args.file, args.id)
+        if args.json:
+            print(json.dumps(_entry(entry)))
+        else:
+            console.print(
+                f"revoked {entry.id} (tenant {entry.tenant}) at {_when(entry.revoked_at)}"
+            )
+        return 0
+    entries = list_keys(args.file)
+    if args.json:
+        print(json.dumps([_entry(e) for e in entries]))
+        return 0
+    table = Table("id", "tenant", "created (UTC)", "revoked (UTC)")
+    for e in entries:
+        table.add_row(e.id, e.tenant, _when(e.created_at), _when(e.revoked_at))
+    console.print(table)
+    return 0
