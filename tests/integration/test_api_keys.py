@@ -33,12 +33,12 @@ def _keys(*args: str) -> str:
 
 
 def _complete(guard, api_key: str) -> int:
-    client = openai.OpenAI(base_url=guard.url + "/v1", api_key=api_key, max_retries=0)
-    try:
-        client.completions.create(model="m", prompt="hi", max_tokens=4)
-        return 200
-    except openai.APIStatusError as refused:
-        return refused.status_code
+    with openai.OpenAI(base_url=guard.url + "/v1", api_key=api_key, max_retries=0) as client:
+        try:
+            client.completions.create(model="m", prompt="hi", max_tokens=4)
+            return 200
+        except openai.APIStatusError as refused:
+            return refused.status_code
 
 
 def test_a_key_serves_its_tenant_until_it_is_revoked_without_a_restart(tmp_path, emulator):

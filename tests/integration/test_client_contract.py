@@ -57,10 +57,10 @@ def test_every_answer_carries_the_floors_rate_limit_headers(tmp_path, emulator, 
     with guard_process(
         tmp_path, [emulator], contracts=contracts, window_s=3600.0, meter=meter
     ) as guard:
-        acme = _client(guard, "acme")
-        seen = [_call(acme)]
-        while seen[-1][0] == 200 and len(seen) < 30:
-            seen.append(_call(acme))
+        with _client(guard, "acme") as acme:
+            seen = [_call(acme)]
+            while seen[-1][0] == 200 and len(seen) < 30:
+                seen.append(_call(acme))
         weight = floor - int(seen[0][1][f"x-ratelimit-remaining-{unit}"])
         assert weight == 1 if meter == "count" else weight >= 5
         admitted = floor // weight
@@ -77,7 +77,8 @@ def test_every_answer_carries_the_floors_rate_limit_headers(tmp_path, emulator, 
         resets = [_seconds(h[f"x-ratelimit-reset-{unit}"]) for _, h in seen]
         assert resets == sorted(resets, reverse=True)  # the same window's end, nearer
         assert len({h["x-floorguard-window"] for _, h in seen}) == 1
-        status, headers = _call(_client(guard, "free"))
+        with _client(guard, "free") as free:
+            status, headers = _call(free)
         assert status == 200 and headers["x-floorguard-decision"] == "surplus"
         _no_empty_header(headers)
         assert headers[f"x-ratelimit-limit-{unit}"] == "0"  # nothing reserved for it

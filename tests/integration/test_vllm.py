@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -111,6 +112,26 @@ def test_the_openai_client_through_the_guard_to_vllm(live, vllm):
     # holds back, so not every token is its own non-empty delta), and all 6 tokens came
     assert sum(bool(c.choices and c.choices[0].delta.content) for c in chunks) >= 2
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    unasked = list(  # the guard asks vLLM for the usage, and keeps it from this client
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            stream=True,
+            extra_body=_pinned(5),
+        )
+    )
+    assert unasked and all(c.choices for c in unasked)
+    assert all(c.usage is None for c in unasked)
+    client.close()
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    completion = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("floorguard_tokens_total{") and 'kind="completion"' in line
+    )
+    assert completion == 8 + 6 + 5  # what vLLM reported, the unasked stream's included
 
 
 async def _running(vllm_url):

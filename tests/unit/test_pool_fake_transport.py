@@ -102,6 +102,7 @@ def _host(clock, transport, events):
 
     metrics = SimpleNamespace(
         on_chunk_gap=lambda *a: None,
+        on_usage=lambda *a: None,
         backends_changed=lambda *a: None,
     )
     return SimpleNamespace(

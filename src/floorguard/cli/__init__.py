@@ -4,7 +4,7 @@ its parsers and a thin `run` over library functions that return values.
 floorguard simulate --scenario marquee [--policy guard] [--learner NAME] [--reps N] …
 floorguard verify TRACE.jsonl [--strict-sf] [--allow-open] [--json]
 floorguard experiment list | run ID… | run all
-floorguard screen | serve | calibrate | emulate | load | demo | keys | bench …
+floorguard screen | serve | calibrate | emulate | load | demo | keys | usage | bench …
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from importlib.metadata import version as package_version
 
 from rich.console import Console
 
-from floorguard.cli import bench, experiment, http, keys, screen, simulate, verify
+from floorguard.cli import bench, experiment, http, keys, screen, simulate, usage, verify
 from floorguard.errors import FloorguardError
 
 __all__ = ["build_parser", "main"]
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"floorguard {package_version('floorguard')}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (simulate, verify, experiment, screen, http, keys, bench):
+    for group in (simulate, verify, experiment, screen, http, keys, usage, bench):
         group.register(commands)
     return parser
 

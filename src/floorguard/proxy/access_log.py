@@ -12,6 +12,7 @@ from aiohttp import web
 from floorguard.core.events import TraceEvent
 from floorguard.proxy.metrics import Timing
 from floorguard.proxy.pool import DECISION
+from floorguard.proxy.usage import USAGE
 
 __all__ = ["access_line", "error_code"]
 
@@ -56,6 +57,9 @@ def access_line(
         line["ttft_ms"] = ms(timing.arrived_at, timing.first_token_at)
         line["service_ms"] = ms(timing.dispatched_at, event.at)
         line["total_ms"] = ms(timing.arrived_at, event.at)
+        usage = request.get(USAGE)
+        if usage is not None:  # what the backend reported it cost
+            line["usage"] = usage._asdict()
     elif response is not None and response.status >= 400:
         line["reason"] = error_code(response)
     return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())

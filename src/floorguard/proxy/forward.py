@@ -34,6 +34,7 @@ from floorguard.proxy.replies import (
     json_error,
     next_chunk,
 )
+from floorguard.proxy.usage import USAGE, UsageTap, usage_of_reply
 
 __all__ = ["Forwarding", "PoolHost", "UnreachableError"]
 
@@ -125,8 +126,19 @@ class Forwarding:
                     upstream_status=upstream.status,
                 )
             if work.stream:
-                return await self._relay(request, rid, upstream, headers, exchange)
-            return await self._reply(request, rid, upstream, headers)
+                tap = UsageTap(strip=not work.usage_asked)
+                response = await self._relay(
+                    request, rid, upstream, headers, exchange=exchange, tap=tap
+                )
+                usage = tap.usage
+            else:
+                response = await self._reply(request, rid, upstream, headers)
+                usage = request.get(USAGE)
+        if usage is not None:  # the backend said what it cost (a cut reply may not have)
+            request[USAGE] = usage
+            tenant = decision.request.tenant
+            self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
+        return response
 
     def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
         """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
@@ -163,7 +175,12 @@ class Forwarding:
         )
 
     async def _from_backend(
-        self, rid: str, upstream: aiohttp.ClientResponse, box: ReplyBox, first: bytes = b""
+        self,
+        rid: str,
+        upstream: aiohttp.ClientResponse,
+        box: ReplyBox,
+        first: bytes = b"",
+        tap: UsageTap | None = None,
     ) -> None:
         """Read the backend's reply at the backend's pace into `box`, bounded by
         `limits.max_response_bytes`, and end the request in the guard when the backend has
@@ -181,7 +198,8 @@ class Forwarding:
                     self._end(rid, "fail", "upstream_reply_too_large")
                     box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
                     return
-                if not box.put(chunk):
+                passed = tap.feed(chunk) if tap is not None else chunk
+                if passed and not box.put(passed):
                     return
                 await self.edge.checkpoint("stream")
                 chunk = await self._read_chunk(upstream, idle)
@@ -199,6 +217,9 @@ class Forwarding:
             )
             self._end(rid, "fail", reason)
             box.finish((reason, "the backend reply failed mid-way"))
+            return
+        rest = tap.flush() if tap is not None else b""
+        if rest and not box.put(rest):
             return
         self._end(rid, "complete")
         box.finish()
@@ -224,6 +245,9 @@ class Forwarding:
                 status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
                 return json_error(status, code, message, headers)
             body = box.take_all()
+            usage = usage_of_reply(body)
+            if usage is not None:
+                request[USAGE] = usage
             response = web.StreamResponse(status=200, headers={**headers, **JSON})
             response.content_length = len(body)
             await response.prepare(request)
@@ -248,9 +272,12 @@ class Forwarding:
         rid: str,
         upstream: aiohttp.ClientResponse,
         headers: dict[str, str],
+        *,
         exchange: Exchange,
+        tap: UsageTap,
     ) -> web.StreamResponse:
-        """Relay an SSE stream. Before its first byte a failure is still a JSON error; after
+        """Relay an SSE stream (its usage read, and stripped where the guard asked for it,
+        by `tap`). Before its first byte a failure is still a JSON error; after
         it, the stream ends with an SSE error event (never a second response). The backend
         is read into a bounded box at its own pace (`_from_backend`); the client is written
         from it, and cut when it cannot keep up (relay.py)."""
@@ -267,7 +294,7 @@ class Forwarding:
         await response.prepare(request)
         self.guard.on_first_token(rid, self.clock.now())
         box = self._box(request, self.config.limits.max_buffered_reply_bytes)
-        reading = asyncio.create_task(self._from_backend(rid, upstream, box, first))
+        reading = asyncio.create_task(self._from_backend(rid, upstream, box, first, tap))
         reading.add_done_callback(box.finish_with)
         try:
             while (chunk := await box.get()) is not None:

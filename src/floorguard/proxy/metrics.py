@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
+from floorguard.proxy.usage import Usage
 from floorguard.store.shared import SharedFloor
 
 __all__ = ["LATENCY_BUCKETS_S", "GuardMetrics", "Timing"]
@@ -109,6 +110,9 @@ class GuardMetrics:
         """(model, tenant, class, outcome, reason) → terminal outcomes."""
         self.late: Tally[tuple[str, str, str]] = Tally()
         """(model, tenant, class) → completions after their deadline."""
+        self.tokens: Tally[tuple[str, str, str, str]] = Tally()
+        """(model, tenant, class, kind) → tokens the backend reported (`prompt`,
+        `completion`: its `usage`)."""
         self.refused: Tally[tuple[str, str]] = Tally()
         """(status, reason) → requests refused before admission: identity, the body, its
         fields, routing, no healthy backend — before any guard decided (issue 26)."""
@@ -139,6 +143,12 @@ class GuardMetrics:
             label = reason if _CODE.match(reason) and len(self._reasons) < 256 else "other"
             self._reasons[reason] = label
         return label
+
+    def on_usage(self, model: str, tenant: str, cls: ContractClass, usage: Usage) -> None:
+        """What a reply cost, as its backend reported it."""
+        label = _LABEL[cls]
+        self.tokens[model, tenant, label, "prompt"] += usage.prompt_tokens
+        self.tokens[model, tenant, label, "completion"] += usage.completion_tokens
 
     def on_refused(self, status: int, reason: str | None) -> None:
         """A request the edge refused before any guard saw it."""
@@ -287,6 +297,12 @@ class _GuardCollector(Collector):
             "Completions after their deadline",
             ["model", "tenant", "cls"],
             m.late,
+        )
+        yield _counter(
+            "floorguard_tokens",
+            "Tokens the backends reported (their usage), by model, tenant, class and kind",
+            ["model", "tenant", "cls", "kind"],
+            m.tokens,
         )
         yield _counter(
             "floorguard_refused_before_admission",

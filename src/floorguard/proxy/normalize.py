@@ -154,6 +154,10 @@ class Work:
     stream: bool
     model: str | None = None
     """The body's `model` (None when it names none)."""
+    usage_asked: bool = False
+    """A stream whose client asked for the usage event itself
+    (`stream_options.include_usage`); the guard asks for it on every stream and takes it
+    out of the others (usage.py)."""
 
 
 Priority = int | None | Callable[[str | None], int | None]
@@ -223,6 +227,8 @@ def normalize(
         forwarded.pop("max_completion_tokens", None)
     if priority is not None:
         forwarded["priority"] = priority
+    stream = body.get("stream") is True
+    usage_asked = stream and _ask_usage(body, forwarded)
     try:
         data = orjson.dumps(forwarded)
     except (orjson.JSONEncodeError, TypeError) as exc:  # e.g. nested deeper than 255
@@ -232,9 +238,33 @@ def normalize(
         num_output_tokens,
         upper,
         None if lower == upper else lower,
-        body.get("stream") is True,
+        stream,
         model,
+        usage_asked,
     )
+
+
+def _ask_usage(body: dict[str, Any], forwarded: dict[str, Any]) -> bool:
+    """A stream asks the backend for its usage event (it reports what a stream cost only
+    when asked: usage.py); whether its client asked too (a malformed ask is a 400)."""
+    options = body.get("stream_options")
+    if options is None:
+        forwarded["stream_options"] = {"include_usage": True}
+        return False
+    if not isinstance(options, dict):
+        raise BadRequestError(
+            400, "invalid_request", "stream_options must be an object", "stream_options"
+        )
+    asked = options.get("include_usage", False)
+    if not isinstance(asked, bool):
+        raise BadRequestError(
+            400,
+            "invalid_request",
+            "stream_options.include_usage must be true or false",
+            "stream_options",
+        )
+    forwarded["stream_options"] = {**options, "include_usage": True}
+    return asked
 
 
 def _known_fields(

@@ -1,0 +1,135 @@
+"""Usage as the backend reports it (issue 26.2): the prompt and completion tokens of each
+reply, for the access log, the `floorguard_tokens_total` counter and `floorguard usage`.
+
+A JSON reply carries `usage`. A stream carries it only when asked: the guard asks the
+backend for it on every stream (`stream_options.include_usage`, normalize.py) and, where the
+client did not ask, takes the usage-only event out of the client's stream (`UsageTap`), so
+a client sees the stream it asked for and the operator still counts what it cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import orjson
+from aiohttp import web
+
+__all__ = ["USAGE", "Usage", "UsageTap", "usage_of", "usage_of_reply"]
+
+
+class Usage(NamedTuple):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+USAGE: web.RequestKey[Usage] = web.RequestKey("floorguard.usage", Usage)
+"""The request's usage, once its reply gave one (the access log reads it)."""
+
+_MARK = b'"usage"'
+_EVENT_END = b"\n\n"
+
+
+def usage_of(data: Any) -> Usage | None:
+    """The `usage` of a decoded reply or chunk; None where it has none or a malformed one
+    (a backend's bad number is not counted, never a failure of the request)."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is not int or type(completion) is not int or min(prompt, completion) < 0:
+        return None
+    return Usage(prompt, completion)
+
+
+def usage_of_reply(body: bytes) -> Usage | None:
+    """The usage of a whole JSON reply."""
+    if _MARK not in body:
+        return None
+    try:
+        return usage_of(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return None
+
+
+class UsageTap:
+    """Reads a server-sent event stream on its way to the client: keeps the last usage it
+    carries and, with `strip`, drops the events that carry only usage (no choices) — the
+    ones the guard asked for on the client's behalf. Whole events are passed on (a partial
+    one waits for its end); a chunk of whole events without usage passes as it came."""
+
+    __slots__ = ("_pending", "strip", "usage")
+
+    def __init__(self, *, strip: bool) -> None:
+        self.strip = strip
+        self.usage: Usage | None = None
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of `chunk` (and what was held before it) goes to the client now."""
+        if not self._pending and chunk.endswith(_EVENT_END) and _MARK not in chunk:
+            return chunk  # the common case: whole events, no usage
+        data = self._pending + chunk
+        cut = data.rfind(_EVENT_END)
+        if cut < 0:
+            self._pending = data
+            return b""
+        whole, self._pending = data[: cut + 2], data[cut + 2 :]
+        if _MARK not in whole:
+            return whole
+        return b"".join(self._read(event) for event in whole.split(_EVENT_END)[:-1])
+
+    def flush(self) -> bytes:
+        """At the end of the stream: what is still held (a last event without its end)."""
+        rest, self._pending = self._pending, b""
+        return self._read(rest)[:-2] if _MARK in rest else rest
+
+    def _read(self, event: bytes) -> bytes:
+        """One event (without its blank line), back with it — or nothing, if stripped."""
+        if _MARK in event:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                try:
+                    data = orjson.loads(line[5:])
+                except orjson.JSONDecodeError:
+                    continue
+                usage = usage_of(data)
+                if usage is not None:
+                    self.usage = usage
+                    if self.strip and isinstance(data, dict) and not data.get("choices"):
+                        return b""
+        return event + _EVENT_END
+
+
+USAGE_KEYS = ("tenant", "model", "class", "status", "decision")
+"""What `floorguard usage --by` can group access-log lines by."""
+
+
+def usage_report(
+    lines: Any, by: tuple[str, ...] = ("tenant", "model"), since: float | None = None
+) -> list[dict[str, Any]]:
+    """The access log's lines (decoded) summed per group of `by`: requests, requests the
+    backend reported usage for, prompt and completion tokens; lines before `since` (a
+    Unix time) left out. Sorted by the most tokens first."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for line in lines:
+        if since is not None and line.get("ts", 0) < since:
+            continue
+        key = tuple(line.get(name) for name in by)
+        row = groups.setdefault(
+            key,
+            {
+                **dict(zip(by, key, strict=True)),
+                "requests": 0,
+                "reported": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+            },
+        )
+        row["requests"] += 1
+        usage = line.get("usage")
+        if isinstance(usage, dict):
+            row["reported"] += 1
+            row["prompt_tokens"] += int(usage.get("prompt_tokens", 0))
+            row["completion_tokens"] += int(usage.get("completion_tokens", 0))
+    return sorted(groups.values(), key=lambda r: -(r["prompt_tokens"] + r["completion_tokens"]))

@@ -1,0 +1,73 @@
+"""Usage from the backend's replies (issue 26.2): a JSON reply's `usage`, and a stream's
+usage event read on its way — taken out of the client's stream where the guard, not the
+client, asked for it — however the stream is cut into chunks."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from floorguard.proxy.normalize import EdgeLimits, normalize
+from floorguard.proxy.openai_format import stream_chunk, usage_chunk
+from floorguard.proxy.usage import Usage, UsageTap, usage_of_reply
+
+EVENTS = [stream_chunk("r", "m", True, w) for w in ("one", " two", ' "usage" three')]
+USAGE = usage_chunk("r", "m", True, prompt_tokens=7, completion_tokens=3)
+DONE = b"data: [DONE]\n\n"
+STREAM = b"".join(EVENTS) + USAGE + DONE
+
+
+def _through(tap: UsageTap, chunks: list[bytes]) -> bytes:
+    return b"".join(tap.feed(c) for c in chunks) + tap.flush()
+
+
+def test_a_json_reply_gives_its_usage_and_a_bad_one_none():
+    body = orjson.dumps({"usage": {"prompt_tokens": 4, "completion_tokens": 9}})
+    assert usage_of_reply(body) == Usage(4, 9)
+    for bad in (b"{}", b"not json", b'{"usage": {"prompt_tokens": -1, "completion_tokens": 2}}',
+                b'{"usage": {"prompt_tokens": 1.5, "completion_tokens": 2}}',
+                b'{"usage": null}', b'["usage"]'):  # fmt: skip
+        assert usage_of_reply(bad) is None
+
+
+@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=12))
+def test_however_the_stream_is_cut_the_usage_is_read_and_stripped_only_if_unasked(cuts):
+    bounds = sorted({0, len(STREAM), *cuts})
+    chunks = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
+    stripped = UsageTap(strip=True)
+    assert _through(stripped, chunks) == b"".join(EVENTS) + DONE
+    assert stripped.usage == Usage(7, 3)
+    kept = UsageTap(strip=False)
+    assert _through(kept, chunks) == STREAM
+    assert kept.usage == Usage(7, 3)
+
+
+def test_whole_events_without_usage_pass_as_they_came():
+    tap = UsageTap(strip=True)
+    assert tap.feed(EVENTS[0]) is EVENTS[0]
+    assert tap.feed(b"data: {") == b""  # half an event waits for its end
+    assert tap.feed(b'"x": 1}\n\n') == b'data: {"x": 1}\n\n'
+    assert tap.flush() == b"" and tap.usage is None
+
+
+def test_a_last_event_without_its_blank_line_still_counts():
+    tap = UsageTap(strip=False)
+    assert _through(tap, [b"".join(EVENTS), USAGE[:-2]]) == b"".join(EVENTS) + USAGE[:-2]
+    assert tap.usage == Usage(7, 3)
+
+
+def test_every_stream_asks_the_backend_for_its_usage():
+    limits = EdgeLimits()
+    ask = {"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}
+    plain = normalize(orjson.dumps(ask), chat=False, limits=limits)
+    assert orjson.loads(plain.body)["stream_options"] == {"include_usage": True}
+    assert not plain.usage_asked
+    asked = {**ask, "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+    work = normalize(orjson.dumps(asked), chat=False, limits=limits)
+    assert work.usage_asked
+    assert orjson.loads(work.body)["stream_options"]["continuous_usage_stats"] is False
+    whole = normalize(orjson.dumps({**ask, "stream": False}), chat=False, limits=limits)
+    assert "stream_options" not in orjson.loads(whole.body)
