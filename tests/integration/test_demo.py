@@ -10,7 +10,7 @@ from floorguard.bench.proxy import bench_proxy
 from floorguard.cli import main
 from floorguard.rig.demo import run_demo
 from tests.helpers import write_burstgpt
-from tests.integration.live import Live
+from tests.integration.live import Live, guard_config, token
 
 CONTRACT = {"offered", "admitted", "rejected", "dropped", "late", "miss", "unmet"}
 
@@ -59,3 +59,35 @@ def test_bench_proxy_reports_the_three_paths():
     ):
         assert isinstance(result[key], float)
     assert result["rps_floorguard"] > 0
+
+
+def test_load_names_its_tenants_and_counts_refusals_by_status_and_reason(tmp_path, capsys):
+    """Issue 26.6: `load` said 72 × 401 were 'failed'. Against a guard, a tenant sent
+    without a token is refused 401 `missing_identity`, and the summary says so by status
+    and reason; one with a token is served; a token for a tenant the workload does not
+    send is a usage error."""
+    live = Live()
+    try:
+        contracts = [
+            {"tenant": "a95", "class": "assured", "floor": 50, "deadline_ms": 1820},
+            {"tenant": "a10", "class": "opportunistic", "deadline_ms": 1820},
+        ]
+        url, _ = live.guard(guard_config(live.emulator(), contracts=contracts))
+        trace = write_burstgpt(tmp_path / "burst.csv", 20, gap_s=0.05)
+        args = ["load", "--target", url, "--trace", str(trace), "--json"]
+        tenants = _tenants_of(args, capsys)
+        assured = next(t for t, cls in tenants if cls == "assured")
+        assert main([*args, "--token", f"{assured}={token(assured)}"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        unserved = out["opportunistic"]["offered"]
+        assert out["refusals"] == {"401 missing_identity": unserved}
+        assert out["assured"]["admitted"] == out["assured"]["offered"] > 0
+        assert main([*args, "--token", f"nobody={token('nobody')}"]) == 2
+        assert "this workload sends only" in capsys.readouterr().err
+    finally:
+        live.close()
+
+
+def _tenants_of(args, capsys):
+    assert main([*args, "--list-tenants"]) == 0
+    return [tuple(line.split("\t")) for line in capsys.readouterr().out.splitlines()]

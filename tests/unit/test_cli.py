@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,27 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
         err = child.stderr.read().decode()
     assert child.wait(60) == 141, err
     assert "Traceback" not in err
+
+
+def test_simulate_config_runs_the_configs_own_learner_unless_told(tmp_path, monkeypatch, capsys):
+    """Issue 26.6: `simulate --config` ran always-admit whatever the config said (0 %
+    refused where the live guard, with the predictor, refused most of a flood).
+    It now runs the config's learner with its options, says so, and `--learner` wins."""
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
+    text = Path("examples/guard.yaml").read_text()
+    config = tmp_path / "guard.yaml"
+    config.write_text(
+        text.replace("learner: always-admit", "learner: predictor-sheddable", 1).replace(
+            "learner_options: {beta: 1.0}", "learner_options: {beta: 1.0, slo_ms: 600}", 1
+        )
+    )
+    assert "learner: predictor-sheddable" in config.read_text()
+    assert main(["simulate", "--config", str(config), "--json", "--duration-s", "6"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert own["learner"] == "predictor-sheddable" and "config" in own["learner_from"]
+    assert own["opportunistic"]["rejected"] > 0  # the predictor sheds part of the flood
+    told = ["simulate", "--config", str(config), "--json", "--duration-s", "6"]
+    assert main([*told, "--learner", "always-admit"]) == 0
+    admit_all = json.loads(capsys.readouterr().out)
+    assert admit_all["learner"] == "always-admit" and admit_all["learner_from"] == "--learner"
+    assert admit_all["opportunistic"]["rejected"] == 0

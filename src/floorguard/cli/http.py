@@ -28,7 +28,7 @@ from floorguard.proxy.identity import create_identity
 from floorguard.proxy.serve import run_guard, start_report, start_warnings
 from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
-from floorguard.rig.loadgen import measure_client, replay
+from floorguard.rig.loadgen import measure_client, refusals, replay
 from floorguard.sim.scenarios import SCENARIOS, create_scenario, trace_replay
 from floorguard.sim.workloads import build_requests
 
@@ -36,7 +36,15 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
-    load = commands.add_parser("load", help="open-loop load against an OpenAI-compatible URL")
+    load = commands.add_parser(
+        "load",
+        help="open-loop load against an OpenAI-compatible URL",
+        description="Fire a scenario's (or a trace's) requests open-loop at --target and "
+        "measure them on the client. The requests come from the workload's tenants (the "
+        "marquee's: a95, assured, and a10, opportunistic; `--list-tenants` prints any "
+        "scenario's): give each a --token and a contract on the guard, or its requests are "
+        "refused 401/403 (the summary counts every answer other than a 200 by status and reason).",
+    )
     load.add_argument("--target", required=True, help="base URL (the guard or a backend)")
     load.add_argument("--scenario", choices=sorted(SCENARIOS), default="marquee")
     load.add_argument("--trace", help="replay an Azure or BurstGPT CSV instead (30 %% assured)")
@@ -48,8 +56,11 @@ def register(commands: Any) -> None:
         "--token",
         action="append",
         default=[],
-        metavar="TENANT=JWT",
-        help="bearer token per tenant (repeatable)",
+        metavar="TENANT=TOKEN",
+        help="a tenant's bearer token: a JWT or one of the guard's API keys (repeatable)",
+    )
+    load.add_argument(
+        "--list-tenants", action="store_true", help="print the workload's tenants and exit"
     )
     load.add_argument("--json", action="store_true")
     load.set_defaults(run=run_load)
@@ -152,16 +163,39 @@ def run_load(args: argparse.Namespace, console: Console) -> int:
         if args.trace
         else create_scenario(args.scenario)
     )
+    tenants = {c.tenant: c.cls.value for c in scenario.contracts}
+    if args.list_tenants:
+        for tenant, cls in tenants.items():
+            print(f"{tenant}\t{cls}")
+        return 0
     tokens = dict(t.split("=", 1) for t in args.token if "=" in t)
     if len(tokens) != len(args.token):
-        raise FloorguardError("--token takes TENANT=JWT")
-    headers = {tenant: {"Authorization": f"Bearer {jwt_}"} for tenant, jwt_ in tokens.items()}
+        raise FloorguardError("--token takes TENANT=TOKEN")
+    strangers = sorted(set(tokens) - set(tenants))
+    if strangers:
+        raise FloorguardError(
+            f"--token for {', '.join(strangers)}: this workload sends only "
+            f"{', '.join(f'{t} ({c})' for t, c in tenants.items())}"
+        )
+    headers = {tenant: {"Authorization": f"Bearer {key}"} for tenant, key in tokens.items()}
     requests = build_requests(scenario.streams, np.random.default_rng(0))
-    console.print(f"firing {len(requests)} requests open-loop at {args.target}…", markup=False)
+    console.print(
+        f"firing {len(requests)} requests open-loop at {args.target} from "
+        + ", ".join(f"{t} ({c}{'' if t in tokens else ', no --token'})" for t, c in tenants.items())
+        + "…",
+        markup=False,
+    )
     results = asyncio.run(replay(requests, args.target, headers, model=args.model))
     summary = pool_runs([measure_client(results, scenario.guard_config())])
     summary["num_requests"] = len(requests)
+    summary["refusals"] = refusals(results)
     print_result(summary, args.json, console)
+    if not args.json and summary["refusals"]:
+        console.print(
+            "answers other than 200, by status and reason: "
+            + ", ".join(f"{k} × {n}" for k, n in summary["refusals"].items()),
+            markup=False,
+        )
     return 0
 
 

@@ -16,7 +16,7 @@ from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.cli._common import fmt
 from floorguard.errors import FloorguardError
 from floorguard.experiments.figures import fleet_figure
-from floorguard.learners.registry import LEARNERS
+from floorguard.learners.registry import LEARNERS, LearnerOptions
 from floorguard.profiles import PROFILES, get_profile
 from floorguard.proxy.config import GuardServerConfig, load_config
 from floorguard.sim.fleet import Fleet, SlotMode, simulate_fleet
@@ -56,8 +56,9 @@ def register(commands: Any) -> None:
     )
     sim.add_argument(
         "--learner",
-        default="always-admit",
-        help=f"one of {', '.join(sorted(LEARNERS))}, or package.module:factory",
+        default=None,
+        help=f"one of {', '.join(sorted(LEARNERS))}, or package.module:factory (default "
+        "always-admit; with --config, the config's own learner)",
     )
     sim.add_argument(
         "--beta",
@@ -224,7 +225,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         summary = simulate(
             scenario,
             policy=args.policy,
-            learner=args.learner,
+            learner=args.learner or "always-admit",
             beta=args.beta,
             reps=args.reps,
             seed=args.seed,
@@ -292,14 +293,19 @@ def _run_pools(args: argparse.Namespace, console: Console) -> int:
     if not args.duration_s > 0 or args.flood < 0:
         raise FloorguardError("--duration-s must be > 0 and --flood ≥ 0")
     config = load_config(args.config)
+    pools = config.pools()
     summaries = {}
     for name, scenario in pool_scenarios(
         config, duration_s=args.duration_s, flood=args.flood
     ).items():
+        learner, options, note = _pool_learner(pools[name], args)
         summaries[name] = simulate(
-            scenario, policy="guard", learner=args.learner, beta=args.beta, reps=args.reps,
-            seed=args.seed,
+            scenario, policy="guard", learner=learner, beta=args.beta, reps=args.reps,
+            seed=args.seed, learner_options=options,
         )  # fmt: skip
+        summaries[name]["learner_from"] = note
+        if not args.json:
+            console.print(f"[dim]{scenario.name}: learner {learner} ({note})[/]")
     if args.json:
         out = summaries.get(None, {"pools": summaries})
         print(json.dumps(out, indent=2))
@@ -307,6 +313,19 @@ def _run_pools(args: argparse.Namespace, console: Console) -> int:
     for summary in summaries.values():
         _print_summary(summary, console)
     return 0
+
+
+def _pool_learner(
+    pool: GuardServerConfig, args: argparse.Namespace
+) -> tuple[str, LearnerOptions | None, str]:
+    """The learner a pool's simulation runs, its options, and why: `--learner` where given,
+    else the config's own with its options as `serve` builds them — except an
+    out-of-process one (`learner: http`), which the simulator cannot call."""
+    if args.learner is not None:
+        return args.learner, None, "--learner"
+    if pool.learner == "http":
+        return "always-admit", None, "the config's learner is http: out of process, so always-admit"
+    return pool.learner, pool.learner_config(), "the config's learner and learner_options"
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:

@@ -291,7 +291,7 @@ async def _unguarded(
                 return result(429)
             if isinstance(await pump.turn(rid), Drop):
                 return result(503)
-            status, _ = await post_completion(session, url, request, model=backend.model)
+            status, _, _ = await post_completion(session, url, request, model=backend.model)
             if status == 200:
                 stack.finish(rid, clock.now(), "complete")
             else:

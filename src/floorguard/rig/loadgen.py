@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
 from floorguard.analysis.metrics import RunMetrics, measure
 from floorguard.analysis.records import RequestRecord, TraceRecords
 from floorguard.core.contract import GuardConfig
 from floorguard.core.request import Request
 
-__all__ = ["ClientResult", "measure_client", "post_completion", "replay"]
+__all__ = ["ClientResult", "measure_client", "post_completion", "refusals", "replay"]
 
 OUTCOMES = {200: "completed", 429: "rejected", 503: "dropped"}
 
@@ -39,6 +41,18 @@ class ClientResult:
     """The guard's window for it (`x-floorguard-window`, on admissions and refusals): the
     floor is counted in the guard's windows where it says, not by the client's clock — a
     request sent at x.999 s reaches the guard in window x+1."""
+    reason: str | None = None
+    """A refusal's or failure's `error.code` (the guard's, or the backend's), where the
+    answer is a JSON error; `connection` when the connection itself failed."""
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code)[:64] if code is not None else None
 
 
 async def post_completion(
@@ -49,10 +63,11 @@ async def post_completion(
     model: str,
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, object] | None = None,
-) -> tuple[int, int | None]:
+) -> tuple[int, int | None, str | None]:
     """POST `request` as a completion with its output length pinned (`max_tokens` =
-    `min_tokens`, `ignore_eos`): the HTTP status (0 when the connection failed) and the
-    guard's window for it when it names one (`x-floorguard-window`)."""
+    `min_tokens`, `ignore_eos`): the HTTP status (0 when the connection failed), the
+    guard's window for it when it names one (`x-floorguard-window`), and the error code of
+    an answer that is not a 200."""
     body = {
         "model": model,
         "prompt": "floorguard load",
@@ -63,11 +78,16 @@ async def post_completion(
     }
     try:
         async with session.post(url, json=body, headers=dict(headers or {})) as response:
-            await response.read()
+            answer = await response.read()
             window = response.headers.get("x-floorguard-window", "")
-            return response.status, int(window) if window.lstrip("-").isdigit() else None
+            code = _error_code(answer) if response.status != 200 else None
+            return (
+                response.status,
+                int(window) if window.lstrip("-").isdigit() else None,
+                code,
+            )
     except (aiohttp.ClientError, TimeoutError):
-        return 0, None
+        return 0, None, "connection"
 
 
 async def _one(
@@ -82,10 +102,17 @@ async def _one(
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
-    status, window = await post_completion(
+    status, window, reason = await post_completion(
         session, url, request, model=model, headers=headers, extra=extra
     )
-    return ClientResult(request, scheduled_at, fired, time.time(), status, window)
+    return ClientResult(request, scheduled_at, fired, time.time(), status, window, reason)
+
+
+def refusals(results: Sequence[ClientResult]) -> dict[str, int]:
+    """The answers that were not a 200, by `status reason` (`401 invalid_token`, `429
+    floor_exhausted`, `0 connection`), most first."""
+    counts = Counter(f"{r.status} {r.reason or '-'}" for r in results if r.status != 200)
+    return dict(counts.most_common())
 
 
 async def replay(

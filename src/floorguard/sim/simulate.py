@@ -58,13 +58,17 @@ def simulate(
     stack_options: StackOptions | None = None,
     trace_out: Path | None = None,
     on_rep: Callable[[], None] | None = None,
+    learner_options: LearnerOptions | None = None,
 ) -> dict[str, Any]:
     """Run `reps` seeded reps; return the pooled summary (the `--json` contract). With
-    `trace_out`, each rep's decision log is written there (`trace_path`)."""
+    `trace_out`, each rep's decision log is written there (`trace_path`);
+    `learner_options`: the learner's as a serve config gives them (else from the
+    scenario and `beta`)."""
     if reps < 1:
         raise FloorguardError(f"--reps = {reps}: must be ≥ 1")
     started = time.perf_counter()
-    learner_options = learner_options_for(scenario, learner, beta=beta)
+    if learner_options is None:
+        learner_options = learner_options_for(scenario, learner, beta=beta)
     runs: list[SimRun] = []
     metrics: list[RunMetrics] = []
     for rep, rep_seed in enumerate(rep_seeds(seed, reps)):
