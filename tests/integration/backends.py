@@ -25,6 +25,8 @@ class ScriptedBackend:
         """Each forwarded request's `x-request-id` header."""
         self.objectives: list[str | None] = []
         """… and its `x-gateway-inference-objective`."""
+        self.traces: list[tuple[str | None, str | None]] = []
+        """… and its `traceparent` and `tracestate`."""
         self.hits: dict[str, int] = {}
         self.models_delay_s = 0.0
 
@@ -57,6 +59,7 @@ class ScriptedBackend:
         self.bodies.append(body)
         self.request_ids.append(request.headers.get("x-request-id"))
         self.objectives.append(request.headers.get("x-gateway-inference-objective"))
+        self.traces.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
         if self.mode == "error":
             return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
         if self.mode == "reject":  # vLLM's answer to a model it does not serve

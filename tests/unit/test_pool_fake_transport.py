@@ -109,6 +109,7 @@ def _host(clock, transport, events):
         clock=clock,
         replica="unit",
         http_learner=None,
+        tracing=None,
         replies=HeldReplies(1 << 20),
         cutting=False,
         num_cut_at_deadline=0,

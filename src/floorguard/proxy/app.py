@@ -61,6 +61,7 @@ from floorguard.proxy.pump import Pump
 from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
 from floorguard.proxy.shares import Reload
+from floorguard.proxy.tracing import Tracing
 from floorguard.store.leases import SlotLeases
 from floorguard.store.shared import SharedFloor
 
@@ -119,12 +120,10 @@ class GuardServer:
         self.cutting = False
         """Set at the drain deadline: what is still running is cut (`drain_deadline`)."""
         self.num_cut_at_deadline = 0
-        self.http_learner = (
-            HttpLearner(config.learner_http.url, config.learner_http.timeout_ms / 1e3)
-            if config.learner_http
-            else None
-        )
+        callout = config.learner_http
+        self.http_learner = HttpLearner(callout.url, callout.timeout_ms / 1e3) if callout else None
         self.replica = config.replica or f"{socket.gethostname()}-{os.getpid()}"
+        self.tracing = Tracing(config.tracing, replica=self.replica) if config.tracing else None
         self._metrics: GuardMetrics | None = None  # built below, once the pools exist
         self.pools: dict[str | None, Pool] = {
             name: Pool(self, name, pool_config, seed=seed)
@@ -337,6 +336,8 @@ class GuardServer:
         for lines in (self._log, self._access):
             if lines is not None:
                 lines.close()
+        if self.tracing is not None:  # export what is batched, off the loop
+            await asyncio.to_thread(self.tracing.shutdown)
         log.info(
             "stopped: answered %s; %d request(s) cut at the drain deadline; decision log %s",
             dict(sorted(self.served.items())) or "none",

@@ -38,6 +38,7 @@ from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import PROFILES, get_profile
 from floorguard.proxy.config_identity import IdentitySpec, JwtSpec, MtlsSpec, Strict, TlsSpec
 from floorguard.proxy.normalize import EdgeLimits
+from floorguard.proxy.tracing import TracingSpec
 from floorguard.sim.probe import latency_model_for
 from floorguard.store.shared import Unavailable
 
@@ -372,6 +373,9 @@ class GuardServerConfig(Strict):
     access_log: str | None = None
     """One JSON line per request (request id, tenant, class, model, decision, status,
     outcome, timings): `-` for stdout, or a file; none: no access log."""
+    tracing: TracingSpec | None = None
+    """OpenTelemetry: a span per request, exported over OTLP/HTTP (the `otel` extra); none:
+    the client's `traceparent` is only forwarded to the backend."""
 
     @model_validator(mode="after")
     def _backends_or_models(self) -> GuardServerConfig:

@@ -34,6 +34,7 @@ from floorguard.proxy.replies import (
     json_error,
     next_chunk,
 )
+from floorguard.proxy.tracing import TRACE_CONTEXT, Tracing
 from floorguard.proxy.usage import USAGE, UsageTap, usage_of_reply
 
 __all__ = ["Forwarding", "PoolHost", "UnreachableError"]
@@ -53,6 +54,8 @@ class PoolHost(Protocol):
     clock: Clock
     replica: str
     http_learner: HttpLearner | None
+    tracing: Tracing | None
+    """A span per request (`tracing:`), or None."""
     replies: HeldReplies
     cutting: bool
     """Set at the drain deadline: an ending request was cut by the drain."""
@@ -105,7 +108,9 @@ class Forwarding:
                 upstream = await self.edge.session.post(
                     backend.url.rstrip("/") + path,
                     data=work.body,
-                    headers=self._upstream_headers(decision, headers["x-request-id"]),
+                    headers=self._upstream_headers(
+                        decision, headers["x-request-id"], request.get(TRACE_CONTEXT)
+                    ),
                     allow_redirects=False,
                 )
         except aiohttp.ClientConnectorError as exc:
@@ -140,10 +145,13 @@ class Forwarding:
             self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
         return response
 
-    def _upstream_headers(self, decision: Dispatch, request_id: str) -> dict[str, str]:
-        """What goes upstream besides the body: JSON, the request id, and (behind a GAIE
-        pool) the objective of the request's class. Nothing of the client's headers."""
-        out = {**JSON, "x-request-id": request_id}
+    def _upstream_headers(
+        self, decision: Dispatch, request_id: str, trace: dict[str, str] | None
+    ) -> dict[str, str]:
+        """What goes upstream besides the body: JSON, the request id, the trace context
+        (tracing.py), and (behind a GAIE pool) the objective of the request's class.
+        Nothing else of the client's headers."""
+        out = {**JSON, "x-request-id": request_id, **(trace or {})}
         objectives = self.config.upstream.inference_objectives
         if objectives is not None:
             cls = self.contracts[decision.request.tenant].cls

@@ -61,6 +61,7 @@ from floorguard.proxy.replies import (
 )
 from floorguard.proxy.shares import Reload, capacities, merge_backends, slot_shares
 from floorguard.proxy.status import guard_status
+from floorguard.proxy.tracing import SPAN, TRACE_CONTEXT, client_trace_context
 from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
@@ -424,6 +425,35 @@ class Pool(Forwarding):
     async def handle(
         self, request: web.Request, path: str, work: Work, *, tenant: str, rid: str, request_id: str
     ) -> web.StreamResponse:
+        """One request in this pool, traced (tracing.py): the client's trace context goes
+        on to the backend, or with `tracing:` the request's span does."""
+        tracing = self.edge.tracing
+        if tracing is None:
+            request[TRACE_CONTEXT] = client_trace_context(request.headers)
+            return await self._handle(
+                request, path, work, tenant=tenant, rid=rid, request_id=request_id
+            )
+        span = request[SPAN] = tracing.start(
+            request.headers,
+            {"floorguard.tenant": tenant, "floorguard.model": self.label, "floorguard.id": rid},
+        )
+        request[TRACE_CONTEXT] = span.upstream_context()
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._handle(
+                request, path, work, tenant=tenant, rid=rid, request_id=request_id
+            )
+            return response
+        finally:
+            said = response.headers if response is not None else {}
+            for name in ("decision", "class", "window"):
+                if f"x-floorguard-{name}" in said:
+                    span.set(f"floorguard.{name}", said[f"x-floorguard-{name}"])
+            span.end(response.status if response is not None else 499)  # 499: the client left
+
+    async def _handle(
+        self, request: web.Request, path: str, work: Work, *, tenant: str, rid: str, request_id: str
+    ) -> web.StreamResponse:
         offered = Request(
             rid,
             tenant,
@@ -497,9 +527,13 @@ class Pool(Forwarding):
         }
         if admission.window_index is not None:  # a surplus request is in no window
             headers["x-floorguard-window"] = str(admission.window_index)
-        unreachable = 0
+        unreachable, admitted_at = 0, self.clock.now()
         while True:
             decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
+            if (span := request.get(SPAN)) is not None:
+                span.set("floorguard.queue_s", decision.at - admitted_at)
+                if isinstance(decision, Dispatch):
+                    span.set("floorguard.backend", self.backends[decision.backend].url)
             if isinstance(decision, Drop):
                 return self._doomed(decision, headers)
             if not await self._leased_slot(rid, decision, admission.entitled):
