@@ -14,9 +14,10 @@ from floorguard.experiments.tables import CONDITION_FIELDS, summarize
 from tests.helpers import write_burstgpt
 
 
-def test_catalogue_is_spec_e1_to_e19():
-    """Exactly SPEC §10's experiments, each with reps and a non-empty grid."""
-    assert list(catalogue()) == [f"E{i}" for i in range(1, 20)]
+def test_catalogue_is_spec_e1_to_e19_and_e20():
+    """SPEC §10's experiments and E20 (SPEC §15's fair surplus), each with reps and a
+    non-empty grid."""
+    assert list(catalogue()) == [f"E{i}" for i in range(1, 21)]
     for e in catalogue().values():
         assert e.reps >= 1 and e.grid(False) and e.grid(True) and e.caption
 
@@ -153,6 +154,25 @@ def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
     assert mine and all(c.speedup == 1.0 for c in mine)
     row = run_condition(mine[0], 1)
     assert row["a_offered"] + row["o_offered"] > 0 and row["max_fire_lag_s"] == 0.0
+
+
+def test_e20_keeps_each_tenants_share_and_its_log_verifies():
+    """E20's polite workload: three tenants, each one's counts on the row; the guard's
+    decision log passes the checker (ORDER: assured-first holds under the fair surplus)."""
+    from floorguard.analysis.checker import check_trace  # noqa: PLC0415
+    from floorguard.experiments.conditions import build_scenario  # noqa: PLC0415
+    from floorguard.sim.run import simulate_once  # noqa: PLC0415
+
+    condition = Condition(workload="polite", opp_rate=40.0, polite_rate=1.0, duration_s=6.0)
+    row = run_condition(condition, 3)
+    assert row["polite_offered"] > 0 and row["flood_offered"] > 10 * row["polite_offered"]
+    assert row["polite_on_time"] <= row["polite_admitted"] <= row["polite_offered"]
+    run = simulate_once(build_scenario(condition), seed=3, policy="guard")
+    report = check_trace(run.events)
+    assert report.ok(), report.violations[:3]
+    fair = dict(row)
+    unfair = run_condition(dataclasses.replace(condition, surplus="learner"), 3)
+    assert fair["polite_on_time"] > unfair["polite_on_time"]
 
 
 def test_e10_counts_split_the_assured_misses_by_length():

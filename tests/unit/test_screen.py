@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-import heapq
 import json
 import math
+from collections import deque
 
 import pytest
 
@@ -123,22 +123,18 @@ def test_changing_the_dispatch_rule_is_noticed(monkeypatch):
     """If assured-first dispatch served the surplus first, the pinned rule (ahead = B) breaks
     and the screen — built on the same dispatcher — follows the guard, not a copy."""
 
-    def surplus_first(self):
-        while self._surplus:
-            ticket = heapq.heappop(self._surplus)[3]
-            if not ticket.cancelled:
-                self.num_queued -= 1
-                return ticket
-        while self._assured:
-            ticket = self._assured.popleft()
-            if not ticket.cancelled:
-                self.num_queued -= 1
-                self.num_queued_entitled -= 1
-                return ticket
-        return None
+    def surplus_first(pop):
+        def first(self):  # the class's own pop, with the floor's queue hidden from it
+            assured, self._assured = self._assured, deque()
+            ticket = pop(self)
+            self._assured = assured
+            return ticket if ticket is not None else pop(self)
+
+        return first
 
     before = screen(config(opportunistic_rate_per_s=10.0), 10.0, FIRST_MOMENT)
-    monkeypatch.setattr(dispatcher_module.AssuredFirstDispatcher, "pop", surplus_first)
+    for cls in (dispatcher_module.AssuredFirstDispatcher, dispatcher_module.FairSurplusDispatcher):
+        monkeypatch.setattr(cls, "pop", surplus_first(cls.pop))
     v = screen(config(opportunistic_rate_per_s=10.0), 10.0, MAKESPAN)
     assert v.ahead != 6
     flags = guard_dispatch_order(PRIORITY, 6, 10, 4)

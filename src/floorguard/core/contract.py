@@ -23,6 +23,7 @@ __all__ = [
     "GuardConfig",
     "MeterKind",
     "QueueLimits",
+    "SurplusOrder",
     "WindowSchedule",
     "reload_refusals",
 ]
@@ -63,6 +64,17 @@ class DispatchOrder(StrEnum):
     """Oldest floor-entitled request first; the surplus only when none waits (SPEC §4.2)."""
     FIFO = "fifo"
     """One queue in arrival order: the fault-injection baseline."""
+
+
+class SurplusOrder(StrEnum):
+    """How the surplus (what is not floor-entitled) is ordered below the floor (SPEC §15)."""
+
+    FAIR = "fair"
+    """Fair across the tenants competing for it: a virtual-time fair queue weighted by
+    metered tokens; within a tenant, the learner's order (arrival order without hints)."""
+    LEARNER = "learner"
+    """One order for all: the learner's relabel and hint, then arrival (the published
+    guard's)."""
 
 
 class CapacityAction(StrEnum):
@@ -200,6 +212,8 @@ class GuardConfig:
     slots: tuple[int, ...] = (4,)
     """`C` per backend (vLLM's `max_num_seqs`); the guard never has more in flight."""
     dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
+    surplus: SurplusOrder = SurplusOrder.FAIR
+    """The surplus's order below the floor (assured-first dispatch only)."""
     meter: MeterKind = MeterKind.COUNT
     lower_envelope: AffineEnvelope | None = None
     """`L(ℓ)` for the doom gate; no gate when absent (DR is optional, SPEC §4.3)."""
@@ -274,6 +288,7 @@ class GuardConfig:
 RESTART_ONLY = (
     "schedule",
     "dispatch",
+    "surplus",
     "meter",
     "lower_envelope",
     "upper_envelope",

@@ -11,12 +11,13 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 
-from floorguard.core.contract import Contract, DispatchOrder
+from floorguard.core.contract import Contract, DispatchOrder, SurplusOrder
 from floorguard.core.request import Request
 
 __all__ = [
     "AssuredFirstDispatcher",
     "Dispatcher",
+    "FairSurplusDispatcher",
     "FifoDispatcher",
     "SlotPool",
     "Ticket",
@@ -120,6 +121,91 @@ class AssuredFirstDispatcher(Dispatcher):
         return None
 
 
+class FairSurplusDispatcher(AssuredFirstDispatcher):
+    """Assured-first, and below the floor fair across tenants (SPEC §15): a virtual-time
+    fair queue weighted by metered tokens. Each tenant with surplus waiting has a virtual
+    time; the one with the least goes next (the oldest head on a tie), and is charged its
+    ticket's metered tokens (prompt + output cap). A tenant that comes back from idle starts
+    at the virtual time of the last start, so idleness banks nothing. Within a tenant the
+    learner's order holds (relabel, hint, arrival), so one tenant's surplus runs exactly as
+    under `AssuredFirstDispatcher`. The floor-entitled queue is untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_tenant: dict[str, list[tuple[int, float, int, Ticket]]] = {}
+        self._turns: list[tuple[float, int, str]] = []
+        """(virtual time, head's arrival, tenant) for each tenant with surplus waiting."""
+        self._vtime: dict[str, float] = {}
+        self._now = 0.0
+        """The virtual time of the last surplus start."""
+
+    def push(self, ticket: Ticket) -> None:
+        self.num_queued += 1
+        if ticket.entitled:
+            self.num_queued_entitled += 1
+            self._assured.append(ticket)
+            return
+        tenant = ticket.request.tenant
+        queue = self._by_tenant.get(tenant)
+        entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
+        if queue:
+            heapq.heappush(queue, entry)
+            return
+        self._by_tenant[tenant] = [entry]
+        start = max(self._vtime.get(tenant, 0.0), self._now)
+        self._vtime[tenant] = start
+        heapq.heappush(self._turns, (start, ticket.seq, tenant))
+
+    def push_front(self, ticket: Ticket) -> None:
+        if ticket.entitled:
+            super().push_front(ticket)
+            return
+        # its start failed: the tenant gets back what it was charged, and its turn
+        tenant = ticket.request.tenant
+        vtime = self._vtime[tenant] = self._vtime.get(tenant, 0.0) - _cost(ticket)
+        self.num_queued += 1
+        entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
+        queue = self._by_tenant.get(tenant)
+        if queue:
+            heapq.heappush(queue, entry)
+            return
+        self._by_tenant[tenant] = [entry]
+        heapq.heappush(self._turns, (vtime, ticket.seq, tenant))
+
+    def pop(self) -> Ticket | None:
+        assured = self._assured
+        while assured:
+            ticket = assured.popleft()
+            if not ticket.cancelled:
+                self.num_queued -= 1
+                self.num_queued_entitled -= 1
+                return ticket
+        turns = self._turns
+        while turns:
+            start, _, tenant = heapq.heappop(turns)
+            queue = self._by_tenant[tenant]
+            while queue:
+                ticket = heapq.heappop(queue)[3]
+                if ticket.cancelled:
+                    continue
+                self._now = start
+                vtime = self._vtime[tenant] = start + _cost(ticket)
+                if queue:
+                    heapq.heappush(turns, (vtime, queue[0][2], tenant))
+                else:
+                    del self._by_tenant[tenant]
+                self.num_queued -= 1
+                return ticket
+            del self._by_tenant[tenant]  # only cancelled tickets were left
+        return None
+
+
+def _cost(ticket: Ticket) -> int:
+    """A ticket's metered tokens: what the fair queue charges its tenant."""
+    request = ticket.request
+    return max(1, request.num_prompt_tokens + request.num_output_tokens)
+
+
 class FifoDispatcher(Dispatcher):
     """One queue in admission order, whatever the class: the fault-injection baseline."""
 
@@ -148,9 +234,14 @@ class FifoDispatcher(Dispatcher):
         return None
 
 
-def create_dispatcher(order: DispatchOrder) -> Dispatcher:
+def create_dispatcher(
+    order: DispatchOrder, surplus: SurplusOrder = SurplusOrder.FAIR
+) -> Dispatcher:
+    """The guard's queue (`GuardConfig.dispatch`, `.surplus`; the screen runs the same)."""
     if order is DispatchOrder.FIFO:
         return FifoDispatcher()
+    if surplus is SurplusOrder.FAIR:
+        return FairSurplusDispatcher()
     return AssuredFirstDispatcher()
 
 

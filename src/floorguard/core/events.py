@@ -22,6 +22,7 @@ from floorguard.core.contract import (
     ExcessPolicy,
     GuardConfig,
     MeterKind,
+    SurplusOrder,
     WindowSchedule,
 )
 from floorguard.core.learner import Consultation
@@ -203,6 +204,7 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "origin_at": config.schedule.origin_at,
         "slots": list(config.slots),
         "dispatch": config.dispatch.value,
+        "surplus": config.surplus.value,
         "meter": config.meter.value,
         "lower_envelope": envelope(config.lower_envelope),
         "upper_envelope": envelope(config.upper_envelope),
@@ -262,6 +264,7 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             schedule=WindowSchedule(data["window_s"], data["origin_at"]),
             slots=tuple(data["slots"]),
             dispatch=DispatchOrder(data["dispatch"]),
+            surplus=SurplusOrder(data.get("surplus", "learner")),  # a log from before it
             meter=MeterKind(data["meter"]),
             lower_envelope=envelope(data.get("lower_envelope")),
             upper_envelope=envelope(data.get("upper_envelope")),

@@ -26,6 +26,7 @@ from floorguard.core.contract import (
     ContractClass,
     ExcessPolicy,
     MeterKind,
+    SurplusOrder,
     WindowSchedule,
 )
 from floorguard.core.events import EventKind, TraceEvent
@@ -36,7 +37,13 @@ from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
 from floorguard.sim.probe import latency_model_for
 from floorguard.sim.run import simulate_once
-from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario, marquee
+from floorguard.sim.scenarios import (
+    ASSURED_TENANT,
+    OPPORTUNISTIC_TENANT,
+    POLITE_TENANT,
+    Scenario,
+    marquee,
+)
 from floorguard.sim.targets import saturated_capacity
 from floorguard.sim.traces import TraceData, load_trace
 from floorguard.sim.workloads import (
@@ -77,7 +84,7 @@ class Condition:
     deadline_ms: float = 1820.0
     window_s: float = 1.0
     workload: str = "marquee"
-    """marquee | paced-bimodal | burst | gamma | trace"""
+    """marquee | paced-bimodal | burst | gamma | trace | polite"""
     duration_s: float = 12.0
     assured_rate: float = 6.0
     opp_rate: float = 16.0
@@ -118,6 +125,11 @@ class Condition:
     burst_size: int = 40
     burst_assured: int = 5
     """Assured requests inside the burst (paced over its 0.5 s from 50 ms)."""
+    surplus: str = "fair"
+    """The guard's surplus order (SPEC §15): `fair` across tenants, or `learner` (the
+    published guard's single order)."""
+    polite_rate: float = 2.0
+    """`polite`: a second opportunistic tenant's Poisson rate beside the flood (E20)."""
     static_caps_at_capacity: bool = False
     """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
     assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
@@ -147,9 +159,15 @@ def _contracts(c: Condition) -> tuple[Contract, ...]:
     floor = c.floor
     if c.meter == MeterKind.TOKEN.value:
         floor = c.floor * c.tokens  # B requests' worth of short-request tokens
+    polite = (
+        (Contract(POLITE_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),)
+        if c.workload == "polite"
+        else ()
+    )
     return (
         Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor, ExcessPolicy(c.excess)),
         Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
+        *polite,
     )
 
 
@@ -160,6 +178,12 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
         if c.opp_rate > 0
         else ()
     )
+    if c.workload == "polite":  # E20: a flooder and a polite tenant beside the floor
+        return (
+            SyntheticStream(ASSURED_TENANT, PacedArrivals(c.assured_rate), short, c.duration_s),
+            *flood,
+            SyntheticStream(POLITE_TENANT, PoissonArrivals(c.polite_rate), short, c.duration_s),
+        )
     if c.workload == "paced-bimodal":
         lengths = BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
         return (
@@ -282,6 +306,7 @@ def build_scenario(c: Condition) -> Scenario:
         doom_gate=c.doom_gate,
         gate_lower_s=c.gate_lower_ms / 1e3 if c.gate_lower_ms > 0 else None,
         capacity_action=CapacityAction(c.capacity_action),
+        surplus=SurplusOrder(c.surplus),
     )
 
 
@@ -423,6 +448,12 @@ def _stack_options(c: Condition) -> StackOptions:
 def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
     """The per-request extras a condition asks its row to keep (samples, ids, detail)."""
     row: dict[str, Any] = {}
+    if c.workload == "polite":  # E20: each opportunistic tenant's own share of the surplus
+        for name, tenant in (("polite", POLITE_TENANT), ("flood", OPPORTUNISTIC_TENANT)):
+            mine = [r for r in trace.records if r.tenant == tenant]
+            row[f"{name}_offered"] = len(mine)
+            row[f"{name}_admitted"] = sum(r.admitted for r in mine)
+            row[f"{name}_on_time"] = sum(bool(r.on_time) for r in mine)
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

@@ -55,6 +55,8 @@ class ConditionKeys(TypedDict):
     max_tokens: int
     burst_size: int
     burst_assured: int
+    surplus: str
+    polite_rate: float
     static_caps_at_capacity: bool
 
 
@@ -143,6 +145,13 @@ class RunRow(ConditionKeys, total=False):
     """`keep_samples`."""
     o_admitted_per_s: float
     """`keep_samples`."""
+    polite_offered: int
+    """E20 (`polite`): the polite tenant's requests, and below them the flooder's."""
+    polite_admitted: int
+    polite_on_time: int
+    flood_offered: int
+    flood_admitted: int
+    flood_on_time: int
     doomed_ids: list[RequestId]
     """`keep_ids`."""
     on_time_ids: list[RequestId]

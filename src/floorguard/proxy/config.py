@@ -31,6 +31,7 @@ from floorguard.core.contract import (
     GuardConfig,
     MeterKind,
     QueueLimits,
+    SurplusOrder,
     WindowSchedule,
 )
 from floorguard.errors import ConfigError
@@ -361,6 +362,10 @@ class GuardServerConfig(Strict):
     dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
     """`assured-first` (SF: floor-entitled requests start first), or `fifo` (admission order:
     the gated-FIFO baseline of the evaluation, E3)."""
+    surplus: SurplusOrder = SurplusOrder.FAIR
+    """Below the floor: `fair` across the tenants competing for the surplus (a virtual-time
+    fair queue weighted by metered tokens; within a tenant the learner's order), or
+    `learner` (one order for all, the learner's: a flooder can take all of it)."""
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
@@ -526,6 +531,7 @@ class GuardServerConfig(Strict):
             lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,
+            surplus=self.surplus,
             meter=self.meter,
             queue_limits=QueueLimits(
                 assured=self.queue.max_assured_excess,

@@ -14,6 +14,7 @@ from floorguard.core.contract import (
     ExcessPolicy,
     GuardConfig,
     MeterKind,
+    SurplusOrder,
     WindowSchedule,
 )
 from floorguard.errors import ConfigError, require
@@ -36,6 +37,8 @@ __all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee", "trace_replay"
 ASSURED_TENANT = "a95"
 """The assured tenant's name in the catalogue scenarios ("A95" in reports)."""
 OPPORTUNISTIC_TENANT = "a10"
+POLITE_TENANT = "p02"
+"""E20's second opportunistic tenant: a little traffic beside the flood."""
 PACE_JITTER_S = 0.02
 """The marquee's paced assured arrivals are each late by up to 20 ms (SPEC §10's "small
 jitter"; the size is ours)."""
@@ -50,6 +53,7 @@ class Scenario:
     slots: tuple[int, ...] = (4,)
     schedule: WindowSchedule = field(default_factory=WindowSchedule)
     dispatch: DispatchOrder = DispatchOrder.ASSURED_FIRST
+    surplus: SurplusOrder = SurplusOrder.FAIR
     meter: MeterKind = MeterKind.COUNT
     doom_gate: bool = True
     """Give the guard a lower envelope `L` (SPEC §4.3): the profile's exact minimum `L(ℓ)`,
@@ -71,6 +75,7 @@ class Scenario:
             schedule=self.schedule,
             slots=self.slots,
             dispatch=self.dispatch,
+            surplus=self.surplus,
             meter=self.meter,
             lower_envelope=self.lower_envelope(),
             upper_envelope=self.profile.ceiling,

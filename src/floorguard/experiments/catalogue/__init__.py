@@ -1,4 +1,5 @@
-"""The experiment catalogue: SPEC §10's E1–E16 and E19 (and the screen's E17, E18) as
+"""The experiment catalogue: SPEC §10's E1–E16 and E19 (the screen's E17, E18, and E20 for
+SPEC §15's fair surplus) as
 declarative grids, one module per experiment or close group — each with its grid,
 caption and reading.
 
@@ -21,6 +22,7 @@ from floorguard.experiments.catalogue.e15 import E15
 from floorguard.experiments.catalogue.e16 import E16
 from floorguard.experiments.catalogue.e17_e18 import E17, E18
 from floorguard.experiments.catalogue.e19 import E19
+from floorguard.experiments.catalogue.e20 import E20
 from floorguard.experiments.spec import Experiment
 
 __all__ = ["catalogue", "data_dir"]
@@ -47,5 +49,6 @@ def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
         E17,
         E18,
         E19,
+        E20,
     ]
     return {e.id: e for e in experiments}

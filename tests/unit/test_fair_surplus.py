@@ -1,0 +1,115 @@
+"""The fair surplus (SPEC §15, issue 26.4): below the floor, dispatch is fair across the
+tenants competing for the surplus — a virtual-time fair queue weighted by metered tokens —
+within a tenant in the learner's order, and the floor's assured-first order untouched."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from floorguard.core.contract import Contract, ContractClass
+from floorguard.core.dispatcher import AssuredFirstDispatcher, FairSurplusDispatcher, Ticket
+from tests.helpers import make_request
+
+ASSURED = Contract("a95", ContractClass.ASSURED, 1.0, floor=4)
+
+
+def ticket(seq, tenant, *, entitled=False, tokens=16, rank=1, hint=0.0):
+    contract = ASSURED if entitled else Contract(tenant, ContractClass.OPPORTUNISTIC, 1.0)
+    request = make_request(tenant=tenant, tokens=tokens, request_id=seq)
+    return Ticket(request, contract, 1.0, entitled, 0, seq, rank, hint)
+
+
+def drain(dispatcher, n=None):
+    out = []
+    while (n is None or len(out) < n) and (t := dispatcher.pop()) is not None:
+        out.append(t)
+    return out
+
+
+def test_a_polite_tenant_beside_a_flooder_gets_every_other_start():
+    fair = FairSurplusDispatcher()
+    for seq in range(100):
+        fair.push(ticket(seq, "flood"))
+    for seq in range(100, 105):
+        fair.push(ticket(seq, "polite"))
+    first = [t.request.tenant for t in drain(fair, 10)]
+    assert first.count("polite") == 5  # half the surplus while it waits, not after 100
+    learner = AssuredFirstDispatcher()
+    for seq in range(100):
+        learner.push(ticket(seq, "flood"))
+    for seq in range(100, 105):
+        learner.push(ticket(seq, "polite"))
+    assert [t.request.tenant for t in drain(learner, 10)].count("polite") == 0
+
+
+def test_shares_follow_metered_tokens_and_idleness_banks_nothing():
+    fair = FairSurplusDispatcher()
+    for seq in range(40):
+        fair.push(ticket(seq, "big", tokens=64))
+        fair.push(ticket(1000 + seq, "small", tokens=16))
+    starts = Counter(t.request.tenant for t in drain(fair, 25))
+    assert starts["small"] == 4 * starts["big"]  # equal tokens, not equal requests
+    alone = FairSurplusDispatcher()
+    for seq in range(60):
+        alone.push(ticket(seq, "early"))
+    drain(alone, 50)  # "early" ran alone for a while
+    for seq in range(100, 110):
+        alone.push(ticket(seq, "late"))
+    nxt = [t.request.tenant for t in drain(alone, 10)]
+    assert nxt.count("late") == 5  # alternating from now on, no debt for "early"
+
+
+def test_the_floor_goes_first_and_a_failed_start_gets_its_turn_back():
+    fair = FairSurplusDispatcher()
+    fair.push(ticket(0, "o1"))
+    fair.push(ticket(1, "a95", entitled=True))
+    fair.push(ticket(2, "o2"))
+    assert [t.seq for t in drain(fair)] == [1, 0, 2]
+    fair.push(ticket(10, "o1"))
+    fair.push(ticket(11, "o2"))
+    started = fair.pop()
+    fair.push_front(started)  # its backend was unreachable: it goes again, charged once
+    assert [t.seq for t in drain(fair)] == [started.seq, 11 if started.seq == 10 else 10]
+    assert fair.num_queued == 0
+
+
+_tickets = st.lists(
+    st.tuples(
+        st.sampled_from(["a95", "o1", "o2", "o3"]),
+        st.integers(0, 1),
+        st.floats(-2, 2, allow_nan=False),
+        st.integers(1, 64),
+        st.booleans(),
+    ),
+    max_size=60,
+)
+
+
+@given(entries=_tickets)
+def test_one_tenant_runs_as_before_and_every_ticket_starts_once_floor_first(entries):
+    fair, learner = FairSurplusDispatcher(), AssuredFirstDispatcher()
+    only_one = FairSurplusDispatcher()
+    for seq, (tenant, rank, hint, tokens, cancel) in enumerate(entries):
+        entitled = tenant == "a95"
+        made = [ticket(seq, tenant, entitled=entitled, tokens=tokens, rank=rank, hint=hint)
+                for _ in range(3)]  # fmt: skip
+        fair.push(made[0])
+        learner.push(made[1])
+        if not entitled:
+            only_one.push(ticket(seq, "o1", tokens=tokens, rank=rank, hint=hint))
+        if cancel:
+            fair.cancel(made[0])
+            learner.cancel(made[1])
+    out = drain(fair)
+    assert sorted(t.seq for t in out) == sorted(t.seq for t in drain(learner))
+    assert len({t.seq for t in out}) == len(out) and fair.num_queued == 0
+    flags = [t.entitled for t in out]
+    assert flags == sorted(flags, reverse=True)  # every entitled ticket before the surplus
+    lone = AssuredFirstDispatcher()
+    for seq, (tenant, rank, hint, tokens, _) in enumerate(entries):
+        if tenant != "a95":
+            lone.push(ticket(seq, "o1", tokens=tokens, rank=rank, hint=hint))
+    assert [t.seq for t in drain(only_one)] == [t.seq for t in drain(lone)]
