@@ -104,7 +104,8 @@ class AssuredFirstDispatcher(Dispatcher):
         else:
             self.push(ticket)  # the surplus heap orders by admission already
 
-    def pop(self) -> Ticket | None:
+    def _pop_entitled(self) -> Ticket | None:
+        """The oldest floor-entitled ticket still waiting, or None."""
         assured = self._assured
         while assured:
             ticket = assured.popleft()
@@ -112,6 +113,11 @@ class AssuredFirstDispatcher(Dispatcher):
                 self.num_queued -= 1
                 self.num_queued_entitled -= 1
                 return ticket
+        return None
+
+    def pop(self) -> Ticket | None:
+        if self._assured and (entitled := self._pop_entitled()) is not None:
+            return entitled
         surplus = self._surplus
         while surplus:
             ticket = heapq.heappop(surplus)[3]
@@ -173,30 +179,29 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
         heapq.heappush(self._turns, (vtime, ticket.seq, tenant))
 
     def pop(self) -> Ticket | None:
-        assured = self._assured
-        while assured:
-            ticket = assured.popleft()
-            if not ticket.cancelled:
-                self.num_queued -= 1
-                self.num_queued_entitled -= 1
-                return ticket
+        if self._assured and (entitled := self._pop_entitled()) is not None:
+            return entitled
         turns = self._turns
         while turns:
-            start, _, tenant = heapq.heappop(turns)
+            start, _, tenant = turns[0]
             queue = self._by_tenant[tenant]
             while queue:
                 ticket = heapq.heappop(queue)[3]
                 if ticket.cancelled:
                     continue
                 self._now = start
-                vtime = self._vtime[tenant] = start + _cost(ticket)
-                if queue:
-                    heapq.heappush(turns, (vtime, queue[0][2], tenant))
+                request = ticket.request
+                vtime = start + (request.num_prompt_tokens + request.num_output_tokens or 1)
+                self._vtime[tenant] = vtime
+                if queue:  # its next turn, in one sift
+                    heapq.heapreplace(turns, (vtime, queue[0][2], tenant))
                 else:
+                    heapq.heappop(turns)
                     del self._by_tenant[tenant]
                 self.num_queued -= 1
                 return ticket
-            del self._by_tenant[tenant]  # only cancelled tickets were left
+            heapq.heappop(turns)  # only cancelled tickets were left
+            del self._by_tenant[tenant]
         return None
 
 
