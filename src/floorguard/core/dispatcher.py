@@ -127,6 +127,17 @@ class AssuredFirstDispatcher(Dispatcher):
         return None
 
 
+class _Share:
+    """One tenant's part of the fair surplus: its tickets (the learner's order) and its
+    virtual time."""
+
+    __slots__ = ("queue", "vtime")
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[int, float, int, Ticket]] = []
+        self.vtime = 0.0
+
+
 class FairSurplusDispatcher(AssuredFirstDispatcher):
     """Assured-first, and below the floor fair across tenants (SPEC §15): a virtual-time
     fair queue weighted by metered tokens. Each tenant with surplus waiting has a virtual
@@ -138,12 +149,18 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
 
     def __init__(self) -> None:
         super().__init__()
-        self._by_tenant: dict[str, list[tuple[int, float, int, Ticket]]] = {}
-        self._turns: list[tuple[float, int, str]] = []
-        """(virtual time, head's arrival, tenant) for each tenant with surplus waiting."""
-        self._vtime: dict[str, float] = {}
+        self._shares: dict[str, _Share] = {}
+        self._turns: list[tuple[float, int, _Share]] = []
+        """(virtual time, head's arrival, share) for each tenant with surplus waiting; the
+        arrival (unique per ticket) settles every comparison before the share."""
         self._now = 0.0
         """The virtual time of the last surplus start."""
+
+    def _share(self, tenant: str) -> _Share:
+        share = self._shares.get(tenant)
+        if share is None:
+            share = self._shares[tenant] = _Share()
+        return share
 
     def push(self, ticket: Ticket) -> None:
         self.num_queued += 1
@@ -151,57 +168,53 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
             self.num_queued_entitled += 1
             self._assured.append(ticket)
             return
-        tenant = ticket.request.tenant
-        queue = self._by_tenant.get(tenant)
-        entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
+        share = self._share(ticket.request.tenant)
+        queue = share.queue
         if queue:
-            heapq.heappush(queue, entry)
+            heapq.heappush(queue, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
             return
-        self._by_tenant[tenant] = [entry]
-        start = max(self._vtime.get(tenant, 0.0), self._now)
-        self._vtime[tenant] = start
-        heapq.heappush(self._turns, (start, ticket.seq, tenant))
+        queue.append((ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
+        share.vtime = max(share.vtime, self._now)  # back from idle: no credit for idleness
+        heapq.heappush(self._turns, (share.vtime, ticket.seq, share))
 
     def push_front(self, ticket: Ticket) -> None:
         if ticket.entitled:
             super().push_front(ticket)
             return
         # its start failed: the tenant gets back what it was charged, and its turn
-        tenant = ticket.request.tenant
-        vtime = self._vtime[tenant] = self._vtime.get(tenant, 0.0) - _cost(ticket)
+        share = self._share(ticket.request.tenant)
+        share.vtime -= _cost(ticket)
         self.num_queued += 1
         entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
-        queue = self._by_tenant.get(tenant)
-        if queue:
-            heapq.heappush(queue, entry)
+        if share.queue:
+            heapq.heappush(share.queue, entry)
             return
-        self._by_tenant[tenant] = [entry]
-        heapq.heappush(self._turns, (vtime, ticket.seq, tenant))
+        share.queue.append(entry)
+        heapq.heappush(self._turns, (share.vtime, ticket.seq, share))
 
     def pop(self) -> Ticket | None:
         if self._assured and (entitled := self._pop_entitled()) is not None:
             return entitled
         turns = self._turns
         while turns:
-            start, _, tenant = turns[0]
-            queue = self._by_tenant[tenant]
+            start, _, share = turns[0]
+            queue = share.queue
             while queue:
                 ticket = heapq.heappop(queue)[3]
                 if ticket.cancelled:
                     continue
                 self._now = start
                 request = ticket.request
-                vtime = start + (request.num_prompt_tokens + request.num_output_tokens or 1)
-                self._vtime[tenant] = vtime
+                share.vtime = vtime = start + (
+                    request.num_prompt_tokens + request.num_output_tokens or 1
+                )
                 if queue:  # its next turn, in one sift
-                    heapq.heapreplace(turns, (vtime, queue[0][2], tenant))
+                    heapq.heapreplace(turns, (vtime, queue[0][2], share))
                 else:
                     heapq.heappop(turns)
-                    del self._by_tenant[tenant]
                 self.num_queued -= 1
                 return ticket
             heapq.heappop(turns)  # only cancelled tickets were left
-            del self._by_tenant[tenant]
         return None
 
 
