@@ -410,9 +410,10 @@ def test_bench_backlog_holds_a_backlog_inside_vllm(vllm):
     rows = {r["waiting"]: r for r in json.loads(out.stdout)["rows"]}
     assert set(rows) == {0, 24}
     assert rows[0]["held_service_ratio"] == 1.0
-    # the fillers were waiting inside vLLM while the probes ran (one may have started
-    # after the probes were done, before the gauge was read)
-    assert rows[24]["waiting_seen"] >= 23
+    # the fillers were waiting inside vLLM while the probes ran; the gauge is read after
+    # the probes are done, and by then the C freed slots may each have started a filler
+    # (a CI run saw 21 of 24: three had started)
+    assert rows[24]["waiting_seen"] >= 24 - SLOTS
     for row in rows.values():
         assert 0 < row["held_step_ms"] < row["held_service_ms"]
 
