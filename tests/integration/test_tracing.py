@@ -52,7 +52,13 @@ def test_the_clients_trace_context_goes_on_to_the_backend_and_a_bad_one_does_not
         guard.post(ENTITLED, headers={"traceparent": PARENT, "tracestate": "vendor=1"})
         guard.post(ENTITLED, headers={"traceparent": "00-not-a-trace-01", "tracestate": "x=1"})
         guard.post(ENTITLED, headers={"traceparent": f"00-{'0' * 32}-{CLIENT_SPAN}-01"})
-    assert backend.traces[-3:] == [(PARENT, "vendor=1"), (None, None), (None, None)]
+        guard.post(ENTITLED, headers={"traceparent": PARENT, "tracestate": "v=" + "x" * 600})
+    assert backend.traces[-4:] == [
+        (PARENT, "vendor=1"),
+        (None, None),
+        (None, None),
+        (PARENT, None),  # a tracestate past W3C's size is not forwarded, the parent is
+    ]
 
 
 def test_each_request_is_a_span_under_the_clients_trace(tmp_path, scripted, live):

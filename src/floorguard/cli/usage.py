@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,18 +59,17 @@ def _since(text: str | None) -> float | None:
     return at.timestamp()
 
 
-def _lines(paths: list[Path]) -> list[dict[str, Any]]:
-    out = []
+def _lines(paths: list[Path]) -> Iterator[dict[str, Any]]:
+    """Each log's lines, decoded one at a time (a log of many GB is never held whole)."""
     for path in paths:
         with path.open("rb") as f:
             for number, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
                 try:
-                    out.append(orjson.loads(raw))
+                    yield orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     raise ConfigError(str(path), f"line {number}", "not JSON") from None
-    return out
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

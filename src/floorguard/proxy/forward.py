@@ -138,9 +138,9 @@ class Forwarding:
                 usage = tap.usage
             else:
                 response = await self._reply(request, rid, upstream, headers)
-                usage = request.get(USAGE)
+                usage = request.get(USAGE)  # `_reply` read it from the whole reply
         if usage is not None:  # the backend said what it cost (a cut reply may not have)
-            request[USAGE] = usage
+            request[USAGE] = usage  # a stream's, for the access log
             tenant = decision.request.tenant
             self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
         return response

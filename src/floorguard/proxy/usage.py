@@ -9,6 +9,7 @@ a client sees the stream it asked for and the operator still counts what it cost
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -106,7 +107,9 @@ USAGE_KEYS = ("tenant", "model", "class", "status", "decision")
 
 
 def usage_report(
-    lines: Any, by: tuple[str, ...] = ("tenant", "model"), since: float | None = None
+    lines: Iterable[Mapping[str, Any]],
+    by: tuple[str, ...] = ("tenant", "model"),
+    since: float | None = None,
 ) -> list[dict[str, Any]]:
     """The access log's lines (decoded) summed per group of `by`: requests, requests the
     backend reported usage for, prompt and completion tokens; lines before `since` (a
