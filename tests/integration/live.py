@@ -7,7 +7,7 @@ import asyncio
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 import jwt
@@ -25,6 +25,25 @@ ISSUER, AUDIENCE = "https://auth.test", "floorguard"
 def token(tenant: str = "acme", *, ttl_s: float = 600, secret: str = SECRET, **claims: Any) -> str:
     body = {"sub": tenant, "iss": ISSUER, "aud": AUDIENCE, "exp": time.time() + ttl_s, **claims}
     return jwt.encode(body, secret, algorithm="HS256")
+
+
+class Bearer(Mapping[str, dict[str, str]]):
+    """`Authorization` headers for the named tenants, each minted when it is read: a header
+    minted at import would expire (`ttl_s`) before a long suite reaches its last test."""
+
+    def __init__(self, *tenants: str) -> None:
+        self._tenants = tenants
+
+    def __getitem__(self, tenant: str) -> dict[str, str]:
+        if tenant not in self._tenants:
+            raise KeyError(tenant)
+        return {"Authorization": f"Bearer {token(tenant)}"}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tenants)
+
+    def __len__(self) -> int:
+        return len(self._tenants)
 
 
 def guard_config(

@@ -23,11 +23,11 @@ import pytest
 from floorguard.analysis.checker import check_trace
 from floorguard.core.events import EventKind, read_jsonl
 from tests.integration.backends import ScriptedBackend
-from tests.integration.live import AUDIENCE, ISSUER, SECRET, token
+from tests.integration.live import AUDIENCE, ISSUER, SECRET, Bearer, token
 from tests.integration.processes import emulate, serve, stop
 from tests.redis_server import free_port
 
-BEARER = {t: {"Authorization": f"Bearer {token(t)}"} for t in ("acme", "free")}
+BEARER = Bearer("acme", "free")
 
 
 def _config(urls: list[str], log: Path, **extra: Any) -> dict[str, Any]:

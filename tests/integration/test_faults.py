@@ -15,11 +15,11 @@ import pytest
 from floorguard.analysis.checker import check_fleet, check_trace
 from floorguard.core.events import EventKind, read_jsonl
 from floorguard.proxy.app import SERVER
-from tests.integration.live import guard_config, token
+from tests.integration.live import Bearer, guard_config
 from tests.integration.processes import emulate, serve, stop
 from tests.redis_server import RedisServer
 
-BEARER = {t: {"Authorization": f"Bearer {token(t)}"} for t in ("acme", "free")}
+BEARER = Bearer("acme", "free")
 
 
 def body(tokens=4, stream=False):

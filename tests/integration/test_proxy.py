@@ -128,56 +128,59 @@ def _bearer(value):
 
 
 GOOD = json.dumps({"model": "m", "prompt": "x", "max_tokens": 4})
-NONE_ALG = pyjwt.encode({"sub": "acme", "exp": time.time() + 600}, key=None, algorithm="none")
+
+
+def none_alg() -> str:
+    return pyjwt.encode({"sub": "acme", "exp": time.time() + 600}, key=None, algorithm="none")
 
 
 @pytest.mark.parametrize(
     ("body", "headers", "status", "kind"),
     [
-        ("{not json", _bearer(token("free")), 400, "invalid_json"),
-        ("[1, 2]", _bearer(token("free")), 400, "invalid_request"),
+        ("{not json", lambda: _bearer(token("free")), 400, "invalid_json"),
+        ("[1, 2]", lambda: _bearer(token("free")), 400, "invalid_request"),
         (
             json.dumps({"prompt": "x", "stream": "yes"}),
-            _bearer(token("free")),
+            lambda: _bearer(token("free")),
             400,
             "invalid_request",
         ),
-        (json.dumps({"prompt": "x" * 5000}), _bearer(token("free")), 413, "body_too_large"),
+        (json.dumps({"prompt": "x" * 5000}), lambda: _bearer(token("free")), 413, "body_too_large"),
         (
             json.dumps({"prompt": "x", "max_tokens": -1}),
-            _bearer(token("free")),
+            lambda: _bearer(token("free")),
             400,
             "invalid_max_tokens",
         ),
         (
             json.dumps({"prompt": "x", "max_tokens": 0}),
-            _bearer(token("free")),
+            lambda: _bearer(token("free")),
             400,
             "invalid_max_tokens",
         ),
         (
             json.dumps({"prompt": "x", "max_tokens": 10**9}),
-            _bearer(token("free")),
+            lambda: _bearer(token("free")),
             400,
             "invalid_max_tokens",
         ),
         (
             json.dumps({"prompt": "x", "max_tokens": "8"}),
-            _bearer(token("free")),
+            lambda: _bearer(token("free")),
             400,
             "invalid_max_tokens",
         ),
-        (GOOD, {"Content-Type": "application/json"}, 401, "missing_identity"),
-        (GOOD, _bearer(token("acme", ttl_s=-60)), 401, "expired_token"),
+        (GOOD, lambda: {"Content-Type": "application/json"}, 401, "missing_identity"),
+        (GOOD, lambda: _bearer(token("acme", ttl_s=-60)), 401, "expired_token"),
         (
             GOOD,
-            _bearer(token("acme", secret="forged-secret-forged-secret-forged!")),
+            lambda: _bearer(token("acme", secret="forged-secret-forged-secret-forged!")),
             401,
             "invalid_token",
         ),
-        (GOOD, _bearer(NONE_ALG), 401, "invalid_token"),
-        (GOOD, _bearer(token("acme", aud="someone-else")), 401, "invalid_token"),
-        (GOOD, _bearer(token("mallory")), 403, "unknown_tenant"),
+        (GOOD, lambda: _bearer(none_alg()), 401, "invalid_token"),
+        (GOOD, lambda: _bearer(token("acme", aud="someone-else")), 401, "invalid_token"),
+        (GOOD, lambda: _bearer(token("mallory")), 403, "unknown_tenant"),
     ],
     ids=[
         "malformed-json",
@@ -200,8 +203,9 @@ def test_bad_input_gets_a_clear_4xx_and_the_guard_keeps_serving(
     live, strict_guard, body, headers, status, kind
 ):
     """Each bad request gets its status and a JSON error with a machine-readable type; a
-    good request right after it is served."""
-    got, payload, _ = _call(live, strict_guard, body, headers)
+    good request right after it is served. `headers` is minted when the test runs: a token
+    minted at collection would expire before a long suite got here."""
+    got, payload, _ = _call(live, strict_guard, body, headers())
     assert (got, payload["error"]["code"]) == (status, kind)
     assert payload["error"]["message"]
     ok, _, _ = _call(live, strict_guard, GOOD, _bearer(token("free")))
