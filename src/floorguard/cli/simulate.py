@@ -283,8 +283,10 @@ def pool_scenarios(
             slots=guard.slots,
             schedule=guard.schedule,
             dispatch=guard.dispatch,
+            surplus=guard.surplus,
             meter=guard.meter,
             doom_gate=pool.doom_gate,
+            queue_limits=guard.queue_limits,
         )
     return out
 

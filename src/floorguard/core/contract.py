@@ -188,6 +188,10 @@ class QueueLimits:
     opportunistic: int | None = None
     per_tenant: int | None = None
     """Any one tenant's surplus requests waiting, whatever its class."""
+    refuse_busy: bool = False
+    """Refuse a surplus arrival at once (`busy`) when the doom gate's envelope shows it
+    cannot start before it is doomed (`Guard.cannot_start_in_time`), instead of queueing it
+    to be dropped at the end of its wait. Off in the published wiring; needs the gate."""
 
     def __post_init__(self) -> None:
         for name in ("assured", "opportunistic", "per_tenant"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from floorguard.core.contract import Contract, DispatchOrder, SurplusOrder
@@ -70,6 +71,11 @@ class Dispatcher(ABC):
     @abstractmethod
     def pop(self) -> Ticket | None: ...
 
+    @abstractmethod
+    def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:
+        """The queued tickets that start before a surplus ticket of `tenant` with (`rank`,
+        `hint`) admitted now, whatever arrives later: while one waits, it is popped first."""
+
     def cancel(self, ticket: Ticket) -> None:
         """Remove a queued ticket (client gone); removal is lazy, the counts are not."""
         ticket.cancelled = True
@@ -125,6 +131,10 @@ class AssuredFirstDispatcher(Dispatcher):
                 self.num_queued -= 1
                 return ticket
         return None
+
+    def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:
+        yield from (t for t in self._assured if not t.cancelled)
+        yield from _before(self._surplus, rank, hint)
 
 
 class _Share:
@@ -217,6 +227,23 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
             heapq.heappop(turns)  # only cancelled tickets were left
         return None
 
+    def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:
+        """The floor's queue and the tenant's own earlier surplus: another tenant's turn
+        may come after this one's (its virtual time), so none of its tickets is certain."""
+        yield from (t for t in self._assured if not t.cancelled)
+        share = self._shares.get(tenant)
+        if share is not None:
+            yield from _before(share.queue, rank, hint)
+
+
+def _before(
+    queue: list[tuple[int, float, int, Ticket]], rank: int, hint: float
+) -> Iterator[Ticket]:
+    """The live tickets of a surplus heap that a newcomer with (`rank`, `hint`) follows."""
+    for entry_rank, entry_hint, _, ticket in queue:
+        if (entry_rank, entry_hint) <= (rank, hint) and not ticket.cancelled:
+            yield ticket
+
 
 def _cost(ticket: Ticket) -> int:
     """A ticket's metered tokens: what the fair queue charges its tenant."""
@@ -250,6 +277,9 @@ class FifoDispatcher(Dispatcher):
                 self.num_queued_entitled -= ticket.entitled
                 return ticket
         return None
+
+    def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:
+        return (t for t in self._queue if not t.cancelled)
 
 
 def create_dispatcher(

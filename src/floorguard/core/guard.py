@@ -87,12 +87,14 @@ class Guard(Ledger):
         limits = config.queue_limits
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
         """The queue limit on each class's surplus (None: none); `per_tenant` beside it."""
+        self._refuse_busy = limits.refuse_busy and config.lower_envelope is not None
 
     def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
         """`Ledger.reconfigure`; the surplus queue limits change at once."""
         from_window = super().reconfigure(config, now, reason)
         limits = config.queue_limits
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
+        self._refuse_busy = limits.refuse_busy and config.lower_envelope is not None
         return from_window
 
     # -- arrival --------------------------------------------------------------------------
@@ -190,13 +192,13 @@ class Guard(Ledger):
             return self._refuse(pending, RejectReason.QUEUE_FULL, window, now)
         # SPEC §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
         rank = 0 if proposal.proposed_class is ASSURED else 1
+        hint = float(proposal.priority_hint)
+        if self._refuse_busy:
+            retry_at = self.cannot_start_in_time(pending, rank, hint, now)
+            if retry_at is not None:
+                return self._reject(pending, RejectReason.BUSY, now, window, retry_at)
         ticket = self._admit(
-            pending,
-            now,
-            entitled=False,
-            window_index=window,
-            rank=rank,
-            hint=float(proposal.priority_hint),
+            pending, now, entitled=False, window_index=window, rank=rank, hint=hint
         )
         self._enqueue(ticket)
         return pending
@@ -241,6 +243,52 @@ class Guard(Ledger):
         if servable >= total:
             return contract.floor
         return max(1, contract.floor * servable // total)
+
+    def cannot_start_in_time(
+        self, pending: Pending, rank: int, hint: float, now: float
+    ) -> float | None:
+        """SPEC §17: None if this surplus arrival (queued with `rank`, `hint`) may start
+        before it is doomed, else the earliest instant a slot can free (its retry hint).
+
+        It rests on what the doom gate rests on — each request holds its slot at least its
+        own `L` — and on no request running or ahead of it leaving early (cancelled by its
+        client, failed). It can start at some `S ≤ δ` (`δ = D − L(ℓ)`: when it is doomed)
+        only if the tickets ahead of it still waiting at `S` (`A(S)`: those not doomed by
+        `S`, each popped first) and it all start by `S`. Their starts on one slot are each
+        at least the shortest `L` among them (`λ`) apart, the first no sooner than the slot
+        can free (`r`: now, or a running request's dispatch + its `L`): at most
+        `O(x) = Σ 1 + ⌊(x − r) / λ⌋` over the slots free by `x`. `O − A` never decreases,
+        so `O(δ) ≤ A(δ)` proves it cannot start in time. A request doomed already is left
+        to the gate, which says what `max_tokens` would have fit."""
+        lower = self.config.lower_envelope
+        assert lower is not None  # `_refuse_busy` needs the gate
+        request = pending.request
+        doomed_after = pending.deadline_at - lower.at(
+            request.num_output_tokens, request.prompt_tokens_lower
+        )
+        queued = self._queue.num_queued
+        free = self._total_slots - len(self._in_flight)
+        if doomed_after < now or free > queued:
+            return None
+        waiting, step = 0, float("inf")
+        for ticket in self._queue.ahead(request.tenant, rank, hint):
+            held = ticket.lower_s or 0.0
+            doomed_at = ticket.deadline_at - held
+            if doomed_at >= now:  # waiting now: may start before this one, at λ apart
+                step = min(step, held)
+                waiting += doomed_at >= doomed_after
+        releases = [now] * max(0, free)
+        for ticket in self._in_flight.values():  # a leasing one may be denied: free now
+            held = 0.0 if ticket.leasing else (ticket.lower_s or 0.0)
+            releases.append(max(now, ticket.dispatched_at + held))
+        starts = 0
+        for released in releases:
+            if released <= doomed_after:  # the slack stands for float rounding: more starts
+                more = (doomed_after - released) / step + 1e-9 if step > 0 else queued
+                starts += 1 + min(int(more), queued)
+                if starts > waiting:
+                    return None
+        return min(releases)
 
     def _surplus_queue_full(self, contract: Contract) -> bool:
         by_class = self._surplus_limit[contract.cls]

@@ -78,6 +78,9 @@ class RejectReason(StrEnum):
     LEARNER_FAULT = "learner_fault"
     QUEUE_FULL = "queue_full"
     """A surplus request over a queue limit (`QueueLimits`); never a floor-entitled one."""
+    BUSY = "busy"
+    """A surplus request that cannot start before it is doomed (`QueueLimits.refuse_busy`,
+    SPEC §17): refused on arrival instead of dropped at the end of its wait."""
 
 
 WINDOW_BOUND = frozenset(
@@ -85,7 +88,9 @@ WINDOW_BOUND = frozenset(
 )
 """Refusals that no retry inside the same window can turn around: `retry_at` is the next
 window's start."""
-AUTO_RETRY = frozenset({RejectReason.QUEUE_FULL})
+AUTO_RETRY = frozenset({RejectReason.QUEUE_FULL, RejectReason.BUSY})
+"""Refusals a client's automatic retry may turn around (the queue drains); every other one
+is a decision a retry does not change (`x-should-retry: false` at the HTTP edge)."""
 
 NO_LEASE = "no_lease"
 """A `requeue` event's reason when the fleet had no slot lease for the request: its
@@ -98,8 +103,6 @@ measures the choice on the fleet simulator)."""
 LEASE_HOLD_OFF_MAX_S = 0.02
 LOCAL_LEASE = "local"
 """A `lease` event's reason when the lease was granted locally (the store unreachable)."""
-"""Refusals a client's automatic retry may turn around (the queue drains); every other one
-is a decision a retry does not change (`x-should-retry: false` at the HTTP edge)."""
 
 
 class StoreCall(NamedTuple):

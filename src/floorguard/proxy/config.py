@@ -243,6 +243,10 @@ class QueueSpec(Strict):
     """Demoted burst-excess (`excess_policy: demote`)."""
     max_per_tenant: int | None = Field(default=None, ge=0)
     """Requests one tenant may have waiting at most (none: no bound)."""
+    refuse_busy: bool = True
+    """Refuse a surplus request on arrival, 429 `busy` (a retry may help), when the doom
+    gate's envelope proves it cannot start before it is doomed (docs/http.md), instead of
+    queueing it to be dropped at the end of its wait. Needs `doom_gate`."""
 
 
 class UpstreamSpec(Strict):
@@ -537,6 +541,7 @@ class GuardServerConfig(Strict):
                 assured=self.queue.max_assured_excess,
                 opportunistic=self.queue.max_opportunistic,
                 per_tenant=self.queue.max_per_tenant,
+                refuse_busy=self.queue.refuse_busy,
             ),
         )
 

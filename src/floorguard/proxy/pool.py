@@ -416,6 +416,11 @@ class Pool(Forwarding):
             message = f"refused: {reason}; the next window starts in {retry_s} s"
         elif reason == RejectReason.QUEUE_FULL:
             message = "refused: the guard's queue for this class or tenant is full"
+        elif reason == RejectReason.BUSY:
+            message = (
+                "refused: busy; the requests ahead of this one leave no slot for it before "
+                f"its deadline. Retry in {retry_s} s"
+            )
         else:
             message = f"refused: {reason}"
         return json_error(429, reason, message, headers)
@@ -535,7 +540,7 @@ class Pool(Forwarding):
                 if isinstance(decision, Dispatch):
                     span.set("floorguard.backend", self.backends[decision.backend].url)
             if isinstance(decision, Drop):
-                return self._doomed(decision, headers)
+                return self._doomed(decision, headers, admission.entitled)
             if not await self._leased_slot(rid, decision, admission.entitled):
                 continue  # requeued: the fleet had no slot for it on that backend yet
             try:
@@ -601,7 +606,10 @@ class Pool(Forwarding):
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
 
-    def _doomed(self, drop: Drop, headers: dict[str, str]) -> web.Response:
+    def _doomed(self, drop: Drop, headers: dict[str, str], entitled: bool) -> web.Response:
+        """503 for the floor's own request, or for one too long for its deadline from the
+        start (no retry helps); 429, retryable, for surplus that waited out its deadline
+        behind other work — the guard was busy (SPEC §17)."""
         request = drop.request
         lower = self.guard.config.lower_envelope
         contract = self.contracts[request.tenant]
@@ -611,12 +619,30 @@ class Pool(Forwarding):
             if lower is not None
             else 0
         )
+        headers = {**headers, "x-floorguard-decision": "dropped", "Retry-After": "1"}
+        waited_out = (
+            not entitled
+            and lower is not None
+            and lower.at(request.num_output_tokens, request.prompt_tokens_lower)
+            <= contract.deadline_budget_s
+        )
+        if waited_out:
+            return json_error(
+                429,
+                "doomed",
+                "dropped: busy; it waited behind other work until it could no longer finish "
+                f"by its deadline (at most max_tokens = {fit} would have fit then). Retry "
+                "later",
+                headers,
+                param="max_tokens",
+                max_tokens_that_fit=fit,
+            )
         return json_error(
             503,
             "doomed",
             f"dropped: it could not finish by its deadline; at most max_tokens = {fit} "
             f"would have fit when it was dropped",
-            {**headers, "x-floorguard-decision": "dropped", "Retry-After": "1", **NO_RETRY},
+            headers | NO_RETRY,
             param="max_tokens",
             max_tokens_that_fit=fit,
         )

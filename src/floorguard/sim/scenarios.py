@@ -14,6 +14,7 @@ from floorguard.core.contract import (
     ExcessPolicy,
     GuardConfig,
     MeterKind,
+    QueueLimits,
     SurplusOrder,
     WindowSchedule,
 )
@@ -61,6 +62,8 @@ class Scenario:
     capacity_action: CapacityAction = CapacityAction.ALARM
     gate_lower_s: float | None = None
     """The published wiring: one constant `L` for every length (the batch-1 median)."""
+    queue_limits: QueueLimits = field(default_factory=QueueLimits)
+    """The surplus's queue limits and `refuse_busy` (none, off: the published wiring)."""
 
     def lower_envelope(self) -> AffineEnvelope | None:
         if not self.doom_gate:
@@ -80,6 +83,7 @@ class Scenario:
             lower_envelope=self.lower_envelope(),
             upper_envelope=self.profile.ceiling,
             capacity_action=self.capacity_action,
+            queue_limits=self.queue_limits,
         )
 
     def with_overrides(
