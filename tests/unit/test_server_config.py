@@ -272,3 +272,37 @@ def test_a_pool_with_no_assured_floor_starts_and_says_so(monkeypatch):
     )
     assert start_report(config) == ["no assured floor: SPEC §6 has nothing to bound"]
     start_warnings(config)  # and the warnings do not die either
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"admin": {"port": 9100}}, "share the floor through a store"),
+        ({"store": "redis://127.0.0.1:6379/0"}, r"need `admin\.port`"),
+        ({"store": "redis://127.0.0.1:6379/0", "admin": {"port": 9100}, "port": 0}, "not 0"),
+        ({"store": "redis://127.0.0.1:6379/0", "admin": {"port": 8079}}, "other than `port`"),
+    ],
+)
+def test_workers_without_a_shared_floor_or_ports_of_their_own_are_refused(tmp_path, extra, message):
+    """Apart, each worker would grant every tenant its whole floor; on the shared port a
+    scrape of /metrics would reach any one of them."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, **{"workers": 2, "port": 8080, **extra})
+
+
+def test_each_worker_has_its_own_name_logs_and_admin_port(tmp_path):
+    config = _load(
+        tmp_path,
+        workers=3,
+        replica="edge-a",
+        store="redis://127.0.0.1:6379/0",
+        admin={"port": 9100},
+        decision_log=str(tmp_path / "decisions.jsonl"),
+        access_log=str(tmp_path / "access.log"),
+    )
+    second = config.for_worker(1)
+    assert second.replica.startswith("edge-a-w1-")
+    assert second.decision_log == tmp_path / "decisions.w1.jsonl"
+    assert second.access_log == str(tmp_path / "access.w1.log")
+    assert second.admin.port == 9101 and second.port == config.port
+    assert config.for_worker(0).replica != second.replica

@@ -26,6 +26,7 @@ from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.identity import create_identity
 from floorguard.proxy.serve import run_guard, start_report, start_warnings
+from floorguard.proxy.workers import supervise
 from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, refusals, replay
@@ -72,6 +73,7 @@ def register(commands: Any) -> None:
     demo.set_defaults(run=run_demo_command)
     serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
     serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
+    serve.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # workers: N
     serve.set_defaults(run=run_serve)
     token = commands.add_parser(
         "token", help="mint a tenant's JWT for an HS256 guard config (a test or a trial)"
@@ -238,6 +240,19 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         if config.models is not None
         else [b.url for b in config.backends]
     )
+    if args.worker is not None:  # one of `workers: N`, started by the supervisor below
+        if not 0 <= args.worker < config.workers:
+            raise FloorguardError(f"--worker {args.worker}: not one of workers: {config.workers}")
+        mine = config.for_worker(args.worker)
+
+        def worker_listening(url: str) -> None:
+            admin = f"http://{mine.admin.host}:{mine.admin.port}"
+            console.print(
+                f"worker {args.worker} ({mine.replica}) on {url}, admin {admin}", markup=False
+            )
+
+        run_guard(mine, worker_listening, str(args.config), args.worker)
+        return 0
     for line in start_report(config):
         console.print(line, markup=False)
     warnings = start_warnings(config)
@@ -249,6 +264,16 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
             "strict: true and " + "; ".join(outside) + " — refusing to start (set the floors, "
             "slots or deadlines inside the region, or strict: false)"
         )
+
+    if config.workers > 1:
+        scheme = "https" if config.tls else "http"
+        console.print(
+            f"floorguard guarding {backends} on {scheme}://{config.host}:{config.port} with "
+            f"{config.workers} workers (admin ports {config.admin.port}–"
+            f"{(config.admin.port or 0) + config.workers - 1})",
+            markup=False,
+        )
+        return supervise(args.config, config.workers, drain_timeout_s=config.drain_timeout_s)
 
     def listening(url: str) -> None:
         console.print(f"floorguard guarding {backends} on {url}", markup=False)

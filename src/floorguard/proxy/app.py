@@ -97,8 +97,8 @@ class GuardServer:
         environ = os.environ if environ is None else environ
         self._environ = environ
         self.config = config
-        self.config_path: str | None = None
-        """The file the configuration was read from (`serve`): a reload reads it again."""
+        self.config_path: str | None = None  # the file `serve` read: a reload reads it,
+        self.worker: int | None = None  # as it applies to this worker of `workers: N`
         self.reloads: list[dict[str, Any]] = []
         """Each reload's summary, oldest first (`/admin/status`)."""
         self.clock = clock or WallClock()
@@ -351,7 +351,8 @@ class GuardServer:
         """Read the configuration file again and `reload` it (SIGHUP, `POST /admin/reload`)."""
         if self.config_path is None:
             raise ConfigError("reload", None, "this guard was not started from a file")
-        return self.reload(load_config(self.config_path, self._environ))
+        config = load_config(self.config_path, self._environ)
+        return self.reload(config if self.worker is None else config.for_worker(self.worker))
 
     def reload(self, config: GuardServerConfig) -> dict[str, Any]:
         """Take `config` without a restart: contracts and floors govern from each pool's
@@ -556,10 +557,16 @@ class GuardServer:
 
     def status(self) -> dict[str, Any]:
         """`/admin/status`: the guard's window, queues, monitors, §6 report, and the store;
-        with `models:`, one such object per model under `pools`; and the reply bytes held
-        for clients (`replies`: held now, replies cut)."""
+        with `models:`, one such object per model under `pools`; and the replica's name and
+        process, the reply bytes held for clients (`replies`: held now, replies cut), the
+        last reloads."""
         replies = {"held_bytes": self.replies.held_bytes, "cut": self.replies.num_cut}
-        edge = {"replies": replies, "reloads": self.reloads[-10:]}
+        edge = {
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "replies": replies,
+            "reloads": self.reloads[-10:],
+        }
         if None in self.pools:
             return {**self.pools[None].status(), **edge}
         return {"pools": {n: pool.status() for n, pool in self.pools.items()}, **edge}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -314,7 +315,14 @@ class GuardServerConfig(Strict):
     none: this process's memory."""
     replica: str | None = None
     """This replica's name, prefixed to its request ids (default: host-pid)."""
-    """Serve HTTPS (and verify client certificates when `client_ca_file` is set)."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """Serving processes on this host, all on `port` (SO_REUSEPORT: the kernel spreads the
+    connections over them), each a replica of the fleet that shares the floor through
+    `store` (SPEC §13), so more than one needs a store. Worker `i` is replica
+    `<replica or host>-w<i>-<pid>`, writes its own decision and access logs
+    (`decisions.w<i>.jsonl` beside `decisions.jsonl`) and serves `/metrics` and `/admin`
+    on `admin.port + i`. `serve` supervises them: it passes SIGTERM and SIGHUP on, and
+    starts a worker that dies again (docs/deploy.md, Workers)."""
     learner: str = "always-admit"
     """A registered learner, a `package.module:factory` path, or `http` (`learner_http`)."""
     learner_http: LearnerHttpSpec | None = None
@@ -444,6 +452,46 @@ class GuardServerConfig(Strict):
             )
             for name, spec in self.models.items()
         }
+
+    @model_validator(mode="after")
+    def _workers_share_a_store(self) -> GuardServerConfig:
+        if self.workers == 1:
+            return self
+        if self.store is None:
+            raise ValueError(
+                f"workers: {self.workers} share the floor through a store: configure `store:` "
+                "(a Redis), or run one worker — apart, each worker would grant every tenant "
+                "its whole floor B"
+            )
+        if self.port == 0:
+            raise ValueError("workers > 1 listen on one port together: give `port` (not 0)")
+        if not self.admin.port:
+            raise ValueError(
+                "workers > 1 need `admin.port`: worker i serves /metrics and /admin on "
+                "admin.port + i (on the shared port a scrape would reach any one of them)"
+            )
+        admin_ports = range(self.admin.port, self.admin.port + self.workers)
+        if admin_ports.stop > 65536 or self.port in admin_ports:
+            raise ValueError(
+                f"the workers' admin ports {admin_ports.start}–{admin_ports.stop - 1} must be "
+                f"ports (≤ 65535) other than `port` {self.port}"
+            )
+        return self
+
+    def for_worker(self, index: int) -> GuardServerConfig:
+        """Worker `index`'s own configuration under `workers: N` (see `workers`): its
+        replica name, its logs, its admin port."""
+        base = self.replica or socket.gethostname()
+        admin = self.admin.model_copy(update={"port": (self.admin.port or 0) + index})
+        access = self.access_log
+        return self.model_copy(
+            update={
+                "replica": f"{base}-w{index}-{os.getpid()}",
+                "decision_log": _per_worker(self.decision_log, index),
+                "access_log": access if access in (None, "-") else str(_per_worker(access, index)),
+                "admin": admin,
+            }
+        )
 
     @field_validator("store", mode="before")
     @classmethod
@@ -637,6 +685,14 @@ def reload_refusals(old: GuardServerConfig, new: GuardServerConfig) -> list[str]
             "takes a restart of every replica"
         )
     return out
+
+
+def _per_worker(path: str | Path | None, index: int) -> Path | None:
+    """`decisions.jsonl` → `decisions.w<index>.jsonl`: each worker's own file beside it."""
+    if path is None:
+        return None
+    path = Path(path)
+    return path.with_name(f"{path.stem}.w{index}{path.suffix}")
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GuardServerConfig:

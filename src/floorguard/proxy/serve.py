@@ -136,13 +136,15 @@ async def serve_guard(
     stop: asyncio.Event,
     on_listening: Callable[[str], None] | None = None,
     config_path: str | None = None,
+    worker: int | None = None,
 ) -> None:
     """Serve until `stop` is set, then drain: new requests get 503 `draining`, in-flight
     ones get up to `drain_timeout_s`, the decision log is written out. With `config_path`,
-    SIGHUP reloads that file."""
+    SIGHUP reloads that file; `worker`: this process is that worker of `workers: N` (its
+    `config` is `for_worker(worker)` already), sharing the port with the others."""
     app = create_app(config)
     server = app[SERVER]
-    server.config_path = config_path
+    server.config_path, server.worker = config_path, worker
     upstream = sum(pool.guard.config.total_slots for pool in app[SERVER].pools.values()) + 34
     cap = connection_cap(config.max_connections, upstream)
     runner = GuardRunner(
@@ -156,7 +158,9 @@ async def serve_guard(
     )
     await runner.setup()
     ssl_context = server_ssl_context(config.tls) if config.tls else None
-    await web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context).start()
+    await web.TCPSite(
+        runner, config.host, config.port, ssl_context=ssl_context, reuse_port=worker is not None
+    ).start()
     admin_runner = None
     if config.admin.port is not None:
         admin_runner = GuardRunner(create_admin_app(app[SERVER]), access_log=None)
@@ -186,6 +190,7 @@ def run_guard(
     config: GuardServerConfig,
     on_listening: Callable[[str], None] | None = None,
     config_path: str | None = None,
+    worker: int | None = None,
 ) -> None:
     """`serve_guard` in its own event loop, stopped by SIGTERM or SIGINT (SIGHUP reloads
     `config_path`)."""
@@ -195,6 +200,6 @@ def run_guard(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve_guard(config, stop, on_listening, config_path)
+        await serve_guard(config, stop, on_listening, config_path, worker)
 
     asyncio.run(main())

@@ -1,0 +1,155 @@
+"""`workers: 2` (issue 30.3) on a real `floorguard serve` over a real redis-server: two
+processes on one port share one floor as replicas do — clients on fresh connections reach
+both, the fleet admits at most `B` per window from the floor, and the two workers' decision
+logs pass `floorguard verify` together; SIGHUP reloads both; a worker killed with SIGKILL
+is started again under a new name; SIGTERM drains both and the supervisor exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.integration.live import AUDIENCE, ISSUER, SECRET, Bearer
+from tests.integration.processes import emulate, serve, stop, wait_listening
+from tests.redis_server import RedisServer, free_port
+
+FLOOR = 4
+BEARER = Bearer("acme", "free")
+
+
+def _free_pair() -> int:
+    """A port `p` with `p + 1` free too: the two workers' admin ports."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row")
+
+
+@pytest.fixture
+def workers(tmp_path):
+    redis_server = RedisServer().start()
+    backend, emulator = emulate(slots=8)
+    admin = _free_pair()
+    config = {
+        "window_s": 1.0,
+        "contracts": [
+            {"tenant": "acme", "class": "assured", "floor": FLOOR, "deadline_ms": 1820},
+            {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
+        ],
+        "backends": [{"url": backend, "slots": 4}],
+        "identity": {
+            "mode": "jwt",
+            "jwt": {"algorithms": ["HS256"], "secret": SECRET, "issuer": ISSUER,
+                    "audience": AUDIENCE},
+        },
+        "store": {"url": redis_server.url},
+        "decision_log": str(tmp_path / "decisions.jsonl"),
+        "workers": 2,
+        "admin": {"port": admin},
+    }  # fmt: skip
+    path = tmp_path / "guard.yaml"
+    url, process = serve(config, path)
+    admins = [f"http://127.0.0.1:{admin + i}" for i in range(2)]
+    for i in range(2):
+        wait_listening(admin + i, process)
+    yield url, process, admins, path
+    stop(process, emulator)
+    redis_server.close()
+
+
+def _status(admin: str) -> dict:
+    async def go():
+        async with aiohttp.ClientSession() as s, s.get(admin + "/admin/status") as r:
+            return await r.json()
+
+    return asyncio.run(go())
+
+
+async def _drive(url: str, seconds: float, per_s: float) -> list[tuple[str, int, str]]:
+    """acme (and free) open-loop, each request on a connection of its own, so the kernel
+    spreads them over the workers."""
+    results: list[tuple[str, int, str]] = []
+
+    async def one(session, tenant):
+        async with session.post(
+            url + "/v1/completions",
+            json={"model": "m", "prompt": "x", "max_tokens": 4},
+            headers=BEARER[tenant],
+        ) as r:
+            await r.read()
+            results.append((tenant, r.status, r.headers.get("x-floorguard-decision", "")))
+
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = []
+        for _ in range(int(seconds * per_s)):
+            tasks += [asyncio.create_task(one(session, t)) for t in ("acme", "free")]
+            await asyncio.sleep(1 / per_s)
+        await asyncio.gather(*tasks)
+    return results
+
+
+def test_two_workers_share_one_port_and_one_floor(workers, tmp_path):
+    url, process, admins, _ = workers
+    results = asyncio.run(_drive(url, seconds=3.0, per_s=10))
+    decisions = [d for tenant, _, d in results if tenant == "acme"]
+    assert "rejected" in decisions  # 10/s against B = 4 per window: the floor ran out
+    served = [_status(a)["replica"] for a in admins]
+    assert served[0] != served[1] and all("-w" in name for name in served)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0  # both drained
+    logs = [tmp_path / f"decisions.w{i}.jsonl" for i in range(2)]
+    counts = [log.read_text().count('"event":"arrive"') for log in logs]
+    assert all(n > 0 for n in counts) and sum(counts) == len(results), counts  # both served
+    verify = subprocess.run(
+        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = json.loads(verify.stdout)
+    assert verify.returncode == 0, report["violations"][:3]
+    assert report["num_entitled"] == decisions.count("entitled") <= FLOOR * 4
+    assert report["num_requests"] == len(results)
+
+
+def test_sighup_reloads_every_worker_and_a_killed_one_comes_back(workers):
+    _, process, admins, path = workers
+    config = yaml.safe_load(path.read_text())
+    config["contracts"][0]["floor"] = FLOOR + 2
+    path.write_text(yaml.safe_dump(config))
+    process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while not all(_status(a)["reloads"] for a in admins):
+        assert time.monotonic() < deadline, "a worker did not reload"
+        time.sleep(0.1)
+    victim = _status(admins[1])
+    os.kill(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            again = _status(admins[1])
+            if again["pid"] != victim["pid"]:
+                break
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "the killed worker was not started again"
+        time.sleep(0.2)
+    assert again["replica"] != victim["replica"]  # its request ids never repeat its former self's
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
