@@ -107,7 +107,7 @@ def test_token_meter_weighs_prompt_plus_output_and_sheds_cost_excess():
     heavy = guard.begin_arrival(make_request(tokens=90, prompt=20), 0)
     assert heavy.need is None and heavy.admission.reason == RejectReason.COST_EXCESS
     first = guard.begin_arrival(make_request(tokens=60, prompt=0), 0)
-    assert first.need == StoreCall("a95", 60, 100, 100)
+    assert first.need == StoreCall("a95", 60, 100, 0.0, 100)
     assert guard.on_arrival(make_request(tokens=60, prompt=0), 0).entitled
     assert not guard.continue_arrival(first, 0, guard.answer(first.need, 0)).admission.entitled
     assert guard.credits_left("a95", 0.5) == 100 - 60

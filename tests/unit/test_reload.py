@@ -55,6 +55,24 @@ def test_a_lowered_floor_leaves_the_open_window_what_it_granted():
     assert check_trace(events, allow_open=True).ok()
 
 
+def test_a_charge_answered_after_its_window_ended_does_not_open_the_next_with_its_floor():
+    """An arrival judged at 0.999 s under B = 8, its store call answered at 1.001 s (a busy
+    event loop, a Redis round trip) after a reload lowered B to 2 from window 1: it is
+    charged in window 0, where it was judged, so window 1 opens with B = 2 — once a window
+    pins the floor of its first take, this charge landing in window 1 let the old floor
+    govern all of window 1 (a flake of tests/integration/test_reload.py: 8 grants where 2
+    govern)."""
+    events = []
+    guard = make_guard(make_config(floor=8, slots=(8,)), events=events)
+    guard.reconfigure(with_floor(guard.config, 2), 0.5)
+    late = guard.begin_arrival(make_request(at=0.999), 0.999)
+    grant = guard.answer(late.need, 1.001)
+    assert (grant.granted, grant.window_index) == (True, 0)
+    guard.continue_arrival(late, 1.001, grant)
+    assert [admit(guard, 1.1).entitled for _ in range(3)] == [True, True, False]
+    assert check_trace(events, allow_open=True).ok()
+
+
 def test_a_removed_tenant_finishes_what_it_has_in_flight_then_is_unknown():
     events = []
     guard = make_guard(make_config(floor=2, slots=(1,)), events=events)

@@ -116,7 +116,7 @@ class Guard(Ledger):
                 pending, RejectReason.COST_EXCESS, self.config.schedule.index_at(now), now
             )
         pending.floor = self.effective_floor(contract)
-        pending.need = StoreCall(contract.tenant, weight, pending.floor, contract.floor)
+        pending.need = StoreCall(contract.tenant, weight, pending.floor, now, contract.floor)
         return pending
 
     def on_arrival(

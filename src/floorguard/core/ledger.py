@@ -196,11 +196,17 @@ class Ledger:
 
     def answer(self, need: Need, now: float) -> Answer:
         """Answer a need with this stack's own store or learner (never raises: a learner's
-        failure is a fault in the `Consultation`)."""
+        failure is a fault in the `Consultation`). Each need is answered for the instant it
+        was made at (`StoreCall.at`, `LearnerAsk.now`), not `now`."""
         if type(need) is StoreCall:
             assert self._store is not None, "a stack without a store asked for a store call"
             return self._store.acquire(
-                need.key, need.weight, need.capacity, self.config.schedule, now, floor=need.floor
+                need.key,
+                need.weight,
+                need.capacity,
+                self.config.schedule,
+                need.at,
+                floor=need.floor,
             )
         assert type(need) is LearnerAsk and self._learner is not None
         return consult(self._learner, need.request, need.cls, need.load, need.now)

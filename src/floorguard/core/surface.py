@@ -111,6 +111,10 @@ class StoreCall(NamedTuple):
     key: str
     weight: int
     capacity: int
+    at: float
+    """The arrival's instant: the window it is judged in is charged (`capacity` is that
+    window's), however late the call is answered — a call sent as a window ends must not
+    open the next one with this window's floor."""
     floor: int | None = None
     """The contract's `B` (`capacity` is less while the floor is lowered): a store the
     replicas share pins the floor of a window at its first take, so the fleet judges the

@@ -285,7 +285,7 @@ class _FleetSimulation(Serving):
         need = pending.need
         assert type(need) is StoreCall
         grant = self.floors[replica].acquire(
-            need.key, need.weight, need.capacity, self.schedule, now
+            need.key, need.weight, need.capacity, self.schedule, need.at, floor=need.floor
         )
         self._decide(replica, self.guards[replica].continue_arrival(pending, now, grant), now)
 
