@@ -15,6 +15,7 @@ from floorguard.bench.proxy import bench_proxy
 from floorguard.bench.sim import bench_fleet, bench_sim
 from floorguard.bench.soak import bench_soak
 from floorguard.bench.store import bench_store
+from floorguard.bench.workers import bench_workers
 from floorguard.cli._common import print_result
 from floorguard.errors import FloorguardError
 
@@ -37,6 +38,13 @@ def register(commands: Any) -> None:
     bench_proxy_cmd = kinds.add_parser("proxy", help="latency and throughput the guard adds")
     bench_proxy_cmd.add_argument("--requests", type=int, default=400)
     bench_proxy_cmd.add_argument("--repeats", type=int, default=2)
+    bench_proxy_cmd.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="instead: a guard with `workers: N` beside one with a single worker, both on a "
+        "local redis-server (requests/s at concurrency 32, CPU-seconds per request)",
+    )
     bench_proxy_cmd.add_argument("--json", action="store_true")
     bench_store_cmd = kinds.add_parser(
         "store", help="admissions/s with the Redis floor beside raw EVALSHA/s"
@@ -106,6 +114,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         result = bench_fleet(repeats=args.repeats)
     elif args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
+    elif args.bench == "proxy" and args.workers is not None:
+        result = bench_workers(workers=args.workers, requests=args.requests, repeats=args.repeats)
     elif args.bench == "proxy":
         result = bench_proxy(requests=args.requests, repeats=args.repeats)
     elif args.bench == "soak":

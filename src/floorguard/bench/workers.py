@@ -1,0 +1,206 @@
+"""`floorguard bench proxy --workers N`: a host's cores. One `floorguard serve` with
+`workers: N` beside the same guard with `workers: 1`, in one run: each shares its floor
+through a throw-away local redis-server (its own key prefix), in front of one instant
+upstream (a fixed OpenAI-shaped answer, in a child process), with the JWT identity and the
+decision log on. This process is the client: requests/s at concurrency 32 on keep-alive
+connections (the kernel spreads them over the workers), the two guards interleaved, best of
+`repeats`; and each guard's CPU-seconds per request — the user + system time of its
+processes (the supervisor and every worker, from Linux's /proc) over the requests sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jwt
+import yaml
+
+from floorguard.bench.proxy import (
+    SECRET,
+    _latencies,
+    _throughput,
+    _upstream_app,
+    serving_in_child,
+)
+from floorguard.errors import FloorguardError
+from floorguard.rig.local_redis import LocalRedis
+from floorguard.rig.net import free_ports
+
+__all__ = ["bench_workers"]
+
+CONCURRENCY = 32
+
+
+def _serve_upstream(ports: list[int], _: str) -> None:
+    from aiohttp import web  # noqa: PLC0415  # a spawned child imports what it serves
+
+    from floorguard.proxy.app import GuardRunner  # noqa: PLC0415
+
+    async def main() -> None:
+        runner = GuardRunner(_upstream_app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", ports[0]).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _config(
+    upstream: str, redis_url: str, workers: int, *, port: int, admin: int, log: Path
+) -> dict[str, Any]:
+    return {
+        "port": port,
+        "window_s": 1.0,
+        "contracts": [
+            {"tenant": "acme", "class": "assured", "floor": 1_000_000, "deadline_ms": 60_000}
+        ],
+        "backends": [{"url": upstream, "slots": 256}],
+        "identity": {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "secret": SECRET}},
+        "store": {"url": redis_url, "prefix": f"bench-w{workers}"},
+        "workers": workers,
+        "admin": {"port": admin},
+        "decision_log": str(log),
+    }
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Guard:
+    def __init__(self, workers: int, config: dict[str, Any], path: Path) -> None:
+        self.workers = workers
+        path.write_text(yaml.safe_dump(config))
+        self.url = f"http://127.0.0.1:{config['port']}/v1/completions"
+        self.admins = [config["admin"]["port"] + i for i in range(workers)]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "floorguard", "serve", "--config", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.pids: list[int] = []
+
+    async def started(self, session: aiohttp.ClientSession, timeout_s: float = 60.0) -> None:
+        """Every worker answers its admin port; their pids (and the supervisor's)."""
+        deadline = time.monotonic() + timeout_s
+        pids = {self.process.pid}
+        for port in self.admins:
+            while True:
+                if self.process.poll() is not None:
+                    raise FloorguardError(f"the {self.workers}-worker guard exited at start")
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/admin/status") as r:
+                        pids.add(int((await r.json())["pid"]))
+                        break
+                except (aiohttp.ClientError, KeyError, ValueError):
+                    if time.monotonic() > deadline:
+                        raise FloorguardError(f"no worker answered on {port}") from None
+                    await asyncio.sleep(0.2)
+        self.pids = sorted(pids)
+
+    def cpu_s(self) -> float:
+        return sum(_cpu_s(pid) for pid in self.pids)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+async def _client(guards: list[_Guard], requests: int, repeats: int) -> dict[str, Any]:
+    token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
+    headers = {"Authorization": f"Bearer {token}"}
+    rps = {g.workers: 0.0 for g in guards}
+    cpu: dict[int, list[float]] = {g.workers: [] for g in guards}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for guard in guards:
+            await guard.started(session)
+            await _latencies(session, guard.url, 100, headers)  # warm up
+        n = requests * 4
+        for _ in range(repeats):
+            for guard in guards:
+                before = guard.cpu_s()
+                got = await _throughput(session, guard.url, n, CONCURRENCY, headers)
+                rps[guard.workers] = max(rps[guard.workers], got)
+                sent = n // CONCURRENCY * CONCURRENCY
+                cpu[guard.workers].append((guard.cpu_s() - before) / sent)
+    one, many = guards[0].workers, guards[-1].workers
+    best_cpu = {w: min(samples) for w, samples in cpu.items()}
+    return {
+        "workers": many,
+        "concurrency": CONCURRENCY,
+        "rps": {str(w): r for w, r in rps.items()},
+        "rps_ratio": rps[many] / rps[one],
+        "cpu_ms_per_request": {str(w): c * 1e3 for w, c in best_cpu.items()},
+        "cpu_per_request_ratio": best_cpu[many] / best_cpu[one],
+        "cores": os.cpu_count(),
+        "requests_per_run": n,
+        "repeats": repeats,
+    }
+
+
+def bench_workers(*, workers: int = 2, requests: int = 400, repeats: int = 3) -> dict[str, Any]:
+    if workers < 2:
+        raise FloorguardError(f"--workers {workers}: compare ≥ 2 workers with one")
+    if not Path("/proc/self/stat").exists():
+        raise FloorguardError("bench proxy --workers reads CPU time from /proc: Linux only")
+    try:
+        redis_server = LocalRedis()
+    except FileNotFoundError as exc:
+        raise FloorguardError(
+            f"bench proxy --workers: {exc} — the workers share the floor through it"
+        ) from exc
+    upstream_port, *ports = free_ports(3)
+    with (
+        redis_server,
+        serving_in_child(_serve_upstream, [upstream_port]),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        upstream, folder = f"http://127.0.0.1:{upstream_port}", Path(tmp)
+        guards: list[_Guard] = []
+        try:
+            for count, port in ((1, ports[0]), (workers, ports[1])):
+                log = folder / f"w{count}.jsonl"
+                admin = _consecutive(count)
+                config = _config(upstream, redis_server.url, count, port=port, admin=admin, log=log)
+                guards.append(_Guard(count, config, folder / f"guard-{count}.yaml"))
+            return asyncio.run(_client(guards, requests, repeats))
+        finally:
+            for guard in guards:
+                guard.stop()
+
+
+def _consecutive(count: int) -> int:
+    """A port `p` with `p … p + count − 1` free: the workers' admin ports."""
+    for _ in range(100):
+        (start,) = free_ports(1)
+        taken = []
+        try:
+            for port in range(start, start + count):
+                probe = socket.socket()
+                taken.append(probe)
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in taken:
+                probe.close()
+        return start
+    raise FloorguardError(f"no {count} free ports in a row")
