@@ -153,3 +153,15 @@ def test_sighup_reloads_every_worker_and_a_killed_one_comes_back(workers):
     assert again["replica"] != victim["replica"]  # its request ids never repeat its former self's
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
+
+
+def test_the_workers_bench_measures_both_guards_side_by_side():
+    """`floorguard bench proxy --workers 2` runs (figures are measured, not asserted): both
+    guards answered every request (a non-200 raises), each with its CPU counted."""
+    from floorguard.bench.workers import bench_workers  # noqa: PLC0415
+
+    RedisServer().close()  # skips (or fails under .ci/run) without redis-server, as the bench
+    result = bench_workers(workers=2, requests=64, repeats=1)
+    assert set(result["rps"]) == {"1", "2"} and min(result["rps"].values()) > 0
+    assert set(result["cpu_ms_per_request"]) == {"1", "2"}
+    assert all(v >= 0 for v in result["cpu_ms_per_request"].values())
