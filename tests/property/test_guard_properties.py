@@ -37,7 +37,7 @@ class Adversary:
         self.calls += 1
         if isinstance(answer, LearnerFaultError):
             raise answer
-        return answer
+        return answer() if callable(answer) else answer
 
 
 def _answered_by_driver(guard, store, request, now):
