@@ -306,3 +306,21 @@ def test_each_worker_has_its_own_name_logs_and_admin_port(tmp_path):
     assert second.access_log == str(tmp_path / "access.w1.log")
     assert second.admin.port == 9101 and second.port == config.port
     assert config.for_worker(0).replica != second.replica
+
+
+def test_the_event_loop_is_said_and_uvloop_without_it_is_refused(tmp_path, monkeypatch):
+    import importlib.util  # noqa: PLC0415
+
+    from floorguard.proxy.serve import event_loop_line  # noqa: PLC0415
+
+    installed = importlib.util.find_spec("uvloop") is not None
+    assert event_loop_line(_load(tmp_path)).startswith(
+        "event loop: uvloop" if installed else "event loop: asyncio"
+    )
+    assert event_loop_line(_load(tmp_path, event_loop="asyncio")) == (
+        "event loop: asyncio (event_loop: asyncio)"
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError, match=r"floorguard\[uvloop\]"):
+        _load(tmp_path, event_loop="uvloop")
+    assert event_loop_line(_load(tmp_path)).startswith("event loop: asyncio (uvloop is not")

@@ -25,7 +25,7 @@ from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
 from floorguard.proxy.config import load_config
 from floorguard.proxy.identity import create_identity
-from floorguard.proxy.serve import run_guard, start_report, start_warnings
+from floorguard.proxy.serve import event_loop_line, run_guard, start_report, start_warnings
 from floorguard.proxy.workers import supervise
 from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
@@ -253,7 +253,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
 
         run_guard(mine, worker_listening, str(args.config), args.worker)
         return 0
-    for line in start_report(config):
+    for line in [event_loop_line(config), *start_report(config)]:
         console.print(line, markup=False)
     warnings = start_warnings(config)
     for warning in warnings:

@@ -6,6 +6,7 @@ A bad file is refused before anything listens, with the key, the value and what 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -393,6 +394,9 @@ class GuardServerConfig(Strict):
     tracing: TracingSpec | None = None
     """OpenTelemetry: a span per request, exported over OTLP/HTTP (the `otel` extra); none:
     the client's `traceparent` is only forwarded to the backend."""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """The event loop `serve` runs on: `auto` is uvloop where it is installed (the `uvloop`
+    extra), else asyncio's own; the start-up report says which."""
 
     @model_validator(mode="after")
     def _backends_or_models(self) -> GuardServerConfig:
@@ -452,6 +456,21 @@ class GuardServerConfig(Strict):
             )
             for name, spec in self.models.items()
         }
+
+    @model_validator(mode="after")
+    def _uvloop_installed(self) -> GuardServerConfig:
+        if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError(
+                "event_loop: uvloop, and uvloop is not installed: pip install "
+                "'floorguard[uvloop]' (or event_loop: auto)"
+            )
+        return self
+
+    def loop_choice(self) -> str:
+        """`uvloop` or `asyncio`: what `serve` runs on."""
+        if self.event_loop == "auto":
+            return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+        return self.event_loop
 
     @model_validator(mode="after")
     def _workers_share_a_store(self) -> GuardServerConfig:

@@ -20,7 +20,14 @@ from floorguard.proxy.connections import connection_cap
 from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
 from floorguard.sim.targets import flood_services
 
-__all__ = ["run_guard", "screen_config", "serve_guard", "start_report", "start_warnings"]
+__all__ = [
+    "event_loop_line",
+    "run_guard",
+    "screen_config",
+    "serve_guard",
+    "start_report",
+    "start_warnings",
+]
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -82,6 +89,17 @@ def start_report(config: GuardServerConfig) -> list[str]:
                     f"{c.deadline_budget_s * 1e3:.0f} ms"
                 )
     return out
+
+
+def event_loop_line(config: GuardServerConfig) -> str:
+    """The event loop `serve` runs on, and why."""
+    loop = config.loop_choice()
+    why = (
+        f"event_loop: {config.event_loop}"
+        if loop == "uvloop" or config.event_loop == "asyncio"
+        else "uvloop is not installed: pip install 'floorguard[uvloop]'"
+    )
+    return f"event loop: {loop} ({why})"
 
 
 def start_warnings(config: GuardServerConfig) -> list[str]:
@@ -202,4 +220,10 @@ def run_guard(
             loop.add_signal_handler(sig, stop.set)
         await serve_guard(config, stop, on_listening, config_path, worker)
 
-    asyncio.run(main())
+    factory = None
+    if config.loop_choice() == "uvloop":
+        import uvloop  # noqa: PLC0415  # the optional extra, checked at load
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
