@@ -28,6 +28,9 @@ def configs(draw) -> GuardConfig:
     lower = draw(
         st.one_of(st.none(), st.builds(AffineEnvelope, st.floats(0, 0.2), st.floats(0, 0.01)))
     )
+    slots = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+    kv = st.one_of(st.none(), st.integers(16, 160))  # requests reserve 16-96 tokens
+    kv_tokens = draw(st.one_of(st.just(()), st.tuples(*(kv for _ in slots))))
     return GuardConfig(
         contracts=(
             Contract(
@@ -49,7 +52,8 @@ def configs(draw) -> GuardConfig:
         schedule=WindowSchedule(
             draw(st.sampled_from([0.25, 0.5, 1.0])), draw(st.floats(-1.0, 1.0))
         ),
-        slots=tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))),
+        slots=slots,
+        kv_tokens=kv_tokens,
         dispatch=draw(st.sampled_from(DispatchOrder)),
         meter=meter,
         lower_envelope=lower,

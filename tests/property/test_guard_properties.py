@@ -139,7 +139,9 @@ def assert_af_per_window(config, events):
     floors = {c.tenant: c.floor for c in config.contracts if c.assured}
     offered, entitled = Counter(), Counter()
     for e in events:
-        if e.kind is EventKind.ARRIVE and e.tenant in floors:
+        kv = config.kv_reservation(e.num_prompt_tokens or 0, e.num_output_tokens or 0)
+        fits = config.kv_fits_somewhere(kv)  # else refused before the floor (kv_excess)
+        if e.kind is EventKind.ARRIVE and e.tenant in floors and fits:
             offered[(e.tenant, config.schedule.index_at(e.at))] += 1
         if e.kind is EventKind.ADMIT and e.entitled:
             entitled[(e.tenant, e.window)] += 1

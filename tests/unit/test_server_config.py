@@ -324,3 +324,26 @@ def test_the_event_loop_is_said_and_uvloop_without_it_is_refused(tmp_path, monke
     with pytest.raises(ConfigError, match=r"floorguard\[uvloop\]"):
         _load(tmp_path, event_loop="uvloop")
     assert event_loop_line(_load(tmp_path)).startswith("event loop: asyncio (uvloop is not")
+
+
+def test_the_start_report_says_what_each_kv_cache_holds(tmp_path):
+    from floorguard.proxy.serve import start_report  # noqa: PLC0415
+
+    backends = [
+        {"url": "http://127.0.0.1:8001", "slots": 4, "kv_tokens": 40_000},
+        {"url": "http://127.0.0.1:8002", "slots": 4, "kv_tokens": 1_000},
+        {"url": "http://127.0.0.1:8003", "slots": 4},
+    ]
+    config = _load(
+        tmp_path, backends=backends, limits={"max_prompt_tokens": 2000, "max_tokens": 400}
+    )
+    lines = [line for line in start_report(config) if "KV" in line]
+    assert lines == [
+        "backend http://127.0.0.1:8001: KV 40000 tokens, 16 of the largest metered request "
+        "(2400 tokens: max_prompt_tokens + max_tokens) at once",
+        "backend http://127.0.0.1:8002: KV 1000 tokens, 0 of the largest metered request "
+        "(2400 tokens: max_prompt_tokens + max_tokens) at once: such a request never starts "
+        "there",
+        "backend http://127.0.0.1:8003: KV not budgeted (slots only)",
+    ]
+    assert config.guard_config().kv_tokens == (40_000, 1_000, None)

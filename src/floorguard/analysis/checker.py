@@ -13,6 +13,8 @@ violation's position is reported:
            is doomed: SPEC §12);
 * SLOTS    no backend ever has more than its `C` in flight (and, across a fleet's logs, no
            backend more than its own capacity summed over the replicas);
+* MEMORY   under a KV budget (SPEC §16), no backend ever holds reservations (metered prompt
+           + output cap, in whole blocks) beyond its `kv_tokens`;
 * REQUEUE  (not a property) a request whose backend was unreachable frees its slot and waits
            again at the front of its queue;
 * TERMINAL every arrival ends in exactly one terminal outcome (reject, drop, complete, fail,
@@ -90,6 +92,8 @@ class _Open:
     left_queue: bool = False
     ended: bool = False
     backend: int | None = None
+    kv: int = 0
+    """Its KV reservation while in flight (under a budget)."""
 
 
 class _Checker:
@@ -108,6 +112,7 @@ class _Checker:
         self.fifo: list[RequestId] = []
         self.fifo_head = 0
         self.in_flight = [0] * len(config.slots)
+        self.kv_in_flight = [0] * len(config.slots)
         self.index = 0
 
     def violate(self, prop: str, request_id: RequestId | None, message: str) -> None:
@@ -138,6 +143,7 @@ class _Checker:
             self.floors.changes.pop()
         self.floors.changes.append((window, floors_of(config)))
         self.in_flight += [0] * (len(config.slots) - len(self.in_flight))
+        self.kv_in_flight += [0] * (len(config.slots) - len(self.kv_in_flight))
         self.config = config
 
     def on_event(self, event: TraceEvent) -> None:
@@ -179,8 +185,11 @@ class _Checker:
             else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
-        if self.shared_floor:
-            return
+        config = self.config
+        if self.shared_floor or not config.kv_fits_somewhere(
+            config.kv_reservation(state.num_prompt_tokens, state.num_output_tokens)
+        ):
+            return  # (one no KV cache can hold is refused before the floor: SPEC §16)
         schedule = self.config.schedule
         window = math.floor((event.at - schedule.origin_at) / schedule.window_s)
         floor = self.floors.at(window).get(event.tenant or "")
@@ -274,6 +283,17 @@ class _Checker:
                 f"backend {backend} has {self.in_flight[backend]} in flight > C = "
                 f"{self.config.slots[backend]}",
             )
+        config = self.config
+        if config.kv_budgeted:
+            state.kv = config.kv_reservation(state.num_prompt_tokens, state.num_output_tokens)
+            self.kv_in_flight[backend] += state.kv
+            held, room = self.kv_in_flight[backend], config.kv_tokens[backend]
+            if room is not None and held > room:
+                self.violate(
+                    "MEMORY",
+                    event.request_id,
+                    f"backend {backend} holds {held} reserved KV tokens > its {room}",
+                )
 
     def _on_drop(self, event: TraceEvent, state: _Open) -> None:
         self._leave_queue(event, state, started=False)
@@ -308,7 +328,8 @@ class _Checker:
     def _free(self, state: _Open) -> None:
         if state.backend is not None:
             self.in_flight[state.backend] -= 1
-            state.backend = None
+            self.kv_in_flight[state.backend] -= state.kv
+            state.backend, state.kv = None, 0
 
     def _on_complete(self, event: TraceEvent, state: _Open) -> None:
         self._free(state)

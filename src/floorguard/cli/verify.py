@@ -1,4 +1,5 @@
-"""`floorguard verify`: a decision log checked for AF, DR, ORDER, SLOTS, TERMINAL (and SF)."""
+"""`floorguard verify`: a decision log checked for AF, DR, ORDER, SLOTS, MEMORY, TERMINAL (and
+SF)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"FAIL: {len(failed)} violation(s)")
         else:
             console.print(
-                "OK: AF, DR, ORDER, SLOTS, TERMINAL hold" + (", SF holds" if args.strict_sf else "")
+                "OK: AF, DR, ORDER, SLOTS, MEMORY, TERMINAL hold" + (", SF holds" if args.strict_sf else "")
             )
     return 1 if failed else 0

@@ -235,6 +235,13 @@ class GuardConfig:
     """The replicas lease slots fleet-wide (SPEC §13): `slots` is each backend's whole `C`,
     a request starts only with a lease, and the fleet checker also checks ORDER across
     replicas."""
+    kv_tokens: tuple[int | None, ...] = ()
+    """Each backend's KV cache in tokens (SPEC §16; None or empty: not budgeted). A backend
+    takes a request only while the reservations of what it runs — each its metered prompt
+    bound + output cap, in whole blocks — fit, so vLLM never has to preempt one."""
+    kv_block_tokens: int = 16
+    """The KV cache's block size in tokens (vLLM's `block_size`): reservations are whole
+    blocks."""
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")
@@ -261,6 +268,25 @@ class GuardConfig:
                 f"needs one entry per backend ({len(self.slots)})",
             )
         require(
+            not self.kv_tokens or len(self.kv_tokens) == len(self.slots),
+            "kv_tokens",
+            self.kv_tokens,
+            f"needs one entry per backend ({len(self.slots)})",
+        )
+        for i, kv in enumerate(self.kv_tokens):
+            require(
+                kv is None or (isinstance(kv, int) and kv >= self.kv_block_tokens),
+                f"kv_tokens[{i}]",
+                kv,
+                f"must be None or at least one block ({self.kv_block_tokens} tokens)",
+            )
+        require(
+            isinstance(self.kv_block_tokens, int) and self.kv_block_tokens >= 1,
+            "kv_block_tokens",
+            self.kv_block_tokens,
+            "must be an integer ≥ 1",
+        )
+        require(
             isinstance(self.dispatch, DispatchOrder),
             "dispatch",
             self.dispatch,
@@ -284,6 +310,19 @@ class GuardConfig:
         return sum(self.slots)
 
     @property
+    def kv_budgeted(self) -> bool:
+        return any(kv is not None for kv in self.kv_tokens)
+
+    def kv_reservation(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        """The KV tokens a request may hold at its end: prompt + output, in whole blocks."""
+        block = self.kv_block_tokens
+        return -(-(num_prompt_tokens + num_output_tokens) // block) * block
+
+    def kv_fits_somewhere(self, reservation: int) -> bool:
+        """Whether any backend's KV cache could ever hold it (always, without a budget)."""
+        return not self.kv_budgeted or any(kv is None or kv >= reservation for kv in self.kv_tokens)
+
+    @property
     def total_floor(self) -> int:
         """Sum of the assured reservations: what capacity must hold against (SPEC §3, §6)."""
         return sum(c.floor for c in self.contracts)
@@ -298,6 +337,7 @@ RESTART_ONLY = (
     "upper_envelope",
     "capacity_action",
     "slot_leases",
+    "kv_block_tokens",
 )
 """What a reload cannot change (`reload_refusals`): the windows the floors are counted in,
 the queue's order, the meter, the envelopes the doom gate and the monitors use."""
@@ -313,6 +353,8 @@ def reload_refusals(old: GuardConfig, new: GuardConfig) -> list[str]:
         for name in RESTART_ONLY
         if getattr(old, name) != getattr(new, name)
     ]
+    if old.kv_budgeted != new.kv_budgeted:
+        out.append("a KV budget (kv_tokens) is set or lifted: it takes a restart")
     if len(new.slots) < len(old.slots) or new.backend_ids[: len(old.backend_ids)] != (
         old.backend_ids
     ):

@@ -49,6 +49,8 @@ class Ticket:
     dispatched_at: float = float("nan")
     leasing: bool = False
     """Started on leased slots, its slot lease not yet answered (`Dispatch.lease`)."""
+    kv: int = 0
+    """Its KV reservation in tokens under a memory budget (`GuardConfig.kv_reservation`)."""
 
 
 class Dispatcher(ABC):
@@ -293,13 +295,24 @@ def create_dispatcher(
     return AssuredFirstDispatcher()
 
 
-class SlotPool:
-    """`C` slots per backend. `acquire` picks the backend with the most free slots (lowest
-    index on a tie), so load spreads and no backend ever exceeds its `C`."""
+_UNBUDGETED = 2**62
+"""The KV room of a backend whose cache is not budgeted."""
 
-    def __init__(self, slots: tuple[int, ...]) -> None:
+
+class SlotPool:
+    """`C` slots per backend, and under a memory budget (SPEC §16) each backend's KV tokens.
+    `acquire` picks the backend with the most free slots (lowest index on a tie) that has
+    room for the request's reservation, so load spreads and no backend ever exceeds its `C`
+    or its KV cache."""
+
+    def __init__(self, slots: tuple[int, ...], kv_tokens: tuple[int | None, ...] = ()) -> None:
         self.capacity = slots
         self._free = list(slots)
+        self._kv_capacity = [_UNBUDGETED if kv is None else kv for kv in kv_tokens]
+        self._kv_free: list[int] | None = (
+            list(self._kv_capacity) if any(kv is not None for kv in kv_tokens) else None
+        )
+        """KV tokens not reserved, per backend; None without a budget."""
         self._available = [True] * len(slots)
         self.num_free = sum(slots)
         """Free slots on available backends: what `acquire` may hand out."""
@@ -310,11 +323,22 @@ class SlotPool:
         self._denials: dict[int, int] = {}
         """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
 
-    def acquire(self) -> int:
+    def acquire(self, kv: int = 0) -> int:
+        """A slot, with room for `kv` reserved tokens under a memory budget: its backend,
+        or -1 when no available backend with a free slot has that room (the caller's
+        request waits for one; nothing smaller overtakes it)."""
         if self.num_free <= 0:
             raise RuntimeError("acquire() with no free slot: the caller must check num_free")
-        free, up = self._free, self._available
-        if len(free) == 1:
+        free, up, room = self._free, self._available, self._kv_free
+        if room is not None:
+            backend = -1
+            for b, n in enumerate(free):
+                if up[b] and n > 0 and room[b] >= kv and (backend < 0 or n > free[backend]):
+                    backend = b
+            if backend < 0:
+                return -1
+            room[backend] -= kv
+        elif len(free) == 1:
             backend = 0
         else:
             backend = max(range(len(free)), key=lambda b: free[b] if up[b] else -1)
@@ -322,12 +346,17 @@ class SlotPool:
         self.num_free -= 1
         return backend
 
-    def resize(self, slots: tuple[int, ...]) -> None:
+    def resize(self, slots: tuple[int, ...], kv_tokens: tuple[int | None, ...] = ()) -> None:
         """New capacities (a reload): backends keep their positions and what runs there; new
-        ones are appended, available. A backend whose capacity falls below what it runs
-        (0: removed) gets nothing new until enough of it ends."""
+        ones are appended, available. A backend whose capacity (slots or KV) falls below
+        what it runs (0: removed) gets nothing new until enough of it ends."""
         if len(slots) < len(self.capacity):
             raise ValueError("resize() may append backends, never remove one")
+        if self._kv_free is not None:
+            held = [c - f for c, f in zip(self._kv_capacity, self._kv_free, strict=True)]
+            held += [0] * (len(slots) - len(held))
+            self._kv_capacity = [_UNBUDGETED if kv is None else kv for kv in kv_tokens]
+            self._kv_free = [c - h for c, h in zip(self._kv_capacity, held, strict=True)]
         in_flight = [self.in_flight(b) for b in range(len(self.capacity))]
         in_flight += [0] * (len(slots) - len(in_flight))
         self._available += [True] * (len(slots) - len(self._available))
@@ -385,13 +414,16 @@ class SlotPool:
         if self._available[backend]:
             self.num_free -= 1
 
-    def release(self, backend: int) -> None:
-        """A slot on `backend` is free again (its request ended, or waits again). A hold-off
-        there ends with it: the guard's own lease there is coming back (a lease denial
-        holds the backend off again right after its requeue)."""
+    def release(self, backend: int, kv: int = 0) -> None:
+        """A slot on `backend` is free again (its request ended, or waits again), with the
+        `kv` tokens it reserved. A hold-off there ends with it: the guard's own lease
+        there is coming back (a lease denial holds the backend off again right after its
+        requeue)."""
         if self._free[backend] >= self.capacity[backend]:
             raise RuntimeError(f"release() of backend {backend} with no slot in use")
         self._free[backend] += 1
+        if self._kv_free is not None:
+            self._kv_free[backend] += kv
         if self._available[backend] and self._free[backend] > 0:
             self.num_free += 1
         if self.held_until:

@@ -210,6 +210,11 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "upper_envelope": envelope(config.upper_envelope),
         "capacity_action": config.capacity_action.value,
         "slot_leases": config.slot_leases,
+        **(
+            {"kv_tokens": list(config.kv_tokens), "kv_block_tokens": config.kv_block_tokens}
+            if config.kv_budgeted
+            else {}
+        ),
         "backends": [
             {
                 "id": config.backend_ids[i] if config.backend_ids else None,
@@ -271,6 +276,8 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             capacity_action=CapacityAction(data.get("capacity_action", "alarm")),
             **_backends_from(data.get("backends"), len(data["slots"])),
             slot_leases=bool(data.get("slot_leases", False)),
+            kv_tokens=tuple(data.get("kv_tokens", ())),
+            kv_block_tokens=int(data.get("kv_block_tokens", 16)),
         )
     except (KeyError, TypeError) as exc:
         raise TraceError(f"config event is missing or mistypes {exc}") from exc

@@ -108,6 +108,11 @@ class Guard(Ledger):
         contract = pending.contract
         if contract is None:
             return self._reject(pending, RejectReason.UNKNOWN_TENANT, now)
+        if self._kv_budgeted and not self.config.kv_fits_somewhere(
+            self.config.kv_reservation(request.num_prompt_tokens, request.num_output_tokens)
+        ):
+            window = self.config.schedule.index_at(now) if contract.assured else None
+            return self._reject(pending, RejectReason.KV_EXCESS, now, window)
         if contract.cls is not ASSURED:
             return self._ask(pending, now)
         weight = self._meter.weight(request)
@@ -380,9 +385,13 @@ class Guard(Ledger):
             if verdict is DROP:
                 out.append(self._drop(ticket, now, "doomed"))
                 continue
+            backend = slots.acquire(ticket.kv)
+            if backend < 0:  # no room for it in any KV cache: it waits first, none overtakes
+                self._enqueue(ticket, front=True)
+                break
             if verdict is DoomVerdict.UNCERTAIN:
                 self.stats.doom_uncertain += 1
-            out.append(self._start(ticket, slots.acquire(), now))
+            out.append(self._start(ticket, backend, now))
         return out
 
     # -- views ----------------------------------------------------------------------------

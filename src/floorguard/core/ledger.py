@@ -89,7 +89,7 @@ class Ledger:
         self._contracts = {c.tenant: c for c in config.contracts}
         self._learner = learner
         self._store = store
-        self._slots = SlotPool(config.slots)
+        self._slots = SlotPool(config.slots, config.kv_tokens)
         self._doom = DoomGate(config.lower_envelope, config.upper_envelope)
         """`L` and `s_max` of each admitted request (its ticket keeps them); the guard's
         doom gate."""
@@ -102,6 +102,7 @@ class Ledger:
         self._max_assured_tokens = 0
         self._total_slots = config.total_slots
         self._slot_leases = config.slot_leases
+        self._kv_budgeted = config.kv_budgeted
         self._reloaded: tuple[float, GuardConfig] | None = None
         """A reload's configuration and the instant its contracts govern from."""
         self._sink = sink
@@ -125,11 +126,12 @@ class Ledger:
         self.roll(now)
         schedule = self.config.schedule
         from_window = schedule.index_at(now) + 1
-        self._slots.resize(config.slots)
+        self._slots.resize(config.slots, config.kv_tokens)
         self._total_slots = config.total_slots
         self.config = replace(
             self.config,
             slots=config.slots,
+            kv_tokens=config.kv_tokens,
             backend_ids=config.backend_ids,
             backend_capacity=config.backend_capacity,
             queue_limits=config.queue_limits,
@@ -336,6 +338,10 @@ class Ledger:
             lower_s,
             upper_s,
         )
+        if self._kv_budgeted:
+            ticket.kv = self.config.kv_reservation(
+                request.num_prompt_tokens, request.num_output_tokens
+            )
         stats = self.stats.per_class[contract.cls]
         stats.admitted += 1
         if entitled:
@@ -424,7 +430,7 @@ class Ledger:
                 "queued" if request_id in self._queued else "not held (ended, or never admitted)"
             )
             raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
-        self._slots.release(ticket.backend)
+        self._slots.release(ticket.backend, ticket.kv)
         return ticket
 
     def _drop(self, ticket: Ticket, now: float, reason: str) -> Drop:
@@ -502,7 +508,7 @@ class Ledger:
         """The backend finished an in-flight request: free its slot, and let the monitors
         see its service time."""
         del self._in_flight[request_id]
-        self._slots.release(ticket.backend)
+        self._slots.release(ticket.backend, ticket.kv)
         service_s = now - ticket.dispatched_at
         stats = self.stats.per_class[ticket.contract.cls]
         stats.completed += 1

@@ -78,6 +78,8 @@ class RejectReason(StrEnum):
     LEARNER_FAULT = "learner_fault"
     QUEUE_FULL = "queue_full"
     """A surplus request over a queue limit (`QueueLimits`); never a floor-entitled one."""
+    KV_EXCESS = "kv_excess"
+    """Its metered prompt + output can never fit any backend's KV cache (SPEC §16)."""
     BUSY = "busy"
     """A surplus request that cannot start before it is doomed (`QueueLimits.refuse_busy`,
     SPEC §17): refused on arrival instead of dropped at the end of its wait."""

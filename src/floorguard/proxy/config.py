@@ -92,6 +92,12 @@ class BackendSpec(Strict):
     reports (`floorguard_backend_slots` on its /metrics, where it reports it)."""
     health_path: str = Field(default="/health", pattern=r"^/")
     """Probed for `/readyz` (vLLM and `floorguard emulate` serve `/health`)."""
+    kv_tokens: int | None = Field(default=None, ge=1, le=10**9)
+    """Its KV cache in tokens (vLLM: `num_gpu_blocks × block_size`, the figures its
+    `cache_config_info` metric reports). Set: the guard starts a request there only while
+    the reservations of what runs there (metered prompt bound + output cap, in whole
+    blocks) fit, so vLLM never preempts a running request (SPEC §16); a request no
+    backend can hold is refused, 429 `kv_excess`. None: slots only."""
 
 
 class ModelSpec(Strict):
@@ -394,6 +400,9 @@ class GuardServerConfig(Strict):
     tracing: TracingSpec | None = None
     """OpenTelemetry: a span per request, exported over OTLP/HTTP (the `otel` extra); none:
     the client's `traceparent` is only forwarded to the backend."""
+    kv_block_tokens: int = Field(default=16, ge=1, le=4096)
+    """The backends' KV block size in tokens (vLLM's `--block-size`): a reservation under
+    `backends[].kv_tokens` is whole blocks."""
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop `serve` runs on: `auto` is uvloop where it is installed (the `uvloop`
     extra), else asyncio's own; the start-up report says which."""
@@ -599,6 +608,10 @@ class GuardServerConfig(Strict):
             if any(b.capacity is not None for b in self.backends)
             else (),
             slot_leases=self.store is not None and self.store.slots == "leased",
+            kv_tokens=tuple(b.kv_tokens for b in self.backends)
+            if any(b.kv_tokens is not None for b in self.backends)
+            else (),
+            kv_block_tokens=self.kv_block_tokens,
             lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,

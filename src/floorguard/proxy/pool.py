@@ -416,6 +416,11 @@ class Pool(Forwarding):
             message = f"refused: {reason}; the next window starts in {retry_s} s"
         elif reason == RejectReason.QUEUE_FULL:
             message = "refused: the guard's queue for this class or tenant is full"
+        elif reason == RejectReason.KV_EXCESS:
+            message = (
+                "refused: kv_excess; its prompt and max_tokens need more KV cache than any "
+                "backend has: send a shorter prompt or a smaller max_tokens"
+            )
         elif reason == RejectReason.BUSY:
             message = (
                 "refused: busy; the requests ahead of this one leave no slot for it before "

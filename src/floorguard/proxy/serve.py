@@ -76,6 +76,7 @@ def start_report(config: GuardServerConfig) -> list[str]:
                 f"sojourn ≤ s_max·(1+⌈B/C⌉) = {report.bound_s:.3f} s ≤ d = "
                 f"{report.min_deadline_budget_s:.3f} s)"
             )
+        out += _memory_lines(pool, of)
         if pool.profile is None:
             continue
         view = screen_config(pool)
@@ -88,6 +89,28 @@ def start_report(config: GuardServerConfig) -> list[str]:
                     f": predicted {verdict.predicted_sojourn_s * 1e3:.0f} ms vs d = "
                     f"{c.deadline_budget_s * 1e3:.0f} ms"
                 )
+    return out
+
+
+def _memory_lines(pool: GuardServerConfig, of: str) -> list[str]:
+    """Under a KV budget (SPEC §16): what each backend holds, and what the largest metered
+    request needs (`limits.max_prompt_tokens` + `limits.max_tokens`, in blocks)."""
+    guard = pool.guard_config()
+    if not guard.kv_budgeted:
+        return []
+    limits = pool.limits
+    largest = guard.kv_reservation(limits.max_prompt_tokens, limits.max_tokens)
+    out = []
+    for backend in pool.backends:
+        if backend.kv_tokens is None:
+            out.append(f"{of}backend {backend.url}: KV not budgeted (slots only)")
+            continue
+        fits = backend.kv_tokens // largest
+        out.append(
+            f"{of}backend {backend.url}: KV {backend.kv_tokens} tokens, {fits} of the largest "
+            f"metered request ({largest} tokens: max_prompt_tokens + max_tokens) at once"
+            + ("" if fits else ": such a request never starts there")
+        )
     return out
 
 

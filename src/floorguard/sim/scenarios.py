@@ -64,6 +64,8 @@ class Scenario:
     """The published wiring: one constant `L` for every length (the batch-1 median)."""
     queue_limits: QueueLimits = field(default_factory=QueueLimits)
     """The surplus's queue limits and `refuse_busy` (none, off: the published wiring)."""
+    kv_tokens: tuple[int | None, ...] = ()
+    """Each backend's KV cache in tokens, budgeted by the guard (SPEC §16; empty: not)."""
 
     def lower_envelope(self) -> AffineEnvelope | None:
         if not self.doom_gate:
@@ -84,6 +86,7 @@ class Scenario:
             upper_envelope=self.profile.ceiling,
             capacity_action=self.capacity_action,
             queue_limits=self.queue_limits,
+            kv_tokens=self.kv_tokens,
         )
 
     def with_overrides(
