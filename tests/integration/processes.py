@@ -46,10 +46,13 @@ def floorguard(
     )
 
 
-def emulate(slots: int = 4, model: str | None = None) -> tuple[str, subprocess.Popen]:
+def emulate(
+    slots: int = 4, model: str | None = None, kv_blocks: int | None = None
+) -> tuple[str, subprocess.Popen]:
     port = free_port()
     named = ("--model", model) if model else ()
-    process = floorguard("emulate", "--slots", str(slots), "--port", str(port), *named)
+    kv = ("--kv-blocks", str(kv_blocks)) if kv_blocks is not None else ()
+    process = floorguard("emulate", "--slots", str(slots), "--port", str(port), *named, *kv)
     wait_listening(port, process)
     return f"http://127.0.0.1:{port}", process
 

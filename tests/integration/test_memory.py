@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+import yaml
+
 from floorguard.core.events import EventKind, read_jsonl
-from tests.integration.processes import emulate, stop
-from tests.integration.test_attacks import _concurrently, guard_process
+from floorguard.proxy.health import parse_backend_report
+from tests.integration.processes import emulate, floorguard, stop, wait_listening
+from tests.integration.test_attacks import _concurrently, _config, guard_process
+from tests.redis_server import free_port
 
 BIG = ("acme", {"model": "m", "prompt": "x", "max_tokens": 40})  # 3 + 40 → 48 reserved
 SMALL = ("free", {"model": "m", "prompt": "x", "max_tokens": 8})  # 3 + 8 → 16 reserved
@@ -43,3 +48,45 @@ def test_a_backend_takes_what_its_kv_cache_holds_and_refuses_what_it_never_could
     first, second, small = starts
     assert dispatched[second] >= ends[first]  # 48 + 48 > 64: it waited for room
     assert dispatched[small] >= dispatched[second]  # it would have fit, and did not overtake
+
+
+VLLM_METRICS = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
+gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2048",\
+num_gpu_blocks_override="None",swap_space="4"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_the_kv_cache_vllm_reports_is_read_from_its_metrics():
+    report = parse_backend_report(VLLM_METRICS)
+    assert (report.kv_blocks, report.block_tokens, report.kv_tokens) == (2048, 16, 32_768)
+    assert report.slots is None
+    assert parse_backend_report("not { metrics").kv_tokens is None
+
+
+@pytest.mark.parametrize(("declared", "starts"), [(64, True), (128, False)])
+def test_a_kv_budget_beyond_what_the_backend_reports_refuses_to_start(tmp_path, declared, starts):
+    """The emulator reports 4 blocks of 16 (vLLM's cache_config_info): a guard that would
+    reserve 128 tokens there refuses to start, saying why; 64 starts."""
+    backend, emulator = emulate(slots=2, kv_blocks=4)
+    config = {**_config([backend], tmp_path / "decisions.jsonl")}
+    config["backends"] = [{"url": backend, "slots": 2, "kv_tokens": declared}]
+    config["port"] = free_port()
+    path = tmp_path / "guard.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with (tmp_path / "guard.err").open("wb") as err:
+        process = floorguard("serve", "--config", str(path), stderr=err)
+    try:
+        if starts:
+            wait_listening(config["port"], process)
+        else:
+            assert process.wait(30) == 2
+            said = (tmp_path / "guard.err").read_text()
+            assert "kv_tokens" in said and "the 64 KV tokens" in said, said
+    finally:
+        stop(process, emulator)

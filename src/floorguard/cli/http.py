@@ -111,6 +111,13 @@ def register(commands: Any) -> None:
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=port, default=8001)
     emulate.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="report a KV cache of this many 16-token blocks in vllm:cache_config_info, as "
+        "vLLM does (reported only: the emulator never runs out of memory)",
+    )
+    emulate.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority"],
         default="fcfs",
@@ -323,6 +330,7 @@ def run_emulate(args: argparse.Namespace, console: Console) -> int:
         args.slots,
         priority_scheduling=args.scheduling_policy == "priority",
         model=args.model,
+        kv_blocks=args.kv_blocks,
     )
     console.print(
         f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",

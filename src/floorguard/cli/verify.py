@@ -119,6 +119,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"FAIL: {len(failed)} violation(s)")
         else:
             console.print(
-                "OK: AF, DR, ORDER, SLOTS, MEMORY, TERMINAL hold" + (", SF holds" if args.strict_sf else "")
+                "OK: AF, DR, ORDER, SLOTS, MEMORY, TERMINAL hold"
+                + (", SF holds" if args.strict_sf else "")
             )
     return 1 if failed else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,32 +19,64 @@ from prometheus_client.parser import text_string_to_metric_families
 from floorguard.core.surface import Stack
 from floorguard.proxy.config import BackendSpec
 
-__all__ = ["BackendHealth", "reported_slots"]
+__all__ = ["BackendHealth", "BackendReport", "backend_report", "parse_backend_report"]
 
 SLOTS_GAUGE = "floorguard_backend_slots"
+CACHE_INFO = "vllm:cache_config_info"
+"""vLLM's info gauge of its CacheConfig: labels `num_gpu_blocks` and `block_size` (the CPU
+backend reports its KV cache under the same names)."""
 
 
-async def reported_slots(
+@dataclass(frozen=True, slots=True)
+class BackendReport:
+    """What a backend reports of itself on its /metrics (None: not reported)."""
+
+    slots: int | None = None
+    """`floorguard_backend_slots` (the emulator; vLLM does not report `--max-num-seqs`)."""
+    kv_blocks: int | None = None
+    block_tokens: int | None = None
+
+    @property
+    def kv_tokens(self) -> int | None:
+        if self.kv_blocks is None or self.block_tokens is None:
+            return None
+        return self.kv_blocks * self.block_tokens
+
+
+def parse_backend_report(text: str) -> BackendReport:
+    """The figures in a /metrics page (a malformed page reports nothing)."""
+    slots = blocks = block = None
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name == SLOTS_GAUGE and family.samples:
+                slots = int(family.samples[0].value)
+            if family.name in (CACHE_INFO, CACHE_INFO.removesuffix("_info")):
+                for sample in family.samples:
+                    labels = sample.labels
+                    if (
+                        labels.get("num_gpu_blocks", "").isdigit()
+                        and labels.get("block_size", "").isdigit()
+                    ):
+                        blocks, block = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except ValueError:
+        return BackendReport()
+    return BackendReport(slots, blocks, block)
+
+
+async def backend_report(
     session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0
-) -> int | None:
-    """The slot count a backend reports of itself (`floorguard_backend_slots` on its
-    /metrics), or None where it reports none or cannot be read."""
+) -> BackendReport:
+    """What the backend at `url` reports of itself; nothing where /metrics cannot be read."""
     try:
         async with session.get(
             url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:
             if response.status != 200:
-                return None
+                return BackendReport()
             text = await response.text()
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
-        return None
-    try:
-        for family in text_string_to_metric_families(text):
-            if family.name == SLOTS_GAUGE and family.samples:
-                return int(family.samples[0].value)
-    except ValueError:
-        return None
-    return None
+        return BackendReport()
+    return parse_backend_report(text)
 
 
 log = logging.getLogger("floorguard.proxy")

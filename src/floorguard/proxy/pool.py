@@ -49,7 +49,7 @@ from floorguard.errors import ConfigError
 from floorguard.learners.registry import create_learner
 from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.forward import Forwarding, PoolHost, UnreachableError
-from floorguard.proxy.health import BackendHealth, reported_slots
+from floorguard.proxy.health import BackendHealth, backend_report
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.ratelimit import rate_limit_headers
@@ -324,7 +324,9 @@ class Pool(Forwarding):
         What a backend reports is kept: partitioned shares follow it (`_shares`)."""
         partitioned = self.config.store is not None and self.config.store.slots == "partition"
         for i, backend in enumerate(self.config.backends):
-            reported = await reported_slots(session, backend.url)
+            report = await backend_report(session, backend.url)
+            self._check_kv(i, backend, report.kv_tokens, report.block_tokens)
+            reported = report.slots
             declared = backend.capacity
             if reported is not None and declared is not None and reported != declared:
                 raise ConfigError(
@@ -349,6 +351,37 @@ class Pool(Forwarding):
                     self._key(i),
                     backend.url,
                 )
+
+    def _check_kv(
+        self, i: int, backend: BackendSpec, reported: int | None, block: int | None
+    ) -> None:
+        """A declared KV budget against the KV cache the backend reports (vLLM's
+        `cache_config_info`): more than it has, or other blocks, refuses to start; none
+        declared, the figure is said (SPEC §16: budgeting it keeps vLLM from preempting)."""
+        if reported is None:
+            return
+        declared = backend.kv_tokens
+        if declared is None:
+            log.info(
+                "%s (%s) reports a KV cache of %d tokens (%d-token blocks): set "
+                "kv_tokens: %d there to budget it (docs/http.md, The KV cache)",
+                self._key(i), backend.url, reported, block, reported,
+            )  # fmt: skip
+            return
+        if declared > reported:
+            raise ConfigError(
+                f"{self._key(i)}.kv_tokens",
+                declared,
+                f"> the {reported} KV tokens {backend.url} reports: the guard would start "
+                "requests its cache cannot hold",
+            )
+        if block != self.config.kv_block_tokens:
+            raise ConfigError(
+                "kv_block_tokens",
+                self.config.kv_block_tokens,
+                f"{backend.url} reports {block}-token KV blocks: reservations would be "
+                "counted in the wrong blocks",
+            )
 
     def _key(self, i: int) -> str:
         return f"backends[{i}]" if self.name is None else f"models.{self.name}.backends[{i}]"

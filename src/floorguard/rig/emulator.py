@@ -60,7 +60,12 @@ class Emulator:
         priority_scheduling: bool = False,
         model: str | None = None,
         seed: int = 0,
+        kv_blocks: int | None = None,
+        block_tokens: int = 16,
     ) -> None:
+        """`kv_blocks`: report a KV cache of that many `block_tokens`-token blocks in
+        vLLM's `vllm:cache_config_info`, as vLLM does (the emulator itself never runs out
+        of memory: it reports the figure, for a guard's start-up check)."""
         self.model = model or "floorguard-emulated"
         """The name it serves; with `model` given, a request naming another is a 404 (as
         vLLM answers); without, any name is served (the name in replies is this one)."""
@@ -89,6 +94,13 @@ class Emulator:
             "The backend's own slot count (a guard checks its slots partition against it)",
             registry=self.registry,
         ).set(slots)
+        if kv_blocks is not None:
+            Gauge(
+                "vllm:cache_config_info",
+                "The KV cache's configuration (as vLLM reports it)",
+                ["block_size", "num_gpu_blocks"],
+                registry=self.registry,
+            ).labels(str(block_tokens), str(kv_blocks)).set(1)
         self.in_flight_max = 0
         """The most requests this backend ever held at once, running or waiting: the
         fleet's SLOTS bound is at most `slots` here."""
