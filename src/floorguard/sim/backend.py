@@ -21,7 +21,13 @@ import numpy as np
 from floorguard.core.request import Request, RequestId
 from floorguard.profiles import ServiceProfile
 
-__all__ = ["BatchingBackend", "FixedServiceBackend", "SimBackend", "create_backend"]
+__all__ = [
+    "BatchingBackend",
+    "FixedServiceBackend",
+    "KvBatchingBackend",
+    "SimBackend",
+    "create_backend",
+]
 
 _EPS = 1e-9
 
@@ -129,6 +135,176 @@ class BatchingBackend:
         return done
 
 
+class KvBatchingBackend(BatchingBackend):
+    """`BatchingBackend` with a KV cache of `kv_blocks` blocks of `block_tokens` tokens, and
+    what vLLM's scheduler does with it (SPEC §16). A running sequence holds
+    `⌈(prompt + tokens out + 1) / block⌉` blocks, growing as it decodes. A request is
+    admitted (from the guard, or again after a preemption) only when its prompt's blocks
+    are free, in arrival order behind any that wait; else it waits inside the backend. When
+    the next block cannot be allocated, the most recently admitted running sequence is
+    preempted (vLLM's recompute): its blocks are freed, the tokens it streamed are kept, and
+    it waits at the front to run again with prompt + those tokens to prefill once more.
+    `preemptions` counts them (vLLM's `vllm:num_preemptions_total`). `join` returns inf for
+    a request that has to wait: its first token's instant is put in `first_tokens` when it
+    is admitted, for the driver to take."""
+
+    def __init__(
+        self,
+        profile: ServiceProfile,
+        num_slots: int,
+        rng: np.random.Generator,
+        kv_blocks: int,
+        block_tokens: int = 16,
+    ) -> None:
+        super().__init__(profile, num_slots, rng)
+        self.kv_blocks, self.block_tokens = kv_blocks, block_tokens
+        self.preemptions = 0
+        self.first_tokens: list[tuple[RequestId, float]] = []
+        self._requests: dict[RequestId, Request] = {}
+        """Every request held here, running or waiting."""
+        self._waiting: list[RequestId] = []
+        """Waiting inside the backend, the first to run first."""
+        self._streamed: dict[RequestId, int] = {}
+        """Tokens out before the current run (kept across preemptions)."""
+        self._prompt: dict[RequestId, int] = {}
+        """The current run's prompt: the request's, + what it streamed before."""
+        self._per_token: dict[RequestId, float] = {}
+        """Decode steps per output token: its dispersion draw, kept across preemptions."""
+        self._admitted: list[RequestId] = []
+        """Running, in the order admitted: the last is preempted first."""
+        self._announced: set[RequestId] = set()
+        """Requests whose first token's instant the driver was given."""
+
+    def _blocks(self, tokens: float) -> int:
+        return math.ceil((tokens + 1) / self.block_tokens - _EPS)
+
+    def _progress(self, request_id: RequestId, v: float) -> float:
+        """Tokens out in the current run at virtual time `v`."""
+        start_v, _, tokens, _ = self._spans[request_id]
+        return min(float(tokens), max(0.0, v - start_v) / self._per_token[request_id])
+
+    def _used(self, v: float) -> int:
+        return sum(
+            self._blocks(self._prompt[rid] + self._progress(rid, v)) for rid in self._admitted
+        )
+
+    def join(self, request: Request, now: float) -> float:
+        rid = request.request_id
+        if len(self._requests) >= self.num_slots:
+            raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
+        self._advance(now)
+        self._requests[rid], self._streamed[rid] = request, 0
+        self._per_token[rid] = self._jitter()
+        self._waiting.append(rid)
+        self._admit_waiting(now)
+        if rid not in self._spans:
+            return math.inf
+        self._announced.add(rid)
+        self._announce()
+        return self._spans[rid][3]
+
+    def _announce(self) -> None:
+        """Give the driver the first token of each request admitted after it waited."""
+        for rid in self._admitted:
+            if rid not in self._announced:
+                self._announced.add(rid)
+                self.first_tokens.append((rid, self._spans[rid][3]))
+
+    def _admit_waiting(self, now: float) -> None:
+        """Admit from the front while its prompt's blocks are free (vLLM's FCFS)."""
+        while self._waiting and len(self._finish) < self.num_slots:
+            rid = self._waiting[0]
+            request, streamed = self._requests[rid], self._streamed[rid]
+            prompt = request.num_prompt_tokens + streamed
+            if self._used(self._v) + self._blocks(prompt) > self.kv_blocks:
+                return
+            self._waiting.pop(0)
+            self._start(rid, prompt, request.num_output_tokens - streamed, now)
+
+    def _start(self, rid: RequestId, prompt: int, tokens: int, now: float) -> None:
+        p = self.profile
+        prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * prompt
+        if p.stall_per_decoding_s > 0:
+            decoding = sum(1 for span in self._spans.values() if span[3] <= now)
+            prefill_s += p.stall_per_decoding_s * min(decoding, p.reference_slots - 1)
+        self._stalled_until = max(self._stalled_until, now) + prefill_s
+        self._seq += 1
+        finish_v = self._v + tokens * self._per_token[rid]
+        heapq.heappush(self._finish, (finish_v, self._seq, rid))
+        self._spans[rid] = (self._v, finish_v, tokens, self._stalled_until)
+        self._prompt[rid] = prompt
+        self._admitted.append(rid)
+
+    def tokens_out(self, request_id: RequestId, now: float) -> int:
+        before = self._streamed[request_id]
+        if request_id not in self._spans:  # waiting inside
+            return before
+        return before + super().tokens_out(request_id, now)
+
+    def _next_preemption_v(self) -> float | None:
+        """The virtual time at which the running sequences first need more blocks than the
+        cache has (None: not before they finish)."""
+        need = sum(self._blocks(self._prompt[r] + self._spans[r][2]) for r in self._admitted)
+        if need <= self.kv_blocks:
+            return None
+        v, block = self._v, self.block_tokens
+        used = self._used(v)
+        if used > self.kv_blocks:
+            return v
+        crossings: list[tuple[float, int, RequestId]] = []
+        for n, rid in enumerate(self._admitted):
+            start_v, _, tokens, _ = self._spans[rid]
+            prompt = self._prompt[rid]
+            out = self._blocks(prompt + self._progress(rid, v)) * block - prompt
+            if out < tokens:  # out tokens need one block more (blocks hold prompt + out + 1)
+                crossings.append((start_v + out * self._per_token[rid], n, rid))
+        heapq.heapify(crossings)
+        while crossings:
+            at, n, rid = heapq.heappop(crossings)
+            used += 1
+            if used > self.kv_blocks:
+                return max(at, v)
+            start_v, _, tokens, _ = self._spans[rid]
+            out = round((at - start_v) / self._per_token[rid]) + block
+            if out < tokens:
+                heapq.heappush(crossings, (start_v + out * self._per_token[rid], n, rid))
+        return None
+
+    def next_completion_at(self) -> float | None:
+        finish = super().next_completion_at()
+        preempt_v = self._next_preemption_v() if self._finish else None
+        if preempt_v is None:
+            return finish
+        start = max(self._last_at, self._stalled_until)
+        preempt_at = start + max(preempt_v - self._v, 0.0) * self._step_s[len(self._finish)]
+        return preempt_at if finish is None else min(finish, preempt_at)
+
+    def complete_due(self, now: float) -> list[RequestId]:
+        done = super().complete_due(now)
+        for rid in done:
+            self._admitted.remove(rid)
+            for held in (self._prompt, self._streamed, self._per_token, self._requests):
+                del held[rid]
+            self._announced.discard(rid)
+        while self._admitted:  # by the scheduler's own reckoning, so the two agree
+            due = self._next_preemption_v()
+            if due is None or due > self._v + 1e-6 * max(1.0, self._v):
+                break
+            self._preempt(self._admitted[-1])
+        self._admit_waiting(now)
+        self._announce()
+        return done
+
+    def _preempt(self, request_id: RequestId) -> None:
+        self._streamed[request_id] += int(self._progress(request_id, self._v) + _EPS)
+        self._finish = [e for e in self._finish if e[2] != request_id]
+        heapq.heapify(self._finish)
+        del self._spans[request_id], self._prompt[request_id]
+        self._admitted.remove(request_id)
+        self._waiting.insert(0, request_id)
+        self.preemptions += 1
+
+
 class FixedServiceBackend:
     """Deterministic slots: service is `L(ℓ)` exactly, independent of load."""
 
@@ -171,7 +347,19 @@ class FixedServiceBackend:
         return done
 
 
-def create_backend(profile: ServiceProfile, num_slots: int, rng: np.random.Generator) -> SimBackend:
+def create_backend(
+    profile: ServiceProfile,
+    num_slots: int,
+    rng: np.random.Generator,
+    kv_blocks: int | None = None,
+    block_tokens: int = 16,
+) -> SimBackend:
+    """The profile's backend; with `kv_blocks`, one whose KV cache preempts as vLLM's does
+    (a coupled profile only)."""
+    if kv_blocks is not None:
+        if not profile.coupled:
+            raise ValueError("a KV cache is modelled on a coupled (batching) profile only")
+        return KvBatchingBackend(profile, num_slots, rng, kv_blocks, block_tokens)
     if profile.coupled:
         return BatchingBackend(profile, num_slots, rng)
     return FixedServiceBackend(profile, num_slots)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from floorguard.core.learner import Learner
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Stack
 from floorguard.learners.registry import LearnerOptions, create_learner
-from floorguard.sim.backend import SimBackend, create_backend
+from floorguard.sim.backend import KvBatchingBackend, SimBackend, create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.scenarios import Scenario
 from floorguard.sim.serving import Serving
@@ -32,6 +33,8 @@ class SimRun:
     num_requests: int
     end_at: float
     wall_s: float
+    preemptions: int = 0
+    """Sequences the backends' KV caches preempted (`Scenario.backend_kv_blocks`)."""
 
 
 class _Simulation(Serving):
@@ -41,11 +44,14 @@ class _Simulation(Serving):
         super().__init__(Engine(), backends)
         self.guard = guard
         self._record_first_token = record_first_token
+        self._kv = any(type(b) is KvBatchingBackend for b in backends)
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.guard.on_arrival(request, now, request.arrival_at)
         for index in self._dispatch(now):
             self.reschedule(index)
+            if self._kv:
+                self._first_tokens(index)
 
     def _dispatch(self, now: float) -> set[int] | tuple[()]:
         """Start what the guard dispatches; returns the backends whose batch changed."""
@@ -56,7 +62,7 @@ class _Simulation(Serving):
         for decision in decisions:
             if type(decision) is Dispatch:
                 first_token_at = self.backends[decision.backend].join(decision.request, now)
-                if self._record_first_token:
+                if self._record_first_token and first_token_at != math.inf:
                     self.engine.schedule(
                         first_token_at,
                         Priority.FIRST_TOKEN,
@@ -65,6 +71,15 @@ class _Simulation(Serving):
                     )
                 touched.add(decision.backend)
         return touched
+
+    def _first_tokens(self, index: int) -> None:
+        """First tokens of requests a KV cache held back (`KvBatchingBackend`)."""
+        backend = self.backends[index]
+        if type(backend) is KvBatchingBackend and backend.first_tokens:
+            for request_id, at in backend.first_tokens:
+                if self._record_first_token:
+                    self.engine.schedule(at, Priority.FIRST_TOKEN, self.on_first_token, request_id)
+            backend.first_tokens.clear()
 
     def on_completion(self, index: int, done: list[RequestId], now: float) -> None:
         for request_id in done:
@@ -77,6 +92,9 @@ class _Simulation(Serving):
             self.reschedule(index)
         for other in touched:
             self.reschedule(other)
+        if self._kv:
+            for changed in {index, *touched}:
+                self._first_tokens(changed)
 
     def on_first_token(self, request_id: RequestId, now: float) -> None:
         self.guard.on_first_token(request_id, now)
@@ -118,13 +136,16 @@ def simulate_once(
         started_at=scenario.schedule.origin_at,
     )
     backend_rngs = backend_rng.spawn(len(scenario.slots))
+    kv = scenario.backend_kv_blocks or (None,) * len(scenario.slots)
     backends = [
-        create_backend(scenario.profile, c, r)
-        for c, r in zip(scenario.slots, backend_rngs, strict=True)
+        create_backend(scenario.profile, c, r, blocks, scenario.kv_block_tokens)
+        for c, r, blocks in zip(scenario.slots, backend_rngs, kv, strict=True)
     ]
     sim = _Simulation(guard, backends, record_first_token=record)
     sim.engine.preload(Priority.ARRIVAL, sim.on_arrival, [r.arrival_at for r in requests], requests)
     sim.engine.run()
     if guard.num_in_flight or guard.num_queued:
         raise RuntimeError("simulation ended with work left: a request has no terminal outcome")
-    return SimRun(seed, guard, events, len(requests), sim.engine.now, time.perf_counter() - started)
+    preemptions = sum(b.preemptions for b in backends if type(b) is KvBatchingBackend)
+    wall_s = time.perf_counter() - started
+    return SimRun(seed, guard, events, len(requests), sim.engine.now, wall_s, preemptions)

@@ -33,7 +33,7 @@ from floorguard.sim.workloads import (
     TraceStream,
 )
 
-__all__ = ["SCENARIOS", "Scenario", "create_scenario", "marquee", "trace_replay"]
+__all__ = ["SCENARIOS", "Scenario", "create_scenario", "kv_pressure", "marquee", "trace_replay"]
 
 ASSURED_TENANT = "a95"
 """The assured tenant's name in the catalogue scenarios ("A95" in reports)."""
@@ -66,6 +66,10 @@ class Scenario:
     """The surplus's queue limits and `refuse_busy` (none, off: the published wiring)."""
     kv_tokens: tuple[int | None, ...] = ()
     """Each backend's KV cache in tokens, budgeted by the guard (SPEC §16; empty: not)."""
+    backend_kv_blocks: tuple[int | None, ...] = ()
+    """Each simulated backend's own KV cache in blocks, which preempts as vLLM's does when
+    it runs out (`KvBatchingBackend`; empty: none is modelled)."""
+    kv_block_tokens: int = 16
 
     def lower_envelope(self) -> AffineEnvelope | None:
         if not self.doom_gate:
@@ -87,6 +91,7 @@ class Scenario:
             capacity_action=self.capacity_action,
             queue_limits=self.queue_limits,
             kv_tokens=self.kv_tokens,
+            kv_block_tokens=self.kv_block_tokens,
         )
 
     def with_overrides(
@@ -113,6 +118,34 @@ class Scenario:
             slots=tuple(slots for _ in self.slots) if slots is not None else self.slots,
             profile=get_profile(profile) if profile is not None else self.profile,
         )
+
+
+def kv_pressure(*, kv_blocks: int = 32, budget: bool = False, duration_s: float = 10.0) -> Scenario:
+    """Memory pressure (SPEC §16): 100-token prompts and 64-token outputs, the assured tenant
+    paced at B = 3 per 1 s window beside an opportunistic Poisson 10/s, d = 2.5 s, on one
+    backend of C = 4 whose KV cache holds `kv_blocks` 16-token blocks (four running need 44
+    by their end); `budget`: the guard budgets that cache (`kv_tokens`)."""
+    lengths = FixedLength(64)
+    return Scenario(
+        name="kv-pressure",
+        contracts=(
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, 2.5, 3),
+            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, 2.5),
+        ),
+        streams=(
+            SyntheticStream(
+                ASSURED_TENANT, PacedArrivals(3.0), lengths, duration_s, prompt_tokens=100
+            ),
+            SyntheticStream(
+                OPPORTUNISTIC_TENANT, PoissonArrivals(10.0), lengths, duration_s, prompt_tokens=100
+            ),
+        ),
+        profile=get_profile("v100-moe"),
+        slots=(4,),
+        doom_gate=False,
+        backend_kv_blocks=(kv_blocks,),
+        kv_tokens=(kv_blocks * 16,) if budget else (),
+    )
 
 
 def marquee(
