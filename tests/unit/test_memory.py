@@ -118,3 +118,21 @@ def test_on_the_simulator_the_budget_removes_the_preemptions_slot_only_dispatch_
             report = check_trace(run.events)
             assert {v.prop for v in report.violations} <= {"SF"}, report.violations[:3]
             assert report.num_requests == run.num_requests
+
+
+def test_spec_6_counts_what_the_kv_caches_run_at_once():
+    """C = 4 slots, but a 512-token cache holds two requests of 100 + 64 (176 tokens each):
+    the §6 bound is made for C = 2, and says why when it is outside."""
+    from floorguard.core.monitors import assumption_report  # noqa: PLC0415
+
+    config = kv_pressure(budget=True).guard_config()
+    plain = assumption_report(replace(config, kv_tokens=()), num_output_tokens=64)
+    report = assumption_report(config, num_output_tokens=64, num_prompt_tokens=100)
+    assert report.rho_a == 2 * plain.rho_a
+    assert not report.inside and report.reasons[-1] == (
+        "memory: the KV caches run 2 of C = 4 at once at p + ℓ = 100 + 64"
+    )
+    tiny = replace(config, kv_tokens=(160,))
+    assert assumption_report(tiny, num_output_tokens=64, num_prompt_tokens=100).reasons == (
+        "memory: the KV caches run 0 of C = 4 at once at p + ℓ = 100 + 64",
+    )

@@ -100,6 +100,7 @@ class Ledger:
         self._surplus_by_tenant: Counter[str] = Counter()
         self._seq = 0
         self._max_assured_tokens = 0
+        self._max_assured_prompt = 0
         self._total_slots = config.total_slots
         self._slot_leases = config.slot_leases
         self._kv_budgeted = config.kv_budgeted
@@ -260,6 +261,8 @@ class Ledger:
         self.stats.per_class[contract.cls].offered += 1
         if contract.cls is ASSURED and request.num_output_tokens > self._max_assured_tokens:
             self._max_assured_tokens = request.num_output_tokens
+        if contract.cls is ASSURED and request.num_prompt_tokens > self._max_assured_prompt:
+            self._max_assured_prompt = request.num_prompt_tokens
         return pending
 
     def _ask(self, pending: Pending, now: float) -> Pending:
@@ -653,6 +656,11 @@ class Ledger:
         """The largest ℓ of any assured arrival so far (0 before the first)."""
         return self._max_assured_tokens
 
+    @property
+    def max_assured_prompt_tokens(self) -> int:
+        """The largest prompt (its upper count) of any assured arrival so far."""
+        return self._max_assured_prompt
+
     def in_flight_on(self, backend: int) -> int:
         return self._slots.in_flight(backend)
 
@@ -689,4 +697,5 @@ def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionRepo
         max_service_s=max(r.envelope.max_service_s for r in observed) if observed else None,
         num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
         max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
+        num_prompt_tokens=max((r.max_assured_prompt_tokens for r in runs), default=0),
     )

@@ -142,13 +142,31 @@ def assumption_report(
     max_service_s: float | None = None,
     num_above_ceiling: int = 0,
     max_backlog: int | None = None,
+    num_prompt_tokens: int = 0,
 ) -> AssumptionReport:
-    """SPEC §6 for `ℓ = num_output_tokens`, plus what was observed: the largest service, how
-    many services exceeded `s_max(ℓ)` at their own ℓ, and the largest `Q_A`."""
+    """SPEC §6 for `ℓ = num_output_tokens` (and prompts of `num_prompt_tokens`), plus what
+    was observed: the largest service, how many services exceeded `s_max(ℓ)` at their own
+    ℓ, and the largest `Q_A`. Under a KV budget (SPEC §16) `C` is what the caches run at
+    once of such requests: per backend `min(C, ⌊kv_tokens / reservation⌋)`."""
     floor, slots, window_s = config.total_floor, config.total_slots, config.schedule.window_s
     budgets = [c.deadline_budget_s for c in config.contracts if c.assured]
     min_budget = min(budgets) if budgets else None
     reasons: list[str] = []
+    if config.kv_budgeted:
+        need = config.kv_reservation(num_prompt_tokens, num_output_tokens)
+        slots = sum(
+            c if kv is None else min(c, kv // need)
+            for c, kv in zip(config.slots, config.kv_tokens, strict=True)
+        )
+        if slots < config.total_slots:
+            reasons.append(
+                f"memory: the KV caches run {slots} of C = {config.total_slots} at once at "
+                f"p + ℓ = {num_prompt_tokens} + {num_output_tokens}"
+            )
+        if slots == 0:
+            return AssumptionReport(
+                None, None, None, min_budget, max_service_s, max_backlog, False, tuple(reasons)
+            )
     if config.upper_envelope is None:
         return AssumptionReport(
             None,
@@ -171,6 +189,15 @@ def assumption_report(
         reasons.append(f"A3 envelope: {num_above_ceiling} services exceeded s_max(ℓ)")
     if max_backlog is not None and max_backlog > floor:
         reasons.append(f"backlog: max Q_A = {max_backlog} > B = {floor}")
+    memory = [r for r in reasons if r.startswith("memory:")]
+    outside = [r for r in reasons if not r.startswith("memory:")]
     return AssumptionReport(
-        rho_a, bound, s_max, min_budget, max_service_s, max_backlog, not reasons, tuple(reasons)
+        rho_a,
+        bound,
+        s_max,
+        min_budget,
+        max_service_s,
+        max_backlog,
+        not outside,
+        tuple(outside + memory) if outside else (),
     )
