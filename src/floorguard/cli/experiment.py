@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
     actions = experiment.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="list the catalogue")
     run_parser = actions.add_parser("run", help="run experiments by id, or all")
-    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E19), or 'all'")
+    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E21), or 'all'")
     run_parser.add_argument("--out", type=Path, default=Path("out/experiments"))
     run_parser.add_argument("--reps", type=int, help="override every experiment's reps")
     run_parser.add_argument(

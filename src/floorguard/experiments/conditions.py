@@ -42,6 +42,7 @@ from floorguard.sim.scenarios import (
     OPPORTUNISTIC_TENANT,
     POLITE_TENANT,
     Scenario,
+    kv_pressure,
     marquee,
 )
 from floorguard.sim.targets import saturated_capacity
@@ -84,7 +85,7 @@ class Condition:
     deadline_ms: float = 1820.0
     window_s: float = 1.0
     workload: str = "marquee"
-    """marquee | paced-bimodal | burst | gamma | trace | polite"""
+    """marquee | paced-bimodal | burst | gamma | trace | polite | kv-pressure"""
     duration_s: float = 12.0
     assured_rate: float = 6.0
     opp_rate: float = 16.0
@@ -130,6 +131,10 @@ class Condition:
     published guard's single order)."""
     polite_rate: float = 2.0
     """`polite`: a second opportunistic tenant's Poisson rate beside the flood (E20)."""
+    kv_blocks: int = 32
+    """`kv-pressure` (E21): the simulated backend's KV cache, in 16-token blocks."""
+    kv_budget: bool = False
+    """`kv-pressure`: the guard budgets that cache (SPEC §16), or dispatches by slots only."""
     static_caps_at_capacity: bool = False
     """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
     assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
@@ -295,6 +300,8 @@ def _entitled_admitted(trace: TraceRecords) -> int:
 
 
 def build_scenario(c: Condition) -> Scenario:
+    if c.workload == "kv-pressure":  # E21: its own prompts, lengths and deadline
+        return kv_pressure(kv_blocks=c.kv_blocks, budget=c.kv_budget, duration_s=c.duration_s)
     return Scenario(
         name=c.workload,
         contracts=_contracts(c),
@@ -418,6 +425,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "inside_region": region.inside,
         "held": m.assured.late == 0,
         "phase_counts": list(m.phase_counts),
+        "preemptions": run.preemptions,
     }
     if c.replay_admission:
         row["admission_identical"] = admitted == frozenset(

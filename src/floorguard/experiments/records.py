@@ -58,6 +58,8 @@ class ConditionKeys(TypedDict):
     surplus: str
     polite_rate: float
     static_caps_at_capacity: bool
+    kv_blocks: int
+    kv_budget: bool
 
 
 class RunRow(ConditionKeys, total=False):
@@ -108,6 +110,8 @@ class RunRow(ConditionKeys, total=False):
     entitled: int
     entitled_met: int
     entitled_admitted: int
+    preemptions: int
+    """Sequences the simulated backends' KV caches preempted (E21)."""
     attainment: float | None
     attainment_worst_phase: float | None
     worst_phase_s: float
