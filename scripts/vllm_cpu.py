@@ -126,7 +126,11 @@ def serve(
     scheduling_policy: str,
     timeout_s: float,
     cpus: set[int],
+    kv_blocks: int | None = None,
 ) -> None:
+    """`kv_blocks`: a KV cache of that many 16-token blocks (`--num-gpu-blocks-override`),
+    and `--max-model-len` what it holds: small enough that running sequences outgrow it
+    and vLLM preempts (the memory tests, SPEC §16)."""
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -140,7 +144,9 @@ def serve(
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(directory), "--served-model-name", name,
         "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
-        "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs),
+        "--max-model-len", str(min(2048, 16 * kv_blocks) if kv_blocks else 2048),
+        "--max-num-seqs", str(max_num_seqs),
+        *(("--num-gpu-blocks-override", str(kv_blocks), "--block-size", "16") if kv_blocks else ()),
         "--scheduling-policy", scheduling_policy,
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
@@ -203,6 +209,7 @@ def main() -> None:
     run.add_argument("--max-num-seqs", type=int, default=4)
     run.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
     run.add_argument("--timeout-s", type=float, default=300)
+    run.add_argument("--kv-blocks", type=int, help="a KV cache of this many 16-token blocks")
     run.add_argument(
         "--cpus",
         default="0",
@@ -224,6 +231,7 @@ def main() -> None:
             scheduling_policy=args.scheduling_policy,
             timeout_s=args.timeout_s,
             cpus=_cpus(args.cpus),
+            kv_blocks=args.kv_blocks,
         )
     else:
         stop(args.pid_file)

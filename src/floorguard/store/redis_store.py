@@ -213,8 +213,11 @@ def _clients(
         sentinels = _nodes(hosts)
         timeouts = {k: v for k, v in options.items() if k != "max_connections"}
         node = {**options, "db": int(db or 0)}
-        blocking: Any = redis.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
-        asynchronous: Any = redis.asyncio.sentinel.Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+        # Through Any: redis-py < 8.2 leaves these constructors untyped, 8.2 types them.
+        sync_sentinel: Any = redis.sentinel.Sentinel
+        async_sentinel: Any = redis.asyncio.sentinel.Sentinel
+        blocking: Any = sync_sentinel(sentinels, sentinel_kwargs=timeouts)
+        asynchronous: Any = async_sentinel(sentinels, sentinel_kwargs=timeouts)
         return (
             blocking.master_for(service, **node),
             asynchronous.master_for(service, **node),
