@@ -426,6 +426,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "held": m.assured.late == 0,
         "phase_counts": list(m.phase_counts),
         "preemptions": run.preemptions,
+        "a_preempted": run.preempted.get(ASSURED_TENANT, 0),
     }
     if c.replay_admission:
         row["admission_identical"] = admitted == frozenset(

@@ -112,6 +112,8 @@ class RunRow(ConditionKeys, total=False):
     entitled_admitted: int
     preemptions: int
     """Sequences the simulated backends' KV caches preempted (E21)."""
+    a_preempted: int
+    """Of those, the assured tenant's."""
     attainment: float | None
     attainment_worst_phase: float | None
     worst_phase_s: float

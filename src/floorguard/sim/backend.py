@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from typing import Protocol
 
 import numpy as np
@@ -159,6 +160,8 @@ class KvBatchingBackend(BatchingBackend):
         super().__init__(profile, num_slots, rng)
         self.kv_blocks, self.block_tokens = kv_blocks, block_tokens
         self.preemptions = 0
+        self.preempted: Counter[str] = Counter()
+        """Preemptions by the tenant of the sequence preempted."""
         self.first_tokens: list[tuple[RequestId, float]] = []
         self._requests: dict[RequestId, Request] = {}
         """Every request held here, running or waiting."""
@@ -303,6 +306,7 @@ class KvBatchingBackend(BatchingBackend):
         self._admitted.remove(request_id)
         self._waiting.insert(0, request_id)
         self.preemptions += 1
+        self.preempted[self._requests[request_id].tenant] += 1
 
 
 class FixedServiceBackend:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +36,8 @@ class SimRun:
     wall_s: float
     preemptions: int = 0
     """Sequences the backends' KV caches preempted (`Scenario.backend_kv_blocks`)."""
+    preempted: dict[str, int] = field(default_factory=dict)
+    """Those preemptions by the tenant of the sequence preempted."""
 
 
 class _Simulation(Serving):
@@ -146,6 +149,16 @@ def simulate_once(
     sim.engine.run()
     if guard.num_in_flight or guard.num_queued:
         raise RuntimeError("simulation ended with work left: a request has no terminal outcome")
-    preemptions = sum(b.preemptions for b in backends if type(b) is KvBatchingBackend)
+    caches = [b for b in backends if type(b) is KvBatchingBackend]
+    preempted = dict(sum((b.preempted for b in caches), Counter[str]()))
     wall_s = time.perf_counter() - started
-    return SimRun(seed, guard, events, len(requests), sim.engine.now, wall_s, preemptions)
+    return SimRun(
+        seed,
+        guard,
+        events,
+        len(requests),
+        sim.engine.now,
+        wall_s,
+        sum(b.preemptions for b in caches),
+        preempted,
+    )
