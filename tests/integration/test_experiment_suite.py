@@ -11,7 +11,7 @@ import pytest
 
 from floorguard.cli import main
 
-SPEC_IDS = [f"E{i}" for i in range(1, 21)]  # SPEC §10's E1–E19 and E20 (§15)
+SPEC_IDS = [f"E{i}" for i in range(1, 22)]  # SPEC §10's E1–E19, E20 (§15), E21 (§16)
 FIGURES = [
     "e1_completion_vs_arrival.png",
     "e3_priority_vs_fifo.png",
