@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,32 +18,20 @@ import aiohttp
 import pytest
 import yaml
 
+from floorguard.rig.net import free_port_run
 from tests.integration.live import AUDIENCE, ISSUER, SECRET, Bearer
 from tests.integration.processes import emulate, serve, stop, wait_listening
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer
 
 FLOOR = 4
 BEARER = Bearer("acme", "free")
-
-
-def _free_pair() -> int:
-    """A port `p` with `p + 1` free too: the two workers' admin ports."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports in a row")
 
 
 @pytest.fixture
 def workers(tmp_path):
     redis_server = RedisServer().start()
     backend, emulator = emulate(slots=8)
-    admin = _free_pair()
+    admin = free_port_run(2)
     config = {
         "window_s": 1.0,
         "contracts": [

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from floorguard.bench.proxy import (
 )
 from floorguard.errors import FloorguardError
 from floorguard.rig.local_redis import LocalRedis
-from floorguard.rig.net import free_ports
+from floorguard.rig.net import free_port_run, free_ports
 
 __all__ = ["bench_workers"]
 
@@ -178,29 +177,10 @@ def bench_workers(*, workers: int = 2, requests: int = 400, repeats: int = 3) ->
         try:
             for count, port in ((1, ports[0]), (workers, ports[1])):
                 log = folder / f"w{count}.jsonl"
-                admin = _consecutive(count)
+                admin = free_port_run(count)
                 config = _config(upstream, redis_server.url, count, port=port, admin=admin, log=log)
                 guards.append(_Guard(count, config, folder / f"guard-{count}.yaml"))
             return asyncio.run(_client(guards, requests, repeats))
         finally:
             for guard in guards:
                 guard.stop()
-
-
-def _consecutive(count: int) -> int:
-    """A port `p` with `p … p + count − 1` free: the workers' admin ports."""
-    for _ in range(100):
-        (start,) = free_ports(1)
-        taken = []
-        try:
-            for port in range(start, start + count):
-                probe = socket.socket()
-                taken.append(probe)
-                probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for probe in taken:
-                probe.close()
-        return start
-    raise FloorguardError(f"no {count} free ports in a row")

@@ -84,6 +84,9 @@ class Guard(Ledger):
         the simulator does, never pays for the timer), kept in step from then on."""
         self._lowered: dict[str, tuple[int, int]] = {}
         """tenant -> (window, weight refused as floor_lowered in it)"""
+        self._take_limits(config)
+
+    def _take_limits(self, config: GuardConfig) -> None:
         limits = config.queue_limits
         self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
         """The queue limit on each class's surplus (None: none); `per_tenant` beside it."""
@@ -92,9 +95,7 @@ class Guard(Ledger):
     def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
         """`Ledger.reconfigure`; the surplus queue limits change at once."""
         from_window = super().reconfigure(config, now, reason)
-        limits = config.queue_limits
-        self._surplus_limit = {cls: limits.for_class(cls) for cls in ContractClass}
-        self._refuse_busy = limits.refuse_busy and config.lower_envelope is not None
+        self._take_limits(config)
         return from_window
 
     # -- arrival --------------------------------------------------------------------------

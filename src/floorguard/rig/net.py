@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["free_ports"]
+__all__ = ["free_port_run", "free_ports"]
 
 
 def free_ports(n: int = 1) -> list[int]:
@@ -16,3 +16,23 @@ def free_ports(n: int = 1) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def free_port_run(count: int, attempts: int = 100) -> int:
+    """A port `p` with `p … p + count − 1` all free on 127.0.0.1 right now (`workers: N`'s
+    admin ports)."""
+    for _ in range(attempts):
+        (start,) = free_ports(1)
+        taken: list[socket.socket] = []
+        try:
+            for port in range(start, start + count):
+                probe = socket.socket()
+                taken.append(probe)
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in taken:
+                probe.close()
+        return start
+    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
