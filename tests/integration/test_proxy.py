@@ -89,8 +89,12 @@ def test_floor_holds_under_a_flood_while_the_unguarded_path_misses(live):
     admitted and the guard completes each within its 1820 ms deadline (its own accounting);
     seen from the client — which shares this process's event loop, so it adds some jitter —
     at least 90 % are within the deadline. Sent straight to an identical backend (admit-all,
-    FIFO), at least half the assured requests are late."""
-    guard_url, app = live.guard(guard_config(live.emulator(), floor=3))
+    FIFO), at least half the assured requests are late.
+
+    The tenant offers 3 a second against a floor of 4 per 1 s window: at exactly 3 the floor
+    had no room for the client's own scheduling jitter, and one request sent late into the next
+    window made that window's fourth a 429 (a CI failure of the test, not of the guard)."""
+    guard_url, app = live.guard(guard_config(live.emulator(), floor=4))
     results = live.run(_flood(guard_url, live.emulator()))
     guarded = [r for r in results if r[0] == "guard"]
     direct = [r for r in results if r[0] == "direct"]
