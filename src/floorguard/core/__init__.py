@@ -13,8 +13,8 @@ from floorguard.core.contract import (
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal
-from floorguard.core.ledger import Ledger, assumptions_of
-from floorguard.core.monitors import AssumptionReport, assumption_report
+from floorguard.core.ledger import Ledger
+from floorguard.core.monitors import AssumptionReport, assumption_report, assumptions_of
 from floorguard.core.request import Request
 from floorguard.core.surface import (
     Admission,

@@ -10,7 +10,6 @@ has the same schema and the checker and the metrics read them alike.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +29,7 @@ from floorguard.core.monitors import (
     BacklogMonitor,
     CapacityMonitor,
     EnvelopeMonitor,
-    assumption_report,
+    assumptions_of,
 )
 from floorguard.core.request import Request, RequestId
 from floorguard.core.stats import ClassStats, GuardStats
@@ -47,20 +46,16 @@ from floorguard.core.surface import (
     Need,
     Pending,
     Sink,
-    Stack,
     StoreCall,
 )
 from floorguard.errors import ConfigError, ProtocolError
 from floorguard.store.base import CreditStore
 
-__all__ = ["DEFAULT_REPORT_TOKENS", "ClassStats", "GuardStats", "Ledger", "assumptions_of"]
+__all__ = ["ClassStats", "GuardStats", "Ledger"]
 
 ASSURED = ContractClass.ASSURED
 _OUTCOMES = frozenset({"complete", "fail", "abort"})
 """What `finish` ends a request with."""
-DEFAULT_REPORT_TOKENS = 1
-"""The ℓ the §6 report is made for before any assured request arrived: the smallest
-request (a run with no assured traffic is inside the region by what it asked for)."""
 
 
 class Ledger:
@@ -682,20 +677,3 @@ class Ledger:
     def assumptions(self) -> AssumptionReport:
         """SPEC §6 for the largest assured ℓ seen so far, with what was observed."""
         return assumptions_of(self.config, [self])
-
-
-def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionReport:
-    """SPEC §6 for `config` and what one or more runs of it observed: the largest assured ℓ
-    (`DEFAULT_REPORT_TOKENS` before any), the largest service, the services above `s_max(ℓ)`,
-    the largest `Q_A`."""
-    runs = list(runs)
-    observed = [r for r in runs if r.envelope.num_observed]
-    return assumption_report(
-        config,
-        num_output_tokens=max((r.max_assured_tokens for r in runs), default=0)
-        or DEFAULT_REPORT_TOKENS,
-        max_service_s=max(r.envelope.max_service_s for r in observed) if observed else None,
-        num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
-        max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
-        num_prompt_tokens=max((r.max_assured_prompt_tokens for r in runs), default=0),
-    )

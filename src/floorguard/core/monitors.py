@@ -4,16 +4,23 @@ log, and they never change a decision (the capacity action is the guard's, not t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from floorguard.core.contract import AffineEnvelope, GuardConfig, WindowSchedule
 
+if TYPE_CHECKING:
+    from floorguard.core.surface import Stack
+
 __all__ = [
+    "DEFAULT_REPORT_TOKENS",
     "AssumptionReport",
     "BacklogMonitor",
     "CapacityMonitor",
     "EnvelopeMonitor",
     "assumption_report",
+    "assumptions_of",
 ]
 
 
@@ -200,4 +207,26 @@ def assumption_report(
         max_backlog,
         not outside,
         tuple(outside + memory) if outside else (),
+    )
+
+
+DEFAULT_REPORT_TOKENS = 1
+"""The ℓ the §6 report is made for before any assured request arrived: the smallest
+request (a run with no assured traffic is inside the region by what it asked for)."""
+
+
+def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionReport:
+    """SPEC §6 for `config` and what one or more runs of it observed: the largest assured ℓ
+    (`DEFAULT_REPORT_TOKENS` before any), the largest service, the services above `s_max(ℓ)`,
+    the largest `Q_A`."""
+    runs = list(runs)
+    observed = [r for r in runs if r.envelope.num_observed]
+    return assumption_report(
+        config,
+        num_output_tokens=max((r.max_assured_tokens for r in runs), default=0)
+        or DEFAULT_REPORT_TOKENS,
+        max_service_s=max(r.envelope.max_service_s for r in observed) if observed else None,
+        num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
+        max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
+        num_prompt_tokens=max((r.max_assured_prompt_tokens for r in runs), default=0),
     )

@@ -31,7 +31,7 @@ from floorguard.core.contract import (
 )
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal
-from floorguard.core.ledger import assumptions_of
+from floorguard.core.monitors import assumptions_of
 from floorguard.core.request import Request
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile

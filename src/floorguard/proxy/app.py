@@ -60,7 +60,6 @@ from floorguard.proxy.pool import Pool
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.relay import HeldReplies
 from floorguard.proxy.replies import NO_RETRY, RefusedError, json_error, next_chunk
-from floorguard.proxy.shares import Reload
 from floorguard.proxy.tracing import Tracing
 from floorguard.store.leases import SlotLeases
 from floorguard.store.shared import SharedFloor
@@ -370,7 +369,10 @@ class GuardServer:
         tokenizer = load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         wanted = config.pools()
         plans = {name: pool.plan_reload(wanted[name]) for name, pool in self.pools.items()}
-        changes = {pool.label: _changes(pool, plans[name]) for name, pool in self.pools.items()}
+        changes = {
+            pool.label: plans[name].changes(pool.guard.config, pool.backends, pool.removed)
+            for name, pool in self.pools.items()
+        }
         now = self.clock.now()
         windows = {pool.label: pool.apply_reload(plans[n], now) for n, pool in self.pools.items()}
         self.identity, self._mtls = identity, config.identity.mode == "mtls"
@@ -576,25 +578,6 @@ class GuardServer:
         states = [p.store_status() for p in self.pools.values() if p.shared_floor is not None]
         degraded = [s for s in states if s["state"] != "shared"]
         return (degraded or states)[0]
-
-
-def _changes(pool: Pool, plan: Reload) -> dict[str, Any]:
-    """What a reload changes in one pool: tenants added and removed, floors changed,
-    backends added and removed (by URL)."""
-    old = {c.tenant: c for c in pool.guard.config.contracts}
-    new = {c.tenant: c for c in plan.guard_config.contracts}
-    out: dict[str, Any] = {
-        "tenants_added": sorted(new.keys() - old.keys()),
-        "tenants_removed": sorted(old.keys() - new.keys()),
-        "floors_changed": {
-            t: [old[t].floor, new[t].floor]
-            for t in sorted(old.keys() & new.keys())
-            if old[t].floor != new[t].floor
-        },
-        "backends_added": [b.url for b in plan.backends[len(pool.backends) :]],
-        "backends_removed": [plan.backends[i].url for i in sorted(plan.removed - pool.removed)],
-    }
-    return {k: v for k, v in out.items() if v}
 
 
 def _too_large(limit: int) -> RefusedError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -33,8 +32,6 @@ from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import (
-    AUTO_RETRY,
-    WINDOW_BOUND,
     Admission,
     Answer,
     Dispatch,
@@ -42,7 +39,6 @@ from floorguard.core.surface import (
     LearnerAsk,
     Need,
     Pending,
-    RejectReason,
     StoreCall,
 )
 from floorguard.errors import ConfigError
@@ -53,8 +49,8 @@ from floorguard.proxy.health import BackendHealth, backend_report
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pump import Pump
 from floorguard.proxy.ratelimit import rate_limit_headers
+from floorguard.proxy.refusals import doomed, refusal
 from floorguard.proxy.replies import (
-    NO_RETRY,
     Exchange,
     end_stream,
     json_error,
@@ -428,41 +424,6 @@ class Pool(Forwarding):
         await self.edge.checkpoint("learner")
         return await self.edge.http_learner.ask(self.edge.session, need)
 
-    def _refusal(self, admission: Admission, now: float, limits: dict[str, str]) -> web.Response:
-        reason = admission.reason or "rejected"
-        retry_s = 1
-        if admission.retry_at is not None:
-            retry_s = max(1, math.ceil(admission.retry_at - now))
-        if reason == RejectReason.UNKNOWN_TENANT:  # removed by a reload since it passed the edge
-            return json_error(403, reason, "refused: this tenant has no contract (any more)")
-        headers = {
-            "x-floorguard-decision": "rejected",
-            "x-floorguard-class": str(admission.cls),
-            "Retry-After": str(retry_s),
-            **limits,
-        }
-        if admission.window_index is not None:
-            headers["x-floorguard-window"] = str(admission.window_index)
-        if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
-            headers |= NO_RETRY
-        if reason in WINDOW_BOUND:
-            message = f"refused: {reason}; the next window starts in {retry_s} s"
-        elif reason == RejectReason.QUEUE_FULL:
-            message = "refused: the guard's queue for this class or tenant is full"
-        elif reason == RejectReason.KV_EXCESS:
-            message = (
-                "refused: kv_excess; its prompt and max_tokens need more KV cache than any "
-                "backend has: send a shorter prompt or a smaller max_tokens"
-            )
-        elif reason == RejectReason.BUSY:
-            message = (
-                "refused: busy; the requests ahead of this one leave no slot for it before "
-                f"its deadline. Retry in {retry_s} s"
-            )
-        else:
-            message = f"refused: {reason}"
-        return json_error(429, reason, message, headers)
-
     # -- one request ----------------------------------------------------------------------
 
     async def handle(
@@ -514,7 +475,7 @@ class Pool(Forwarding):
             config = self.guard.config
             limits = rate_limit_headers(pending, config.meter, config.schedule, now)
             if not admission.admitted:
-                return self._refusal(admission, now, limits)
+                return refusal(admission, now, limits)
             if admission.entitled and self.leases is not None:
                 self._in_background(self.leases.announce_async())
             return await self._serve(
@@ -578,7 +539,13 @@ class Pool(Forwarding):
                 if isinstance(decision, Dispatch):
                     span.set("floorguard.backend", self.backends[decision.backend].url)
             if isinstance(decision, Drop):
-                return self._doomed(decision, headers, admission.entitled)
+                return doomed(
+                    decision,
+                    self.contracts[decision.request.tenant],
+                    self.guard.config.lower_envelope,
+                    headers,
+                    entitled=admission.entitled,
+                )
             if not await self._leased_slot(rid, decision, admission.entitled):
                 continue  # requeued: the fleet had no slot for it on that backend yet
             try:
@@ -643,47 +610,6 @@ class Pool(Forwarding):
         task = asyncio.get_running_loop().create_task(work)
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
-
-    def _doomed(self, drop: Drop, headers: dict[str, str], entitled: bool) -> web.Response:
-        """503 for the floor's own request, or for one too long for its deadline from the
-        start (no retry helps); 429, retryable, for surplus that waited out its deadline
-        behind other work — the guard was busy (SPEC §17)."""
-        request = drop.request
-        lower = self.guard.config.lower_envelope
-        contract = self.contracts[request.tenant]
-        deadline_at = request.arrival_at + contract.deadline_budget_s
-        fit = (
-            lower.max_output_tokens(deadline_at - drop.at, request.prompt_tokens_lower)
-            if lower is not None
-            else 0
-        )
-        headers = {**headers, "x-floorguard-decision": "dropped", "Retry-After": "1"}
-        waited_out = (
-            not entitled
-            and lower is not None
-            and lower.at(request.num_output_tokens, request.prompt_tokens_lower)
-            <= contract.deadline_budget_s
-        )
-        if waited_out:
-            return json_error(
-                429,
-                "doomed",
-                "dropped: busy; it waited behind other work until it could no longer finish "
-                f"by its deadline (at most max_tokens = {fit} would have fit then). Retry "
-                "later",
-                headers,
-                param="max_tokens",
-                max_tokens_that_fit=fit,
-            )
-        return json_error(
-            503,
-            "doomed",
-            f"dropped: it could not finish by its deadline; at most max_tokens = {fit} "
-            f"would have fit when it was dropped",
-            headers | NO_RETRY,
-            param="max_tokens",
-            max_tokens_that_fit=fit,
-        )
 
     # -- the backend ----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from floorguard.core.contract import GuardConfig
 from floorguard.proxy.config import BackendSpec, GuardServerConfig
@@ -74,6 +75,27 @@ class Reload:
     backends: list[BackendSpec]
     removed: frozenset[int]
     guard_config: GuardConfig
+
+    def changes(
+        self, running: GuardConfig, backends: Sequence[BackendSpec], removed: frozenset[int]
+    ) -> dict[str, Any]:
+        """What it changes in a pool running `running` over `backends` (`removed` of them
+        draining): tenants added and removed, floors changed, backends added and removed (by
+        URL); only what changes."""
+        old = {c.tenant: c for c in running.contracts}
+        new = {c.tenant: c for c in self.guard_config.contracts}
+        out: dict[str, Any] = {
+            "tenants_added": sorted(new.keys() - old.keys()),
+            "tenants_removed": sorted(old.keys() - new.keys()),
+            "floors_changed": {
+                t: [old[t].floor, new[t].floor]
+                for t in sorted(old.keys() & new.keys())
+                if old[t].floor != new[t].floor
+            },
+            "backends_added": [b.url for b in self.backends[len(backends) :]],
+            "backends_removed": [self.backends[i].url for i in sorted(self.removed - removed)],
+        }
+        return {k: v for k, v in out.items() if v}
 
 
 def merge_backends(

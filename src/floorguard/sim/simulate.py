@@ -16,7 +16,7 @@ from floorguard.analysis.records import fold_trace
 from floorguard.analysis.summary import pool_runs
 from floorguard.baselines.registry import StackOptions
 from floorguard.core.events import write_jsonl
-from floorguard.core.ledger import assumptions_of
+from floorguard.core.monitors import assumptions_of
 from floorguard.errors import FloorguardError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.sim.probe import latency_model_for
