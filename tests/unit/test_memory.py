@@ -104,6 +104,30 @@ def test_a_full_kv_cache_preempts_the_last_admitted_and_it_resumes_with_what_it_
     assert seen == sorted(seen) and 0 < seen[0] < 64  # it kept what it had streamed
 
 
+def test_under_vllm_priority_policy_the_cache_preempts_the_surplus_not_the_last_admitted():
+    """The same four, the opportunistic one admitted first and the assured three after it:
+    FCFS preempts the last admitted (an assured one); vLLM's priority policy preempts the
+    running sequence of the largest (priority, arrival) — the opportunistic one, though it
+    came first — and the three assured run through unpreempted."""
+
+    def run(priorities):
+        backend = KvBatchingBackend(
+            get_profile("v100-moe"), 4, np.random.default_rng(0), 40, priorities=priorities
+        )
+        for rid, tenant in enumerate(["o", "a", "a", "a"]):
+            assert backend.join(Request(rid, tenant, 0.0, 64, 100), rid * 1e-3) < math.inf
+        done, now = [], 0.0
+        while (at := backend.next_completion_at()) is not None:
+            now = at
+            done += backend.complete_due(now)
+        assert sorted(done) == [0, 1, 2, 3]
+        return backend.preempted
+
+    assert run(None) == {"a": 1}
+    assert run({"a": 0, "o": 1}) == {"o": 1}
+    assert run({}) == {"a": 1}  # every request at vLLM's default 0: the latest arrival
+
+
 def test_on_the_simulator_the_budget_removes_the_preemptions_slot_only_dispatch_causes():
     """Slot-only dispatch lets vLLM's cache run out (preemptions, each costing its victim a
     second prefill); the guard's budget of the same 512 tokens starts only what fits, and

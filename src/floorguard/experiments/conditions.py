@@ -135,6 +135,9 @@ class Condition:
     """`kv-pressure` (E21): the simulated backend's KV cache, in 16-token blocks."""
     kv_budget: bool = False
     """`kv-pressure`: the guard budgets that cache (SPEC §16), or dispatches by slots only."""
+    forward_priority: bool = False
+    """`kv-pressure`: the guard forwards each class's priority to a vLLM that schedules by
+    priority, so its cache preempts the surplus first (server priority always does)."""
     static_caps_at_capacity: bool = False
     """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
     assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
@@ -301,7 +304,12 @@ def _entitled_admitted(trace: TraceRecords) -> int:
 
 def build_scenario(c: Condition) -> Scenario:
     if c.workload == "kv-pressure":  # E21: its own prompts, lengths and deadline
-        return kv_pressure(kv_blocks=c.kv_blocks, budget=c.kv_budget, duration_s=c.duration_s)
+        return kv_pressure(
+            kv_blocks=c.kv_blocks,
+            budget=c.kv_budget,
+            duration_s=c.duration_s,
+            priorities=c.policy == "server-priority" or c.forward_priority,
+        )
     return Scenario(
         name=c.workload,
         contracts=_contracts(c),

@@ -60,6 +60,7 @@ class ConditionKeys(TypedDict):
     static_caps_at_capacity: bool
     kv_blocks: int
     kv_budget: bool
+    forward_priority: bool
 
 
 class RunRow(ConditionKeys, total=False):

@@ -12,9 +12,11 @@ O(log C), whatever its length.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -147,7 +149,14 @@ class KvBatchingBackend(BatchingBackend):
     it waits at the front to run again with prompt + those tokens to prefill once more.
     `preemptions` counts them (vLLM's `vllm:num_preemptions_total`). `join` returns inf for
     a request that has to wait: its first token's instant is put in `first_tokens` when it
-    is admitted, for the driver to take."""
+    is admitted, for the driver to take.
+
+    With `priorities` (tenant → the priority its requests carry, lower first), it is vLLM's
+    `--scheduling-policy priority` instead: the victim is the running sequence of the
+    largest (priority, arrival here), and the waiting run in (priority, arrival) order, a
+    preempted one by its first arrival (vLLM v1's scheduler: `max(self.running, key=lambda
+    r: (r.priority, r.arrival_time))`). A tenant it does not name carries 0, vLLM's
+    default."""
 
     def __init__(
         self,
@@ -155,10 +164,15 @@ class KvBatchingBackend(BatchingBackend):
         num_slots: int,
         rng: np.random.Generator,
         kv_blocks: int,
+        *,
         block_tokens: int = 16,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(profile, num_slots, rng)
         self.kv_blocks, self.block_tokens = kv_blocks, block_tokens
+        self.priorities = priorities
+        self._order: dict[RequestId, tuple[int, float]] = {}
+        """Under `priorities`: each request's (priority, first arrival here)."""
         self.preemptions = 0
         self.preempted: Counter[str] = Counter()
         """Preemptions by the tenant of the sequence preempted."""
@@ -198,7 +212,11 @@ class KvBatchingBackend(BatchingBackend):
         self._advance(now)
         self._requests[rid], self._streamed[rid] = request, 0
         self._per_token[rid] = self._jitter()
-        self._waiting.append(rid)
+        if self.priorities is None:
+            self._waiting.append(rid)
+        else:
+            self._order[rid] = (self.priorities.get(request.tenant, 0), now)
+            bisect.insort(self._waiting, rid, key=self._order.__getitem__)
         self._admit_waiting(now)
         if rid not in self._spans:
             return math.inf
@@ -288,15 +306,23 @@ class KvBatchingBackend(BatchingBackend):
             self._admitted.remove(rid)
             for held in (self._prompt, self._streamed, self._per_token, self._requests):
                 del held[rid]
+            self._order.pop(rid, None)
             self._announced.discard(rid)
         while self._admitted:  # by the scheduler's own reckoning, so the two agree
             due = self._next_preemption_v()
             if due is None or due > self._v + 1e-6 * max(1.0, self._v):
                 break
-            self._preempt(self._admitted[-1])
+            self._preempt(self._victim())
         self._admit_waiting(now)
         self._announce()
         return done
+
+    def _victim(self) -> RequestId:
+        """The running sequence vLLM preempts: the last admitted (FCFS), or under
+        `priorities` the one of the largest (priority, arrival)."""
+        if self.priorities is None:
+            return self._admitted[-1]
+        return max(self._admitted, key=self._order.__getitem__)
 
     def _preempt(self, request_id: RequestId) -> None:
         self._streamed[request_id] += int(self._progress(request_id, self._v) + _EPS)
@@ -304,7 +330,10 @@ class KvBatchingBackend(BatchingBackend):
         heapq.heapify(self._finish)
         del self._spans[request_id], self._prompt[request_id]
         self._admitted.remove(request_id)
-        self._waiting.insert(0, request_id)
+        if self.priorities is None:
+            self._waiting.insert(0, request_id)
+        else:
+            bisect.insort(self._waiting, request_id, key=self._order.__getitem__)
         self.preemptions += 1
         self.preempted[self._requests[request_id].tenant] += 1
 
@@ -356,14 +385,18 @@ def create_backend(
     num_slots: int,
     rng: np.random.Generator,
     kv_blocks: int | None = None,
+    *,
     block_tokens: int = 16,
+    priorities: Mapping[str, int] | None = None,
 ) -> SimBackend:
     """The profile's backend; with `kv_blocks`, one whose KV cache preempts as vLLM's does
-    (a coupled profile only)."""
+    (a coupled profile only), by priority where `priorities` are given."""
     if kv_blocks is not None:
         if not profile.coupled:
             raise ValueError("a KV cache is modelled on a coupled (batching) profile only")
-        return KvBatchingBackend(profile, num_slots, rng, kv_blocks, block_tokens)
+        return KvBatchingBackend(
+            profile, num_slots, rng, kv_blocks, block_tokens=block_tokens, priorities=priorities
+        )
     if profile.coupled:
         return BatchingBackend(profile, num_slots, rng)
     return FixedServiceBackend(profile, num_slots)

@@ -140,8 +140,16 @@ def simulate_once(
     )
     backend_rngs = backend_rng.spawn(len(scenario.slots))
     kv = scenario.backend_kv_blocks or (None,) * len(scenario.slots)
+    priorities = scenario.backend_priority_of()
     backends = [
-        create_backend(scenario.profile, c, r, blocks, scenario.kv_block_tokens)
+        create_backend(
+            scenario.profile,
+            c,
+            r,
+            blocks,
+            block_tokens=scenario.kv_block_tokens,
+            priorities=priorities,
+        )
         for c, r, blocks in zip(scenario.slots, backend_rngs, kv, strict=True)
     ]
     sim = _Simulation(guard, backends, record_first_token=record)

@@ -70,6 +70,16 @@ class Scenario:
     """Each simulated backend's own KV cache in blocks, which preempts as vLLM's does when
     it runs out (`KvBatchingBackend`; empty: none is modelled)."""
     kv_block_tokens: int = 16
+    backend_priorities: bool = False
+    """The simulated KV caches schedule by priority, each request carrying its class's
+    (vLLM `--scheduling-policy priority`, sent the class's priority by server priority or
+    by a guard with `forward_priority`); off: vLLM's FCFS preemption."""
+
+    def backend_priority_of(self) -> dict[str, int] | None:
+        """Tenant → the priority its requests carry to the backend, or None (FCFS)."""
+        if not self.backend_priorities:
+            return None
+        return {c.tenant: c.cls.backend_priority for c in self.contracts}
 
     def lower_envelope(self) -> AffineEnvelope | None:
         if not self.doom_gate:
@@ -120,11 +130,18 @@ class Scenario:
         )
 
 
-def kv_pressure(*, kv_blocks: int = 32, budget: bool = False, duration_s: float = 10.0) -> Scenario:
+def kv_pressure(
+    *,
+    kv_blocks: int = 32,
+    budget: bool = False,
+    duration_s: float = 10.0,
+    priorities: bool = False,
+) -> Scenario:
     """Memory pressure (SPEC §16): 100-token prompts and 64-token outputs, the assured tenant
     paced at B = 3 per 1 s window beside an opportunistic Poisson 10/s, d = 2.5 s, on one
     backend of C = 4 whose KV cache holds `kv_blocks` 16-token blocks (four running need 44
-    by their end); `budget`: the guard budgets that cache (`kv_tokens`)."""
+    by their end); `budget`: the guard budgets that cache (`kv_tokens`); `priorities`: the
+    cache preempts by each class's priority (`Scenario.backend_priorities`)."""
     lengths = FixedLength(64)
     return Scenario(
         name="kv-pressure",
@@ -145,6 +162,7 @@ def kv_pressure(*, kv_blocks: int = 32, budget: bool = False, duration_s: float 
         doom_gate=False,
         backend_kv_blocks=(kv_blocks,),
         kv_tokens=(kv_blocks * 16,) if budget else (),
+        backend_priorities=priorities,
     )
 
 
