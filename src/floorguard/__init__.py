@@ -1,5 +1,6 @@
 """floorguard: a trusted assured-SLO floor under untrusted learned admitters."""
 
+from floorguard import _compiled  # noqa: F401  first: it picks the build before the core loads
 from floorguard.core import (
     AffineEnvelope,
     Contract,

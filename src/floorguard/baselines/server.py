@@ -27,12 +27,12 @@ from floorguard.core.learner import Learner, Proposal
 from floorguard.core.ledger import Ledger
 from floorguard.core.request import Request
 from floorguard.core.surface import (
-    Answer,
     Dispatch,
     Drop,
     Pending,
     RejectReason,
     Sink,
+    require_consultation,
     require_undecided,
 )
 
@@ -110,12 +110,13 @@ class ServerStack(Ledger, ABC):
             return self._ask(pending, now)
         return self._decided(pending, now, None)
 
-    def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
+    def continue_arrival(self, pending: Pending, now: float, answer: object) -> Pending:
         require_undecided(pending, answer)
-        return self._decided(pending, now, self._consulted(pending, now, answer))
+        consultation = require_consultation(pending, answer)
+        return self._decided(pending, now, self._consulted(pending, now, consultation))
 
     def _decided(self, pending: Pending, now: float, proposal: Proposal | None) -> Pending:
-        decision = self._decide(pending.request, pending.contract, now, proposal)
+        decision = self._decide(pending.request, pending.known_contract, now, proposal)
         if decision.reason is not None:
             return self._reject(pending, decision.reason, now)
         ticket = self._admit(pending, now, entitled=False, hint=decision.priority)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from floorguard._compiled import running
 from floorguard.core.guard import Dispatch, Guard
 from floorguard.core.request import Request
 from floorguard.learners.adversaries import AlwaysAdmit
@@ -94,6 +95,7 @@ def bench_sim(*, duration_s: float = 600.0, repeats: int = 3) -> dict[str, Any]:
     bare = _best(lambda: _reference_decision_loop(requests), repeats)
     return {
         "scenario": f"marquee, {duration_s:g} s of arrivals, guard + always-admit learner",
+        "core": running(),
         "num_requests": n,
         "sim_requests_per_s": n / guarded,
         "sim_traced_requests_per_s": n / traced,

@@ -17,6 +17,7 @@ from importlib.metadata import version as package_version
 
 from rich.console import Console
 
+from floorguard._compiled import running
 from floorguard.cli import bench, experiment, http, keys, screen, simulate, usage, verify
 from floorguard.errors import FloorguardError
 
@@ -29,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A trusted floor under an untrusted learner, for multi-tenant LLM serving.",
     )
     parser.add_argument(
-        "--version", action="version", version=f"floorguard {package_version('floorguard')}"
+        "--version",
+        action="version",
+        version=f"floorguard {package_version('floorguard')}, core: {running()}",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for group in (simulate, verify, experiment, screen, http, keys, usage, bench):

@@ -37,6 +37,7 @@ from floorguard.core.surface import (
     RejectReason,
     Sink,
     StoreCall,
+    require_consultation,
     require_undecided,
 )
 from floorguard.errors import ProtocolError
@@ -144,9 +145,11 @@ class Guard(Ledger):
             pending = self._proposed(pending, now, answer)
         return pending.admission  # type: ignore[return-value]  # decided: need is None
 
-    def continue_arrival(self, pending: Pending, now: float, answer: Answer) -> Pending:
+    def continue_arrival(self, pending: Pending, now: float, answer: object) -> Pending:
         """Decide with the answer to `pending.need`; a demoted arrival needs the learner
-        next (SPEC §4.1: entitled from the floor, else the excess policy)."""
+        next (SPEC §4.1: entitled from the floor, else the excess policy). `answer` is
+        checked here, whatever the driver passed (a compiled core would otherwise refuse a
+        wrong type at the call with a TypeError, the pure one later)."""
         require_undecided(pending, answer)
         if type(pending.need) is StoreCall:
             if type(answer) is not Grant:
@@ -155,10 +158,10 @@ class Guard(Ledger):
                     f"{answer!r}, not a Grant"
                 )
             return self._charged(pending, now, answer)
-        return self._proposed(pending, now, answer)
+        return self._proposed(pending, now, require_consultation(pending, answer))
 
     def _charged(self, pending: Pending, now: float, grant: Grant) -> Pending:
-        request, contract = pending.request, pending.contract
+        request, contract = pending.request, pending.known_contract
         window = grant.window_index
         pending.remaining = grant.remaining
         if grant.floor is not None and grant.floor != contract.floor:
@@ -194,7 +197,7 @@ class Guard(Ledger):
             return self._refuse(pending, RejectReason.LEARNER_FAULT, window, now)
         if not proposal.admit:
             return self._refuse(pending, RejectReason.LEARNER_REJECT, window, now)
-        if self._surplus_queue_full(pending.contract):
+        if self._surplus_queue_full(pending.known_contract):
             return self._refuse(pending, RejectReason.QUEUE_FULL, window, now)
         # SPEC §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
         rank = 0 if proposal.proposed_class is ASSURED else 1

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from floorguard.core.contract import Contract, ContractClass, GuardConfig, reload_refusals
 from floorguard.core.dispatcher import SlotPool, Ticket
 from floorguard.core.doom import DoomGate
@@ -58,6 +60,7 @@ _OUTCOMES = frozenset({"complete", "fail", "abort"})
 """What `finish` ends a request with."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the comparison stacks extend it
 class Ledger:
     """The shared bookkeeping; subclasses decide (`begin_arrival`, `continue_arrival`,
     `poll`) and call the `_`-methods here for every state change."""
@@ -262,7 +265,7 @@ class Ledger:
 
     def _ask(self, pending: Pending, now: float) -> Pending:
         """Wait on the learner for this arrival."""
-        pending.need = LearnerAsk(pending.request, pending.contract.cls, self.load(), now)
+        pending.need = LearnerAsk(pending.request, pending.known_contract.cls, self.load(), now)
         return pending
 
     def _consulted(self, pending: Pending, now: float, answer: Answer) -> Proposal | None:
@@ -272,7 +275,7 @@ class Ledger:
         if answer.fault is not None:
             self.stats.learner_faults += 1
         if self._sink is not None:
-            self._sink(propose_event(now, pending.request, pending.contract.cls, answer))
+            self._sink(propose_event(now, pending.request, pending.known_contract.cls, answer))
         return answer.proposal
 
     def _reject(
@@ -319,7 +322,7 @@ class Ledger:
         hint: float = 0.0,
     ) -> Ticket:
         """Admit the arrival: its ticket (not yet queued: the stack queues it)."""
-        request, contract = pending.request, pending.contract
+        request, contract = pending.request, pending.known_contract
         self._seq += 1
         lower_s, upper_s = self._doom.bounds(  # once per request: the ticket keeps them
             request.num_output_tokens, request.prompt_tokens_lower, request.num_prompt_tokens

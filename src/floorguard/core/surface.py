@@ -61,6 +61,7 @@ __all__ = [
     "Sink",
     "Stack",
     "StoreCall",
+    "require_consultation",
     "require_undecided",
 ]
 
@@ -174,7 +175,8 @@ class Pending:
         self.request = request
         self.need: Need | None = None
         self.admission: Admission | None = None
-        self.contract: Contract = contract  # type: ignore[assignment]  # None: unknown tenant
+        self.contract = contract
+        """None: an unknown tenant (refused before anything else)."""
         self.deadline_at = deadline_at
         self.floor = 0
         """The effective floor the store call was made against (assured arrivals)."""
@@ -188,6 +190,23 @@ class Pending:
         self.demoted = False
         self.window_index: int | None = None
         """The window a demoted arrival was charged in (it is admitted or refused there)."""
+
+    @property
+    def known_contract(self) -> Contract:
+        """The tenant's contract, once an unknown tenant has been refused."""
+        if self.contract is None:
+            raise ProtocolError(f"request {self.request.request_id!r}: its tenant is unknown")
+        return self.contract
+
+
+def require_consultation(pending: Pending, answer: object) -> Consultation:
+    """A learner ask's answer must be the `Consultation` that `consult` returns."""
+    if type(answer) is not Consultation:
+        raise ProtocolError(
+            f"request {pending.request.request_id!r}: a learner ask answered with "
+            f"{answer!r}, not a Consultation"
+        )
+    return answer
 
 
 def require_undecided(pending: Pending, answer: object) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from floorguard.core.request import RequestId
 from floorguard.sim.backend import SimBackend
 from floorguard.sim.engine import Engine, Priority
@@ -19,6 +21,7 @@ from floorguard.sim.engine import Engine, Priority
 __all__ = ["Serving"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the fleet simulator extends it
 class Serving:
     def __init__(self, engine: Engine, backends: Sequence[SimBackend]) -> None:
         self.engine = engine

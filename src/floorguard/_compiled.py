@@ -1,0 +1,127 @@
+"""Which modules the build compiles with mypyc (setup.py), and which build runs here.
+
+The compiled modules are the same Python sources, so the two builds behave alike; only
+speed differs. `select()` runs first thing in `floorguard/__init__.py`, before any of them
+is imported. It runs the pure sources where
+
+* `FLOORGUARD_PURE=1` is set (CI runs the core and property tests so), or
+* a compiled module's source has changed since it was compiled (`_compiled.json`, written by
+  the build, holds each source's sha256): an editable install keeps its compiled modules
+  beside their sources, and Python would prefer the stale extension to the edited source.
+  Compiled modules call each other natively, so it is all of them or none.
+
+This module is imported by setup.py by path, so it imports nothing of floorguard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["COMPILED", "HASHES_FILE", "running", "select", "source_path"]
+
+COMPILED = (
+    "floorguard.clock",
+    "floorguard.windows",
+    "floorguard.core.contract",
+    "floorguard.core.dispatcher",
+    "floorguard.core.doom",
+    "floorguard.core.events",
+    "floorguard.core.guard",
+    "floorguard.core.learner",
+    "floorguard.core.ledger",
+    "floorguard.core.meter",
+    "floorguard.core.monitors",
+    "floorguard.core.request",
+    "floorguard.core.stats",
+    "floorguard.core.surface",
+    "floorguard.sim.backend",
+    "floorguard.sim.engine",
+    "floorguard.sim.run",
+    "floorguard.sim.serving",
+)
+"""The pure decision core and the simulator's hot loop."""
+
+HASHES_FILE = "_compiled.json"
+"""Beside the compiled package: module → sha256 of the source it was compiled from."""
+
+_state = {"running": "pure Python (not compiled)"}
+
+
+def source_path(root: Path, module: str) -> Path:
+    """`module`'s source under `root` (the folder that holds the `floorguard` package)."""
+    return root.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def running() -> str:
+    """Which build runs: `compiled (mypyc)`, or pure Python and why."""
+    return _state["running"]
+
+
+def _extension(root: Path, module: str) -> Path | None:
+    stem = root.joinpath(*module.split("."))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (candidate := stem.with_name(stem.name + suffix)).exists():
+            return candidate
+    return None
+
+
+def _stale(root: Path) -> list[str]:
+    """The compiled modules whose source differs from the one compiled (all, without a
+    record of them)."""
+    try:
+        recorded = json.loads((root / "floorguard" / HASHES_FILE).read_text())
+    except (OSError, ValueError):
+        return list(COMPILED)
+    return [
+        module
+        for module in COMPILED
+        if recorded.get(module)
+        != hashlib.sha256(source_path(root, module).read_bytes()).hexdigest()
+    ]
+
+
+class _PureSources:
+    """A meta-path finder that loads the compiled modules from their sources."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in COMPILED:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source_path(self.root, fullname))
+
+
+def select() -> str:
+    """Decide, before any compiled module is imported, which build runs (`running()`)."""
+    root = Path(__file__).resolve().parent.parent
+    if not any(_extension(root, module) for module in COMPILED):
+        return running()
+    if os.environ.get("FLOORGUARD_PURE") == "1":
+        _state["running"] = "pure Python (FLOORGUARD_PURE=1)"
+    elif stale := _stale(root):
+        _state["running"] = "pure Python (the compiled modules are older than their sources)"
+        print(
+            f"floorguard: {stale[0]} changed since it was compiled: running the pure-Python "
+            "core (rebuild with `pip install -e .` to compile it again)",
+            file=sys.stderr,
+        )
+    else:
+        _state["running"] = "compiled (mypyc)"
+        return running()
+    sys.meta_path.insert(0, _PureSources(root))
+    return running()
+
+
+if __name__ == "floorguard._compiled":  # imported first by floorguard/__init__.py; not by setup.py
+    select()
