@@ -65,22 +65,25 @@ def running() -> str:
     return _state["running"]
 
 
-def _extension(root: Path, module: str) -> Path | None:
-    stem = root.joinpath(*module.split("."))
+def _extensions(root: Path) -> set[str]:
+    """The floorguard modules that have an extension module (compiled) beside their source."""
+    found = set()
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        if (candidate := stem.with_name(stem.name + suffix)).exists():
-            return candidate
-    return None
+        for built in (root / "floorguard").rglob("*" + suffix):
+            source = built.with_name(built.name[: -len(suffix)] + ".py")
+            if source.exists():
+                found.add(".".join(source.relative_to(root).with_suffix("").parts))
+    return found
 
 
-def _stale(root: Path) -> list[str]:
+def _stale(root: Path, built: set[str]) -> list[str]:
     """The compiled modules whose source differs from the one compiled (all, without a
-    record of them)."""
+    record of them), and any extension left from a build that compiled other modules."""
     try:
         recorded = json.loads((root / "floorguard" / HASHES_FILE).read_text())
     except (OSError, ValueError):
-        return list(COMPILED)
-    return [
+        return sorted(built)
+    return sorted(built ^ set(COMPILED)) + [
         module
         for module in COMPILED
         if recorded.get(module)
@@ -89,15 +92,16 @@ def _stale(root: Path) -> list[str]:
 
 
 class _PureSources:
-    """A meta-path finder that loads the compiled modules from their sources."""
+    """A meta-path finder that loads the given modules from their sources."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, modules: set[str]) -> None:
         self.root = root
+        self.modules = modules
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED:
+        if fullname not in self.modules:
             return None
         return importlib.util.spec_from_file_location(fullname, source_path(self.root, fullname))
 
@@ -105,21 +109,22 @@ class _PureSources:
 def select() -> str:
     """Decide, before any compiled module is imported, which build runs (`running()`)."""
     root = Path(__file__).resolve().parent.parent
-    if not any(_extension(root, module) for module in COMPILED):
+    built = _extensions(root)
+    if not built:
         return running()
     if os.environ.get("FLOORGUARD_PURE") == "1":
         _state["running"] = "pure Python (FLOORGUARD_PURE=1)"
-    elif stale := _stale(root):
+    elif stale := _stale(root, built):
         _state["running"] = "pure Python (the compiled modules are older than their sources)"
         print(
-            f"floorguard: {stale[0]} changed since it was compiled: running the pure-Python "
+            f"floorguard: {stale[0]} does not match the compiled build: running the pure-Python "
             "core (rebuild with `pip install -e .` to compile it again)",
             file=sys.stderr,
         )
     else:
         _state["running"] = "compiled (mypyc)"
         return running()
-    sys.meta_path.insert(0, _PureSources(root))
+    sys.meta_path.insert(0, _PureSources(root, built | set(COMPILED)))
     return running()
 
 

@@ -332,7 +332,9 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
     the guard in front of vLLM: random prompts, streamed, at 12 requests/s for one
     assured tenant with B = 4 per 1-s window (excess refused). Its report and the decision
     log agree: what it counts completed is what the guard completed — the floor — and what
-    it counts failed is what the guard refused; the log verifies."""
+    it counts failed is what the guard refused, or dropped as doomed where the backend was
+    too slow for the floor (on a slow machine vLLM served these in 1.6 s, so 4 a window over
+    4 slots queued past their deadlines: DR, not a fault); the log verifies."""
     log = tmp_path / "decisions.jsonl"
     config = guard_config(vllm, floor=4, slots=SLOTS, decision_log=str(log))
     url, process = serve(config.model_dump(mode="json", by_alias=True), tmp_path / "guard.yaml")
@@ -359,9 +361,11 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
     assert report.ok(), report.violations[:3]
     assert report.counts["complete"] == result["completed"] > 0
     errors = sorted({e for e in result.get("errors", []) if e})  # what the client saw
-    assert report.counts["reject"] == result["failed"] > 0, (report.counts, errors[:5])
+    refused = report.counts["reject"] + report.counts["drop"]
+    assert refused == result["failed"] and report.counts["reject"] > 0, (report.counts, errors)
     assert result["completed"] + result["failed"] == 48
-    assert report.num_entitled == result["completed"]  # every completion was the floor's
+    # every admission was the floor's (the excess is refused), and it completed or was doomed
+    assert report.num_entitled == result["completed"] + report.counts["drop"]
     assert result["completed"] <= 4 * (math.ceil(48 / 12) + 1)  # B per window, never more
     assert result["mean_ttft_ms"] > 0 and result["total_output_tokens"] == 8 * result["completed"]
 

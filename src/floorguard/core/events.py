@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
+from os import PathLike
 from typing import Any, NamedTuple
 
 import orjson
@@ -173,7 +174,7 @@ def from_json(line: str, line_no: int = 0) -> TraceEvent:
         ) from exc
 
 
-def write_jsonl(events: Iterable[TraceEvent], path: str) -> int:
+def write_jsonl(events: Iterable[TraceEvent], path: str | PathLike[str]) -> int:
     count = 0
     with open(path, "w", encoding="utf-8") as f:
         for event in events:
@@ -183,7 +184,7 @@ def write_jsonl(events: Iterable[TraceEvent], path: str) -> int:
     return count
 
 
-def read_jsonl(path: str) -> Iterator[TraceEvent]:
+def read_jsonl(path: str | PathLike[str]) -> Iterator[TraceEvent]:
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():

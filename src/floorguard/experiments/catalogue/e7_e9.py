@@ -101,7 +101,13 @@ def _e8_reading(rows: Sequence[RunRow]) -> str:
             "The real paired runs separate all the same (the real section below: server "
             "priority misses more as d tightens). What this model lacks is the cost of the "
             "flood's *arrival* at the server: every request parsed, tokenized and queued by "
-            "vLLM's API server, which on that backend slows decode 1.2–1.7× while they arrive."
+            "vLLM's API server, which on that backend slows decode 1.2–1.7× while they arrive "
+            "(≈ 2.2 ms of the one core the engine shares per request). It is left out on "
+            "purpose: on the published GPU node the API server parses on host cores beside a "
+            "GPU engine, so the CPU backend's figure is not a GPU decode cost, and no "
+            "published figure measures one; a profile calibrated on a CPU backend would need "
+            "it to predict server priority there (the real section's sim column misses "
+            "server priority's slip by as much)."
         )
     return text + (
         " Server priority reorders the waiting queue but never evicts a running sequence, so "
