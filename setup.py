@@ -75,24 +75,26 @@ class OptionalBuildExt(build_ext):
         if self.extensions:
             self._write_hashes()
 
-    def _write_hashes(self) -> None:
+    def _hashes_path(self) -> Path:
+        """`_compiled.json` in the package folder the extensions are built into (the source
+        tree for an editable install, the build folder for a wheel)."""
         target = Path(self.get_ext_fullpath(COMPILED[0])).parent
         while target.name != "floorguard":
             target = target.parent
+        return target / HASHES_FILE
+
+    def _write_hashes(self) -> None:
         hashes = {
             module: hashlib.sha256(source_path(ROOT / "src", module).read_bytes()).hexdigest()
             for module in COMPILED
         }
-        (target / HASHES_FILE).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+        self._hashes_path().write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
         _say(f"compiled {len(COMPILED)} core modules with mypyc")
 
     def get_outputs(self) -> list[str]:
         outputs = super().get_outputs()
         if self.extensions:
-            target = Path(self.get_ext_fullpath(COMPILED[0])).parent
-            while target.name != "floorguard":
-                target = target.parent
-            outputs.append(str(target / HASHES_FILE))
+            outputs.append(str(self._hashes_path()))
         return outputs
 
 

@@ -115,7 +115,7 @@ def select() -> str:
     if os.environ.get("FLOORGUARD_PURE") == "1":
         _state["running"] = "pure Python (FLOORGUARD_PURE=1)"
     elif stale := _stale(root, built):
-        _state["running"] = "pure Python (the compiled modules are older than their sources)"
+        _state["running"] = "pure Python (the compiled modules do not match their sources)"
         print(
             f"floorguard: {stale[0]} does not match the compiled build: running the pure-Python "
             "core (rebuild with `pip install -e .` to compile it again)",
