@@ -5,12 +5,23 @@ and 60 output tokens each (one block at their start, two by their end) through t
 dispatching by slots (C = 4) make vLLM preempt — counted by vLLM's own
 `vllm:num_preemptions_total` — and through the guard budgeting the 384 tokens (one at a
 time: each reserves 256) it preempts none. Both decision logs pass `verify` (MEMORY
-included). Needs `FLOORGUARD_VLLM_PYTHON` as tests/integration/test_vllm.py does."""
+included).
+
+The second test is what the preemptions cost the floor: three surplus requests start, then
+one floor request arrives. By slots, all four go to vLLM at once; its cache holds three
+prompts, so the floor's waits in vLLM's own queue, where the guard's assured-first order
+does not reach, behind the surplus sequences vLLM preempts and restarts. Under the budget
+the guard keeps the surplus it cannot fit, and the floor request runs next: it waits for at
+most one running request, as SPEC §6's non-preemptive bound says. The simulator's cache
+(`KvBatchingBackend`, vLLM's blocks and victim rule) predicts both on the same arrivals,
+scaled to its own service time. Needs `FLOORGUARD_VLLM_PYTHON` as
+tests/integration/test_vllm.py does."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import urllib.request
 
 import aiohttp
@@ -18,8 +29,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.analysis.checker import check_trace
+from floorguard.analysis.records import fold_trace
+from floorguard.core.contract import Contract, ContractClass
 from floorguard.core.events import read_jsonl
+from floorguard.core.request import Request
+from floorguard.profiles import get_profile
 from floorguard.proxy.health import parse_backend_report
+from floorguard.sim.run import scenario_requests, simulate_once
+from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario
+from floorguard.sim.workloads import FixedLength, PacedArrivals, SyntheticStream
 from tests.integration.live import guard_config, token
 from tests.integration.test_vllm import MODEL, SCRIPT, vllm_model, vllm_python
 from tests.redis_server import free_port
@@ -107,4 +125,137 @@ def test_vllm_preempts_under_slot_dispatch_and_never_under_the_kv_budget(
     else:
         assert preempted > 0
     verified = check_trace(list(read_jsonl(str(log))), allow_open=True)
+    assert {v.prop for v in verified.violations} <= {"SF"}, verified.violations[:3]
+
+
+# -- what the preemptions cost the floor ----------------------------------------------------
+
+SURPLUS = 3
+DEADLINE_SERVICES = 2.5
+"""The floor's deadline in services of one request alone: under the budget (one at a
+time here) it waits for at most the one running request and then runs, two services
+(SPEC §6's non-preemptive bound at the budget's C = 1), and a quarter each for noise."""
+
+
+def _behind_the_cache(*, alone_s: float, budget: bool, surplus: int = SURPLUS) -> Scenario:
+    """`surplus` requests at 0, 1, 2 … ms, the floor's at a quarter of a service, all of
+    100 prompt + 60 output tokens, on C = 4 and a cache of 3 blocks of 128 tokens."""
+    out = FixedLength(BODY["max_tokens"])
+    prompt = len(BODY["prompt"])
+    deadline_s = DEADLINE_SERVICES * alone_s
+    floor_stream = SyntheticStream(
+        ASSURED_TENANT, PacedArrivals(1.0), out, 1.0, alone_s / 4, prompt_tokens=prompt
+    )
+    if not surplus:
+        return _scenario(deadline_s, budget, (floor_stream,))
+    surplus_stream = SyntheticStream(
+        OPPORTUNISTIC_TENANT,
+        PacedArrivals(1000.0),
+        out,
+        (surplus - 0.5) / 1000,
+        prompt_tokens=prompt,
+    )
+    return _scenario(deadline_s, budget, (surplus_stream, floor_stream))
+
+
+def _scenario(deadline_s: float, budget: bool, streams: tuple[SyntheticStream, ...]) -> Scenario:
+    return Scenario(
+        name="behind-the-cache",
+        contracts=(
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, 1),
+            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, 600.0),
+        ),
+        streams=streams,
+        profile=get_profile("v100-moe"),
+        slots=(SLOTS,),
+        doom_gate=False,
+        backend_kv_blocks=(KV_BLOCKS,),
+        kv_block_tokens=BLOCK,
+        kv_tokens=(KV_BLOCKS * BLOCK,) if budget else (),
+    )
+
+
+def _simulated(budget: bool) -> tuple[int, float, float]:
+    """The simulator's preemptions, the floor request's sojourn and its deadline (s)."""
+    alone = simulate_once(_behind_the_cache(alone_s=1.0, budget=budget, surplus=0), seed=0)
+    alone_s = next(iter(fold_trace(alone.events or ()).records)).sojourn_s
+    run = simulate_once(_behind_the_cache(alone_s=alone_s, budget=budget), seed=0)
+    (floor,) = [r for r in fold_trace(run.events or ()).records if r.tenant == ASSURED_TENANT]
+    return run.preemptions, floor.sojourn_s, DEADLINE_SERVICES * alone_s
+
+
+async def _post(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
+    started = time.monotonic()
+    async with session.post(url + "/v1/completions", json=BODY, headers=headers) as r:
+        await r.read()
+        assert r.status == 200, r.status
+    return time.monotonic() - started
+
+
+async def _alone_s(url: str) -> float:
+    """One request of the workload alone on vLLM (after one that warms it up)."""
+    async with aiohttp.ClientSession() as session:
+        await _post(session, url, {})
+        return await _post(session, url, {})
+
+
+async def _replay(url: str, requests: list[Request]) -> dict[str, float]:
+    """Each request fired at its arrival: its sojourn by tenant (the floor's one)."""
+    bearer = {
+        ASSURED_TENANT: {"Authorization": f"Bearer {token('acme')}"},
+        OPPORTUNISTIC_TENANT: {"Authorization": f"Bearer {token('free')}"},
+    }
+    start = time.monotonic() + 0.2
+    async with aiohttp.ClientSession() as session:
+
+        async def one(request: Request) -> tuple[str, float]:
+            await asyncio.sleep(start + request.arrival_at - time.monotonic())
+            return request.tenant, await _post(session, url, bearer[request.tenant])
+
+        return dict(await asyncio.gather(*(one(r) for r in requests)))
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["slots-only", "kv-budget"])
+def test_the_floor_waits_in_vllms_queue_by_slots_and_runs_on_time_under_the_kv_budget(
+    live, small_vllm, tmp_path, budget
+):
+    alone_s = asyncio.run(_alone_s(small_vllm))
+    scenario = _behind_the_cache(alone_s=alone_s, budget=budget)
+    (contract, _) = scenario.contracts
+    backend = {"url": small_vllm, "slots": SLOTS}
+    if budget:
+        backend["kv_tokens"] = KV_BLOCKS * BLOCK
+    log = tmp_path / "decisions.jsonl"
+    config = guard_config(
+        small_vllm,
+        floor=1,
+        window_s=3600.0,
+        decision_log=str(log),
+        backends=[backend],
+        kv_block_tokens=BLOCK,
+        contracts=[
+            {"tenant": "acme", "class": "assured", "floor": 1,
+             "deadline_ms": contract.deadline_budget_s * 1e3},
+            {"tenant": "free", "class": "opportunistic", "deadline_ms": 600_000},
+        ],
+    )  # fmt: skip
+    url, app = live.guard(config)
+    before = _preemptions(small_vllm)
+    sojourn = asyncio.run(_replay(url, scenario_requests(scenario, seed=0)))
+    preempted = _preemptions(small_vllm) - before
+    live.flush_log(app)
+    floor_s, deadline_s = sojourn[ASSURED_TENANT], contract.deadline_budget_s
+    sim_preempted, sim_floor_s, sim_deadline_s = _simulated(budget)
+    print(
+        f"alone {alone_s:.2f} s; vLLM: {preempted:g} preemptions, the floor's sojourn "
+        f"{floor_s:.2f} s of d = {deadline_s:.2f} s; simulator: {sim_preempted} "
+        f"preemptions, {sim_floor_s:.2f} s of d = {sim_deadline_s:.2f} s"
+    )  # shown with -rP
+    if budget:
+        assert preempted == 0 and floor_s <= deadline_s
+        assert sim_preempted == 0 and sim_floor_s <= sim_deadline_s
+    else:
+        assert preempted > 0 and floor_s > deadline_s
+        assert sim_preempted > 0 and sim_floor_s > sim_deadline_s
+    verified = check_trace(list(read_jsonl(log)), allow_open=True)
     assert {v.prop for v in verified.violations} <= {"SF"}, verified.violations[:3]

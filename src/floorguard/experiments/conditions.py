@@ -309,6 +309,7 @@ def build_scenario(c: Condition) -> Scenario:
             budget=c.kv_budget,
             duration_s=c.duration_s,
             priorities=c.policy == "server-priority" or c.forward_priority,
+            floor=c.floor,
         )
     return Scenario(
         name=c.workload,

@@ -136,9 +136,10 @@ def kv_pressure(
     budget: bool = False,
     duration_s: float = 10.0,
     priorities: bool = False,
+    floor: int = 3,
 ) -> Scenario:
     """Memory pressure (SPEC §16): 100-token prompts and 64-token outputs, the assured tenant
-    paced at B = 3 per 1 s window beside an opportunistic Poisson 10/s, d = 2.5 s, on one
+    paced at B = `floor` per 1 s window beside an opportunistic Poisson 10/s, d = 2.5 s, on one
     backend of C = 4 whose KV cache holds `kv_blocks` 16-token blocks (four running need 44
     by their end); `budget`: the guard budgets that cache (`kv_tokens`); `priorities`: the
     cache preempts by each class's priority (`Scenario.backend_priorities`)."""
@@ -146,12 +147,12 @@ def kv_pressure(
     return Scenario(
         name="kv-pressure",
         contracts=(
-            Contract(ASSURED_TENANT, ContractClass.ASSURED, 2.5, 3),
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, 2.5, floor),
             Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, 2.5),
         ),
         streams=(
             SyntheticStream(
-                ASSURED_TENANT, PacedArrivals(3.0), lengths, duration_s, prompt_tokens=100
+                ASSURED_TENANT, PacedArrivals(float(floor)), lengths, duration_s, prompt_tokens=100
             ),
             SyntheticStream(
                 OPPORTUNISTIC_TENANT, PoissonArrivals(10.0), lengths, duration_s, prompt_tokens=100

@@ -9,6 +9,10 @@ from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow
 from floorguard.experiments.spec import Experiment
 
+FLOORS = (1, 2, 3)
+"""The assured tenant's floor B per 1 s window, paced at B/s: its own sequences in flight
+(B × ≈ 1.1–1.9 s) from under the budget's concurrency to past C = 4 (issue 27: a floor past
+its region shows nothing about the budget)."""
 CACHES = (32, 40)
 """The backend's KV cache in 16-token blocks: four running requests need 44 by their end,
 so both overflow; 32 holds two at once under the budget, 40 three."""
@@ -30,8 +34,10 @@ def _e21(quick: bool) -> list[Condition]:
             kv_blocks=blocks,
             kv_budget=budget,
             forward_priority=forward,
+            floor=floor,
             duration_s=6.0 if quick else 10.0,
         )
+        for floor in FLOORS
         for blocks in CACHES
         for policy, budget, forward in DISPATCH
     ]
@@ -45,81 +51,131 @@ def _label(row: RunRow) -> str:
     return "guard, slots, priority forwarded" if row["forward_priority"] else "guard, slots only"
 
 
-def _cell(
-    rows: Sequence[RunRow], blocks: int, policy: str, budget: bool, forward: bool
-) -> list[RunRow]:
+Cell = tuple[int, int]
+"""(B, KV blocks)."""
+Dispatch = tuple[str, bool, bool]
+
+
+def _cell(rows: Sequence[RunRow], cell: Cell, dispatch: Dispatch) -> list[RunRow]:
     return [
         r
         for r in rows
-        if (r["kv_blocks"], r["policy"], r["kv_budget"], r["forward_priority"])
-        == (blocks, policy, budget, forward)
+        if ((r["floor"], r["kv_blocks"]), (r["policy"], r["kv_budget"], r["forward_priority"]))
+        == (cell, dispatch)
     ]
+
+
+def _p99_ms(runs: Sequence[RunRow]) -> float | None:
+    """The assured sojourn p99, mean over the reps that completed any (ms)."""
+    values = [r["a_sojourn_p99_s"] for r in runs]
+    known = [v for v in values if v is not None]
+    return 1e3 * sum(known) / len(known) if known else None
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def _sum(rows: Sequence[RunRow], key: str, cell: Cell, d: Dispatch) -> int:
+    return sum(int(cast(dict[str, Any], r)[key]) for r in _cell(rows, cell, d))
 
 
 def _extra(rows: Sequence[RunRow]) -> str:
     lines = [
-        "| KV cache | dispatch | preemptions (A's) | A late / admitted | A unmet | "
-        "goodput (req/s) |",
-        "|---|---|---|---|---|---|",
+        "| B | KV cache | dispatch | preemptions (A's) | A late / admitted | A sojourn p99 ms | "
+        "A unmet | goodput (req/s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for blocks in CACHES:
-        for policy, budget, forward in DISPATCH:
-            runs = _cell(rows, blocks, policy, budget, forward)
-            if not runs:
-                continue
-            late = sum(r["a_late"] for r in runs)
-            admitted = sum(r["a_admitted"] for r in runs)
-            unmet = [r["a_unmet"] for r in runs if r["a_unmet"] is not None]
-            goodput = sum(r["goodput_per_s"] for r in runs) / len(runs)
-            lines.append(
-                f"| {blocks} blocks ({blocks * 16} tokens) | {_label(runs[0])} | "
-                f"{sum(r['preemptions'] for r in runs)} "
-                f"({sum(r['a_preempted'] for r in runs)}) | {late}/{admitted} | "
-                f"{sum(unmet) / len(unmet):.2f} | {goodput:.2f} |"
-            )
+    for floor in FLOORS:
+        for blocks in CACHES:
+            for policy, budget, forward in DISPATCH:
+                runs = _cell(rows, (floor, blocks), (policy, budget, forward))
+                if not runs:
+                    continue
+                late = sum(r["a_late"] for r in runs)
+                admitted = sum(r["a_admitted"] for r in runs)
+                unmet = [r["a_unmet"] for r in runs if r["a_unmet"] is not None]
+                goodput = sum(r["goodput_per_s"] for r in runs) / len(runs)
+                lines.append(
+                    f"| {floor} | {blocks} blocks ({blocks * 16} tokens) | {_label(runs[0])} | "
+                    f"{sum(r['preemptions'] for r in runs)} "
+                    f"({sum(r['a_preempted'] for r in runs)}) | {late}/{admitted} | "
+                    f"{_ms(_p99_ms(runs))} | {sum(unmet) / len(unmet):.2f} | {goodput:.2f} |"
+                )
     return "\n".join(lines)
 
 
-def _sum(rows: Sequence[RunRow], key: str, blocks: int, d: tuple[str, bool, bool]) -> int:
-    return sum(int(cast(dict[str, Any], r)[key]) for r in _cell(rows, blocks, *d))
+def _fits(rows: Sequence[RunRow]) -> str:
+    """What the budget did to the floor's p99 and lateness, by floor, against slot dispatch."""
+    said = []
+    for floor in FLOORS:
+        cells = [(floor, b) for b in CACHES if _cell(rows, (floor, b), SLOTS)]
+        ratios = [
+            f"{k / s:.2f}"
+            for c in cells
+            if (s := _p99_ms(_cell(rows, c, SLOTS))) is not None
+            and (k := _p99_ms(_cell(rows, c, BUDGET))) is not None
+        ]
+        if not ratios:
+            continue
+        late_slots = sum(_sum(rows, "a_late", c, SLOTS) for c in cells)
+        late_budget = sum(_sum(rows, "a_late", c, BUDGET) for c in cells)
+        said.append(
+            f"at B = {floor}, {' and '.join(ratios)} × slot dispatch's assured p99 (by cache) "
+            f"and {late_budget} late against {late_slots}"
+        )
+    return (
+        "The budget gave, "
+        + "; ".join(said)
+        + ". Under the budget an assured request waits for room (the running ones to end) "
+        "and then runs in a smaller batch, where slot dispatch starts it at once and may "
+        "preempt it; the wait is bounded only while the floor's own load fits the "
+        "concurrency the budget leaves, which 3/s of ≈ 1.1–1.9 s services does not (more "
+        "than the budget's 2 or 3 of its own at once: outside SPEC §6's region, where "
+        "nothing bounds the floor's wait under any dispatch)."
+    )
 
 
 def _reading(rows: Sequence[RunRow]) -> str:
     parts = []
-    for blocks in CACHES:
-        pre = {d: _sum(rows, "preemptions", blocks, d) for d in DISPATCH}
-        mine = {d: _sum(rows, "a_preempted", blocks, d) for d in DISPATCH}
-        late = {d: _sum(rows, "a_late", blocks, d) for d in DISPATCH}
-        at_once = blocks * 16 // 176
-        parts.append(
-            f"With {blocks} blocks, vLLM-style preemptions (the floor tenant's among them) and "
-            f"assured late: server priority {pre[SERVER]} ({mine[SERVER]}), {late[SERVER]} "
-            f"late; the guard by slots {pre[SLOTS]} ({mine[SLOTS]}), {late[SLOTS]} late; by "
-            f"slots with the priority forwarded {pre[FORWARDED]} ({mine[FORWARDED]}), "
-            f"{late[FORWARDED]} late; under its KV budget {pre[BUDGET]} ({mine[BUDGET]}), "
-            f"{late[BUDGET]} late (the budget runs {at_once} at once)"
-        )
-    floor_slots = sum(_sum(rows, "a_preempted", b, SLOTS) for b in CACHES)
-    moved = floor_slots - sum(_sum(rows, "a_preempted", b, FORWARDED) for b in CACHES)
+    for floor in FLOORS:
+        for blocks in CACHES:
+            cell = (floor, blocks)
+            if not _cell(rows, cell, SLOTS):
+                continue
+            pre = {d: _sum(rows, "preemptions", cell, d) for d in DISPATCH}
+            mine = {d: _sum(rows, "a_preempted", cell, d) for d in DISPATCH}
+            late = {d: _sum(rows, "a_late", cell, d) for d in DISPATCH}
+            p99 = {d: _p99_ms(_cell(rows, cell, d)) for d in DISPATCH}
+            parts.append(
+                f"B = {floor}, {blocks} blocks (the budget runs {blocks * 16 // 176} at once): "
+                f"preemptions (the floor's), assured late, assured p99 — server priority "
+                f"{pre[SERVER]} ({mine[SERVER]}), {late[SERVER]}, {_ms(p99[SERVER])} ms; by "
+                f"slots {pre[SLOTS]} ({mine[SLOTS]}), {late[SLOTS]}, {_ms(p99[SLOTS])} ms; by "
+                f"slots, priority forwarded {pre[FORWARDED]} ({mine[FORWARDED]}), "
+                f"{late[FORWARDED]}, {_ms(p99[FORWARDED])} ms; KV budget {pre[BUDGET]} "
+                f"({mine[BUDGET]}), {late[BUDGET]}, {_ms(p99[BUDGET])} ms"
+            )
+    floor_slots = sum(_sum(rows, "a_preempted", (f, b), SLOTS) for f in FLOORS for b in CACHES)
+    moved = floor_slots - sum(
+        _sum(rows, "a_preempted", (f, b), FORWARDED) for f in FLOORS for b in CACHES
+    )
     return (
-        ". ".join(parts)
+        "; ".join(parts)
         + ". The budget removes the preemptions by construction: a backend starts only what "
-        "its cache holds to the end. It does not put the floor on time, and here it costs "
-        "the floor: it reserves each request's whole prompt + output cap (100 + 64 → 176 "
-        "tokens) from its start, so the cache runs ⌊tokens / 176⌋ at once, where vLLM "
-        "allocates as sequences grow and runs all four until the cache fills, then preempts "
-        "one — which costs its victim a second prefill of 100 + what it streamed, less than "
-        "the concurrency the budget gives up. Which sequence vLLM preempts decides whose "
-        "request pays: without a priority (FCFS, or every request at vLLM's default 0) it is "
-        "the last admitted, the floor's as often as not; with each class's priority (server "
-        "priority, or the guard with `forward_priority` over vLLM's priority policy) it is "
-        f"the surplus's while any surplus sequence runs. Forwarding the priority took "
-        f"{moved} of the floor's {floor_slots} preemptions under slot dispatch off it; the "
-        "rest came while only assured sequences ran (the tenant offers 3/s of ≈ 1.8 s "
-        "services, more than C = 4 of its own at once), where no victim order can spare "
-        "the floor. This workload (B = 3 per 1 s window "
-        "of 1.8 s services) is outside SPEC §6's region even at C = 4, and its report names "
-        "the smaller C under the budget."
+        "its cache holds to the end. What it does to the floor depends on whether the "
+        "floor's own load fits the concurrency the budget leaves: it reserves each request's "
+        "whole prompt + output cap (100 + 64 → 176 tokens) from its start, so the cache runs "
+        "⌊tokens / 176⌋ at once, where vLLM allocates as sequences grow and runs all four "
+        "until the cache fills, then preempts one, which costs its victim a second prefill "
+        "of 100 + what it streamed. " + _fits(rows) + " Which sequence vLLM preempts "
+        "decides whose request pays: without a priority (FCFS, or every request at vLLM's "
+        "default 0) it is the last admitted, the floor's as often as not; with each class's "
+        "priority (server priority, or the guard with `forward_priority` over vLLM's "
+        "priority policy) it is the surplus's while any surplus sequence runs. Forwarding the "
+        f"priority took {moved} of the floor's {floor_slots} preemptions under slot dispatch "
+        "off it; the rest came while only assured sequences ran, where no victim order can "
+        "spare the floor."
     )
 
 
@@ -131,14 +187,15 @@ E21 = Experiment(
     "preempted (recomputed) when the next block cannot be had — the last admitted (FCFS) or, "
     "where requests carry their class's priority, vLLM's priority policy's victim: the "
     "running one of the largest (priority, arrival). 100-token prompts, ℓ = 64; the assured "
-    "tenant paced at B = 3 per 1 s window, an opportunistic Poisson 10/s, d = 2.5 s for both, "
-    "10 s; vLLM's priority scheduler alone, the guard dispatching by slots (forwarding no "
-    "priority, or each class's), and the guard budgeting the cache (SPEC §16); reps 5. Not a "
-    "published experiment: SPEC §16's new requirement, on the simulator (real vLLM rows: "
-    "not yet run).",
+    "tenant paced at B = 1, 2 or 3 per 1 s window, an opportunistic Poisson 10/s, d = 2.5 s "
+    "for both, 10 s; vLLM's priority scheduler alone, the guard dispatching by slots "
+    "(forwarding no priority, or each class's), and the guard budgeting the cache (SPEC "
+    "§16); reps 5. Not a published experiment: SPEC §16's new requirement, on the "
+    "simulator (on real vLLM: tests/integration/test_vllm_memory.py, docs/http.md; this "
+    "grid's rows on real vLLM: not yet run).",
     _e21,
     reps=5,
-    shown=("kv_blocks", "policy", "kv_budget", "forward_priority"),
+    shown=("floor", "kv_blocks", "policy", "kv_budget", "forward_priority"),
     extra=_extra,
     reading=_reading,
 )
