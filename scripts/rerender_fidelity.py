@@ -1,11 +1,13 @@
 """Re-render the real-backend section of a results file from a run's saved rows, without
 running the backend again (after the fidelity table's columns or sentences change).
 
-    python scripts/rerender_fidelity.py OUT RESULTS_MD WALL_S URL MODEL E1 E3 ...
+    python scripts/rerender_fidelity.py OUT RESULTS_MD WALL_S URL MODEL E1 E3 ... [--quick]
 
 OUT is the run's `--out` folder (its `profile.yaml` and each experiment's
 `real_runs.jsonl` / `sim_runs.jsonl`); WALL_S, URL and MODEL are the run's, as its section
-said. Every figure stays the run's: only the tables' code is today's.
+said, and a trailing `--quick` or `--reps N` is the run's too (for the command the section
+names). E21 goes to its own section. Every figure stays the run's: only the tables' code is
+today's.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ import json
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
 from floorguard.experiments.catalogue import catalogue
-from floorguard.experiments.conditions import Condition
-from floorguard.experiments.fidelity import RealResult, fidelity_report, fidelity_table
-from floorguard.experiments.real import RealBackend, describe
-from floorguard.experiments.report import write_real_section
+from floorguard.experiments.fidelity import RealResult, fidelity_table
+from floorguard.experiments.real import RealBackend, write_fidelity
 
 
-def main(out: str, results_md: str, wall_s: str, url: str, model: str, *ids: str) -> None:
+def main(out: str, results_md: str, wall_s: str, url: str, model: str, *rest: str) -> None:
     folder = Path(out)
     backend = RealBackend.from_profile(url, model, folder / "profile.yaml")
     experiments = catalogue()
+    first_flag = next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))
+    ids, flags = rest[:first_flag], rest[first_flag:]
     results = []
     for eid in ids:
         experiment = experiments[eid]
@@ -34,15 +38,18 @@ def main(out: str, results_md: str, wall_s: str, url: str, model: str, *ids: str
         }
         table = fidelity_table(experiment, rows["real"], rows["sim"])
         results.append(RealResult(experiment, rows["real"], rows["sim"], table))
-    command = f"floorguard experiment run {' '.join(ids)} --backend {url} --model {model}"
-    body = fidelity_report(
+    command = " ".join(
+        ["floorguard experiment run", *ids, "--backend", url, "--model", model, *flags]
+    )
+    write_fidelity(
         results,
-        describe(backend, Condition()),
+        backend,
+        out=folder,
         command=command,
         wall_s=float(wall_s),
-        figure="figures/fidelity_real_vs_sim.png",
+        results_md=Path(results_md),
+        console=Console(stderr=True),
     )
-    write_real_section(Path(results_md), body)
     print(f"re-rendered the real-backend section of {results_md} from {out}")
 
 

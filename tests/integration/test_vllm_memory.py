@@ -26,13 +26,13 @@ import urllib.request
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.analysis.checker import check_trace
 from floorguard.analysis.records import fold_trace
 from floorguard.core.contract import Contract, ContractClass
 from floorguard.core.events import read_jsonl
 from floorguard.core.request import Request
+from floorguard.experiments.real import VLLM_PREEMPTIONS, backend_counters
 from floorguard.profiles import get_profile
 from floorguard.proxy.health import parse_backend_report
 from floorguard.sim.run import scenario_requests, simulate_once
@@ -73,13 +73,10 @@ def _metrics(url: str) -> str:
 
 
 def _preemptions(url: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(_metrics(url))
-        if family.name.startswith("vllm:num_preemptions")
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
+    """vLLM's own count of the sequences its KV cache preempted, as the runner reads it."""
+    counters = backend_counters(url)
+    assert counters is not None and VLLM_PREEMPTIONS in counters, "vLLM exposes no counter"
+    return counters[VLLM_PREEMPTIONS]
 
 
 async def _four(url: str) -> list[int]:

@@ -11,9 +11,16 @@ import pytest
 
 from floorguard.cli import main
 from floorguard.core.request import Request
+from floorguard.errors import FloorguardError
 from floorguard.experiments import Condition, catalogue, real
 from floorguard.experiments.conditions import mu_sat_of
-from floorguard.experiments.fidelity import admission, drift, paired_differences, service_mean
+from floorguard.experiments.fidelity import (
+    admission,
+    drift,
+    paired_differences,
+    preemptions,
+    service_mean,
+)
 from floorguard.experiments.real import (
     RealBackend,
     backend_counters,
@@ -109,6 +116,13 @@ vllm:request_inference_time_seconds_sum{engine="0",model_name="mid"} %(service)f
 vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="mid"} %(n)d
 vllm:request_queue_time_seconds_count{engine="0",model_name="mid"} %(n)d
 vllm:request_queue_time_seconds_sum{engine="0",model_name="mid"} %(queue)f
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="mid"} %(preempted)d
+# HELP vllm:request_num_preemptions Histogram of the number of times a request was preempted.
+# TYPE vllm:request_num_preemptions histogram
+vllm:request_num_preemptions_count{engine="0",model_name="mid"} %(n)d
+vllm:request_num_preemptions_sum{engine="0",model_name="mid"} 0.0
 """
 
 
@@ -135,14 +149,19 @@ def metrics_server():
 
 def test_the_backends_own_service_during_a_run_comes_from_vllms_histograms(metrics_server):
     url, state = metrics_server
-    state["body"] = (VLLM_METRICS % {"n": 10, "service": 4.0, "queue": 1.0}).encode()
+    state["body"] = (
+        VLLM_METRICS % {"n": 10, "service": 4.0, "queue": 1.0, "preempted": 3}
+    ).encode()
     before = backend_counters(url)
-    state["body"] = (VLLM_METRICS % {"n": 30, "service": 16.0, "queue": 1.5}).encode()
+    state["body"] = (
+        VLLM_METRICS % {"n": 30, "service": 16.0, "queue": 1.5, "preempted": 7}
+    ).encode()
     during = backend_times(before, backend_counters(url))
     assert during == {
         "backend_requests": 20,
         "backend_service_mean_s": pytest.approx(0.6),
         "backend_queue_mean_s": pytest.approx(0.025),
+        "backend_preemptions": 4,  # vLLM's own count of what its KV cache preempted
     }
     state["body"] = b"<html>not metrics</html>"
     assert backend_counters(url) is None
@@ -242,3 +261,68 @@ def test_e3s_admission_sentence_holds_when_the_fifo_run_comes_first(tmp_path, mo
     admitted["gated-fifo"] = [1, 2]
     again = [runs(Task("E3", 1, 3, fifo, 9)), runs(Task("E3", 0, 3, guard, 9))]
     assert again[0]["admission_identical"] is False
+
+
+def _small_cache(tmp_path, kv_tokens, block=128):
+    path = tmp_path / "profile.yaml"
+    save_profile(V100_MOE, path, measured={"mu_sat_per_s": mu_sat_of("v100-moe", 4)})
+    return RealBackend("http://127.0.0.1:1", "m", path, mu_sat_of("v100-moe", 4), kv_tokens, block)
+
+
+def test_e21_runs_the_conditions_for_the_backends_own_kv_cache_in_its_blocks(tmp_path):
+    backend = _small_cache(tmp_path, 512)  # vLLM CPU: --kv-blocks 4 of 128 tokens
+    grid = catalogue()["E21"].grid(True)
+    mine = [c for c in grid if real.holds_cache_of(c, backend)]
+    assert {c.kv_blocks for c in mine} == {32} and len(mine) == len(grid) // 2  # 512 of 640
+    budgeted = next(c for c in mine if c.kv_budget)
+    on_it = scaled(budgeted, backend)
+    assert (on_it.kv_blocks, on_it.kv_block_tokens) == (4, 128)  # the same 512 tokens
+    scenario = real.build_scenario(on_it)
+    assert scenario.kv_tokens == (512,) and scenario.backend_kv_blocks == (4,)
+    assert scenario.kv_block_tokens == 128
+    config = real._guard_config(on_it, backend, 8000, tmp_path / "log.jsonl")
+    assert config.backends[0].kv_tokens == 512 and config.kv_block_tokens == 128
+    forwarded = next(c for c in mine if c.forward_priority)
+    assert real._guard_config(
+        scaled(forwarded, backend), backend, 8000, tmp_path / "l"
+    ).forward_priority
+    assert all(c.workload != "kv-pressure" or real.holds_cache_of(c, backend) is False
+               for c in grid if c.kv_blocks == 40)  # fmt: skip
+
+
+def test_e21_runs_alone_and_only_on_a_backend_with_one_of_its_caches(tmp_path):
+    experiments = catalogue()
+    with pytest.raises(FloorguardError, match="run alone"):
+        real.run_real_experiments(
+            [experiments["E1"], experiments["E21"]], _small_cache(tmp_path, 512), out=tmp_path
+        )
+    for kv in (None, 384):  # reports no cache; a cache E21 is not written for
+        with pytest.raises(FloorguardError, match=f"reports a KV cache of {kv} tokens"):
+            real.run_real_experiments(
+                [experiments["E21"]], _small_cache(tmp_path, kv), out=tmp_path
+            )
+
+
+def test_e21s_real_section_is_its_own_and_the_simulator_report_keeps_both(tmp_path):
+    results = tmp_path / "results.md"
+    results.write_text("# Results\n")
+    write_real_section(results, "fidelity body")
+    write_real_section(results, "memory body", "E21")
+    write_real_section(results, "memory body, again", "E21")
+    assert main(["experiment", "run", "E3", "--reps", "1", "--out", str(tmp_path / "o"),
+                 "--results-md", str(results)]) == 0  # fmt: skip
+    text = results.read_text()
+    assert "fidelity body" in text and "memory body, again" in text
+    assert "memory body\n" not in text and text.count(REAL_BEGIN) == 1
+    assert text.index("## E3") < text.index(REAL_END) < text.index("memory body, again")
+
+
+def test_e21s_fidelity_table_holds_vllms_preemption_count_beside_the_simulators():
+    e21 = catalogue()["E21"]
+    condition = e21.grid(True)[1]
+    row = {**{f: getattr(condition, f) for f in CONDITION_FIELDS}, "condition": 1, "rep": 0}
+    real_rows = [{**row, "backend_preemptions": 5}, {**row, "rep": 1, "backend_preemptions": 2}]
+    sim_rows = [{**row, "preemptions": 4}, {**row, "rep": 1, "preemptions": 1}]
+    table = preemptions(e21, real_rows, sim_rows)
+    assert table.splitlines()[-1].endswith("| 7 | 5 |")
+    assert preemptions(catalogue()["E1"], [{**row, "workload": "marquee"}], []) == ""

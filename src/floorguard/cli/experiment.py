@@ -10,7 +10,7 @@ from rich.console import Console
 
 from floorguard.errors import FloorguardError
 from floorguard.experiments.catalogue import catalogue
-from floorguard.experiments.real import REAL_EXPERIMENTS, run_on_backend
+from floorguard.experiments.real import MEMORY_EXPERIMENTS, REAL_EXPERIMENTS, run_on_backend
 from floorguard.experiments.report import run_suite
 
 __all__ = ["register", "run"]
@@ -38,11 +38,12 @@ def register(commands: Any) -> None:
         "--backend, the fidelity section of that file",
     )
     real = run_parser.add_argument_group(
-        "on a real backend (E1, E3, E4, E5, E8; docs/vllm.md)",
+        "on a real backend (E1, E3, E4, E5, E8; E21 alone; docs/vllm.md)",
         "run the experiments against an OpenAI-compatible backend with C slots (vLLM: "
         "--max-num-seqs C --scheduling-policy priority), rescaled to its measured capacity, "
         "each beside the simulator's prediction for its calibrated profile; the short grids "
-        "(E1: β ∈ {0, 1}), 3 reps",
+        "(E1: β ∈ {0, 1}), 9 reps. E21 runs alone on a backend started with a small KV cache "
+        "(its conditions for that cache; --profile from one calibrated with a full cache)",
     )
     real.add_argument("--backend", help="the backend's base URL, e.g. http://127.0.0.1:8001")
     real.add_argument("--model", help="the model name the backend serves (with --backend)")
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
     if args.backend is not None:
         if args.ids == ["all"]:
-            ids = list(REAL_EXPERIMENTS)
+            ids = [i for i in REAL_EXPERIMENTS if i not in MEMORY_EXPERIMENTS]
         if not args.model:
             raise FloorguardError("--backend needs --model (the name the backend serves)")
         command = " ".join(

@@ -132,7 +132,9 @@ class Condition:
     polite_rate: float = 2.0
     """`polite`: a second opportunistic tenant's Poisson rate beside the flood (E20)."""
     kv_blocks: int = 32
-    """`kv-pressure` (E21): the simulated backend's KV cache, in 16-token blocks."""
+    """`kv-pressure` (E21): the simulated backend's KV cache, in `kv_block_tokens` blocks."""
+    kv_block_tokens: int = 16
+    """`kv-pressure`: the cache's block size (vLLM's CPU build: 128; a real backend's own)."""
     kv_budget: bool = False
     """`kv-pressure`: the guard budgets that cache (SPEC §16), or dispatches by slots only."""
     forward_priority: bool = False
@@ -310,6 +312,11 @@ def build_scenario(c: Condition) -> Scenario:
             duration_s=c.duration_s,
             priorities=c.policy == "server-priority" or c.forward_priority,
             floor=c.floor,
+            block_tokens=c.kv_block_tokens,
+            window_s=c.window_s,
+            opp_rate_per_s=c.opp_rate,
+            deadline_s=c.deadline_ms / 1e3,
+            profile=c.profile,
         )
     return Scenario(
         name=c.workload,

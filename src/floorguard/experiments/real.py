@@ -26,6 +26,15 @@ assured-first run's of the same seed (`admission_identical`). The simulator's si
   here on the wall clock; it forwards a request when one of the `C` slots is free, which is
   what the backend's own FIFO queue would do.
 
+**Memory (E21)** runs alone, on a backend started with a small KV cache (vLLM CPU:
+`scripts/vllm_cpu.py serve --kv-blocks N`), and with `--profile` from a calibration on a full
+cache (the calibration's long prompts do not fit a small one). Only the conditions written
+for the cache the backend reports (`cache_config_info`, in tokens) run, in the backend's
+own blocks (the CPU build's 128 tokens for the catalogue's 16), and so does the simulator's
+cache. Each request's 100-token prompt is sent as token ids, so the backend holds exactly
+the tokens the guard meters; vLLM's own `num_preemptions` counter, read before and after
+each run, is set beside the simulator's.
+
 The simulator then runs every scaled condition on the calibrated profile with the same seeds.
 Real runs are sequential (one backend); each lasts its arrivals plus the drain of its backlog.
 """
@@ -85,6 +94,7 @@ from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.health import parse_backend_report
 from floorguard.proxy.pump import Pump
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
 from floorguard.rig.net import free_ports
@@ -92,17 +102,24 @@ from floorguard.sim.run import scenario_requests
 from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT
 
 __all__ = [
+    "MEMORY_EXPERIMENTS",
     "REAL_EXPERIMENTS",
+    "VLLM_PREEMPTIONS",
     "RealBackend",
     "backend_counters",
     "backend_times",
+    "holds_cache_of",
     "run_on_backend",
     "run_real_experiments",
     "scaled",
     "wait_ready",
+    "write_fidelity",
 ]
 
-REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8")
+REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21")
+MEMORY_EXPERIMENTS = frozenset({"E21"})
+"""Run on a backend started with a small KV cache, apart from the others (which need one
+that never preempts): only the conditions whose cache is the backend's own run."""
 REAL_REPS = 9
 """Every condition runs 9 reps: one with no late assured request in 9 of 9 runs has a
 Clopper–Pearson 95 % upper bound of 0.336 on its late-run share (issue 14: under 0.35)."""
@@ -128,6 +145,9 @@ class RealBackend:
     """Its calibrated profile (`floorguard calibrate --out`)."""
     mu_sat_per_s: float
     """Its measured saturated capacity at ℓ = 16 (from the profile file)."""
+    kv_tokens: int | None = None
+    """Its KV cache in tokens, as its `/metrics` reports it (None: it reports none)."""
+    kv_block_tokens: int | None = None
 
     @classmethod
     def from_profile(cls, url: str, model: str, profile_path: Path) -> RealBackend:
@@ -137,11 +157,27 @@ class RealBackend:
             raise FloorguardError(
                 f"{profile_path} has no measured.mu_sat_per_s: write it with floorguard calibrate"
             )
-        return cls(url.rstrip("/"), model, profile_path, float(mu_sat))
+        url = url.rstrip("/")
+        report = parse_backend_report(_metrics_text(url) or "")
+        return cls(url, model, profile_path, float(mu_sat), report.kv_tokens, report.block_tokens)
 
     @property
     def profile(self) -> ServiceProfile:
         return get_profile(str(self.profile_path))
+
+
+def _metrics_text(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def holds_cache_of(c: Condition, backend: RealBackend) -> bool:
+    """A memory condition runs on the backend whose KV cache is the one it is written for
+    (in tokens; the backend's own blocks stand for the catalogue's 16-token ones)."""
+    return c.workload != "kv-pressure" or backend.kv_tokens == c.kv_blocks * c.kv_block_tokens
 
 
 def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) -> Condition:
@@ -149,6 +185,9 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
     reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
     factor = c.deadline_ms / 1e3 / reference.ceiling.at(c.tokens)
+    if c.workload == "kv-pressure" and backend.kv_tokens and backend.kv_block_tokens:
+        block = backend.kv_block_tokens
+        c = replace(c, kv_blocks=backend.kv_tokens // block, kv_block_tokens=block)
     return replace(
         c,
         profile=str(backend.profile_path),
@@ -166,6 +205,8 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
 def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> GuardServerConfig:
     """The `floorguard serve` config for one run, validated by the server's own model."""
     deadline = {"deadline_ms": c.deadline_ms}
+    memory = c.workload == "kv-pressure"
+    kv = {"kv_tokens": c.kv_blocks * c.kv_block_tokens} if memory and c.kv_budget else {}
     return GuardServerConfig.model_validate(
         {
             "port": port,
@@ -180,7 +221,9 @@ def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> G
                 },
                 {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
             ],
-            "backends": [{"url": backend.url, "slots": c.slots}],
+            "backends": [{"url": backend.url, "slots": c.slots, **kv}],
+            "kv_block_tokens": c.kv_block_tokens,
+            "forward_priority": c.forward_priority,
             "identity": {
                 "mode": "header",
                 "header": TENANT_HEADER,
@@ -326,6 +369,9 @@ def _serve_real(
     return asyncio.run(_unguarded(c, backend, requests, seed)), {}
 
 
+VLLM_PREEMPTIONS = "vllm:num_preemptions"
+"""vLLM's counter of the sequences its KV cache preempted (0.32 declares its family with
+the `_total` suffix; the parser names it either way)."""
 VLLM_TIMES = {
     "vllm:request_inference_time_seconds": "backend_service",
     "vllm:request_queue_time_seconds": "backend_queue",
@@ -337,14 +383,18 @@ time it waited in vLLM's queue."""
 def backend_counters(url: str) -> dict[str, float] | None:
     """The sums and counts of vLLM's request-time histograms from `url/metrics`, over all
     its series; None when the backend exposes none (the emulator, another server)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError):
+    text = _metrics_text(url)
+    if text is None:
         return None
     counters: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
+            if family.name in (VLLM_PREEMPTIONS, f"{VLLM_PREEMPTIONS}_total"):
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        counters[VLLM_PREEMPTIONS] = (
+                            counters.get(VLLM_PREEMPTIONS, 0.0) + sample.value
+                        )
             if family.name in VLLM_TIMES:
                 for sample in family.samples:
                     if sample.name.endswith(("_sum", "_count")):
@@ -362,6 +412,7 @@ def backend_times(before: dict[str, float] | None, after: dict[str, float] | Non
         "backend_requests": None,
         "backend_service_mean_s": None,
         "backend_queue_mean_s": None,
+        "backend_preemptions": None,
     }
     if before is None or after is None:
         return row
@@ -374,6 +425,8 @@ def backend_times(before: dict[str, float] | None, after: dict[str, float] | Non
             row[f"{stem}_mean_s"] = change(f"{family}_sum") / count
     if (ran := change("vllm:request_inference_time_seconds_count")) > 0:
         row["backend_requests"] = int(ran)
+    if VLLM_PREEMPTIONS in after:
+        row["backend_preemptions"] = int(change(VLLM_PREEMPTIONS))
     return row
 
 
@@ -483,13 +536,28 @@ def run_real_experiments(
         raise FloorguardError(
             f"{unknown} run on the simulator only; on a real backend: {' '.join(REAL_EXPERIMENTS)}"
         )
+    memory = {e.id for e in experiments} & MEMORY_EXPERIMENTS
+    if memory and len(experiments) > len(memory):
+        raise FloorguardError(
+            f"{' '.join(sorted(memory))} run alone, on a backend started with a small KV cache "
+            "(docs/vllm.md); the others need one that never preempts"
+        )
     tasks = plan(
         experiments,
         lambda _: reps if reps is not None else 1 if quick else REAL_REPS,
         quick=True,  # the short grids (module docstring)
-        select=lambda c: c.profile == REFERENCE_PROFILE,
+        select=lambda c: c.profile == REFERENCE_PROFILE and holds_cache_of(c, backend),
         transform=lambda c: scaled(c, backend, duration_s),
     )
+    if memory and not tasks:
+        caches = sorted(
+            {c.kv_blocks * c.kv_block_tokens for e in experiments for c in e.grid(True)}
+        )
+        raise FloorguardError(
+            f"{backend.url} reports a KV cache of {backend.kv_tokens} tokens; "
+            f"{' '.join(sorted(memory))} runs on one of {caches} tokens (vLLM CPU: "
+            "scripts/vllm_cpu.py serve --kv-blocks N, N × 128 tokens)"
+        )
     for task in tasks:
         if task.condition.policy not in POLICIES:
             raise FloorguardError(f"policy {task.condition.policy} has no real-backend form")
@@ -526,16 +594,17 @@ def describe(backend: RealBackend, c: Condition) -> str:
     s = scaled(c, backend)
     reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
+    name, ell = c.workload, c.tokens
     return (
         f"Backend {backend.url} (model `{backend.model}`), profile `{backend.profile_path}`: "
         f"measured μ_sat {backend.mu_sat_per_s:.2f}/s at ℓ = 16, C = {c.slots} "
         f"(the simulator on this profile: {mu_sat_of(s.profile, c.slots):.2f}/s); "
-        f"s_max(16) {backend.profile.ceiling.at(c.tokens) * 1e3:.0f} ms "
-        f"(v100-moe: {reference.ceiling.at(c.tokens) * 1e3:.0f} ms). "
+        f"s_max({ell}) {backend.profile.ceiling.at(ell) * 1e3:.0f} ms "
+        f"(v100-moe: {reference.ceiling.at(ell) * 1e3:.0f} ms). "
         f"k = μ_sat(v100-moe) / μ_sat = {k:.2f}: rates ÷ k, W and run length × k "
-        f"(marquee: W = {s.window_s:.2f} s, assured {s.assured_rate:.2f}/s, opportunistic "
-        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max(16) "
-        f"(marquee {c.deadline_ms / 1e3 / reference.ceiling.at(c.tokens):.2f} → "
+        f"({name}: W = {s.window_s:.2f} s, assured {s.assured_rate:.2f}/s, opportunistic "
+        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max({ell}) "
+        f"({name} {c.deadline_ms / 1e3 / reference.ceiling.at(ell):.2f} → "
         f"d = {s.deadline_ms:.0f} ms)."
     )
 
@@ -579,21 +648,59 @@ def run_on_backend(
         console=console,
     )
     wall_s = time.perf_counter() - started
+    return write_fidelity(
+        results,
+        backend,
+        out=out,
+        command=command,
+        wall_s=wall_s,
+        results_md=results_md,
+        console=console,
+    )
+
+
+def write_fidelity(
+    results: Sequence[RealResult],
+    backend: RealBackend,
+    *,
+    out: Path,
+    command: str,
+    wall_s: float,
+    results_md: Path | None,
+    console: Console,
+) -> Path:
+    """The figure and `OUT/fidelity.md` of a real run's results (and its section of
+    `results_md`: E1–E8's, or E21's own); `scripts/rerender_fidelity.py` calls it on a
+    run's saved rows. Returns the report's path."""
     points = [p for r in results for p in r.points()]
     real_vs_sim(points, out / "fidelity.png")
-    scaling = describe(backend, Condition())
+    memory = " ".join(r.experiment.id for r in results if r.experiment.id in MEMORY_EXPERIMENTS)
+    first = results[0].experiment.grid(True)[0]
+    scaling = describe(backend, first if memory else Condition())
+    if memory:
+        scaling += (
+            f" The backend's KV cache: {backend.kv_tokens} tokens in blocks of "
+            f"{backend.kv_block_tokens} (its `cache_config_info`); the simulator's cache is "
+            "the same."
+        )
+    title = f"memory pressure ({memory})" if memory else "fidelity of the simulator"
     body = fidelity_report(
         results,
         scaling,
         command=command,
         wall_s=wall_s,
         figure="fidelity.png",
+        title=title,
     )
     report = out / "fidelity.md"
     report.write_text(body + "\n")
     console.print(f"wrote {report} ({served_runs(results)} runs on the backend, {wall_s:.0f} s)")
     if results_md is not None:
-        figure = results_md.parent / "figures" / "fidelity_real_vs_sim.png"
+        figure = (
+            results_md.parent
+            / "figures"
+            / (f"fidelity_{memory}_real_vs_sim.png" if memory else "fidelity_real_vs_sim.png")
+        )
         figure.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "fidelity.png", figure)
         body = fidelity_report(
@@ -602,7 +709,8 @@ def run_on_backend(
             command=command,
             wall_s=wall_s,
             figure=str(figure.relative_to(results_md.parent)),
+            title=title,
         )
-        write_real_section(results_md, body)
+        write_real_section(results_md, body, memory)
         console.print(f"wrote the real-backend section of {results_md} and {figure}")
     return report

@@ -59,6 +59,7 @@ class ConditionKeys(TypedDict):
     polite_rate: float
     static_caps_at_capacity: bool
     kv_blocks: int
+    kv_block_tokens: int
     kv_budget: bool
     forward_priority: bool
 

@@ -105,7 +105,7 @@ def write_report(
     figure_dir = figure_dir or base
     sections = [_section(r, base, figure_dir, inline_tables) for r in results]
     head = [f"# {title}", "", preamble, "", HOW_TO_READ, guarantee_summary(results), ""]
-    kept = _real_section(path.read_text()) if path.exists() else ""
+    kept = _real_sections(path.read_text()) if path.exists() else ""
     path.write_text("\n".join([*head, *sections]) + (f"\n{kept}\n" if kept else ""))
     return path
 
@@ -114,17 +114,37 @@ REAL_BEGIN = "<!-- real-backend results: begin (floorguard experiment run --back
 REAL_END = "<!-- real-backend results: end -->"
 
 
-def _real_section(text: str) -> str:
-    start, end = text.find(REAL_BEGIN), text.find(REAL_END)
-    return text[start : end + len(REAL_END)] if 0 <= start < end else ""
+def _markers(key: str) -> tuple[str, str]:
+    """The markers of the real-backend section `key` ('' for E1–E8's, E21 for its own)."""
+    if not key:
+        return REAL_BEGIN, REAL_END
+    return (
+        f"<!-- real-backend results {key}: begin (floorguard experiment run {key} --backend) -->",
+        f"<!-- real-backend results {key}: end -->",
+    )
 
 
-def write_real_section(path: Path, body: str) -> Path:
-    """Put `body` between the real-backend markers of `path` (replacing what was there, or
-    appended); the simulator's report keeps that section when it rewrites the file."""
-    section = f"{REAL_BEGIN}\n{body}\n{REAL_END}"
+def _real_section(text: str, key: str = "") -> str:
+    begin, end_marker = _markers(key)
+    start, end = text.find(begin), text.find(end_marker)
+    return text[start : end + len(end_marker)] if 0 <= start < end else ""
+
+
+def _real_sections(text: str) -> str:
+    """Every real-backend section of `text`, first to last (the simulator's report keeps
+    them)."""
+    start, end = text.find("<!-- real-backend results"), text.rfind(": end -->")
+    return text[start : end + len(": end -->")] if 0 <= start < end else ""
+
+
+def write_real_section(path: Path, body: str, key: str = "") -> Path:
+    """Put `body` between the markers of real-backend section `key` of `path` (replacing
+    what was there, or appended); the simulator's report keeps the sections when it
+    rewrites the file."""
+    begin, end = _markers(key)
+    section = f"{begin}\n{body}\n{end}"
     text = path.read_text() if path.exists() else ""
-    old = _real_section(text)
+    old = _real_section(text, key)
     text = text.replace(old, section) if old else text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
     return path

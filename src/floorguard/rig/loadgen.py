@@ -27,6 +27,8 @@ from floorguard.core.request import Request
 __all__ = ["ClientResult", "measure_client", "post_completion", "refusals", "replay"]
 
 OUTCOMES = {200: "completed", 429: "rejected", 503: "dropped"}
+PROMPT_TOKEN_ID = 7
+"""The token a request's prompt of `num_prompt_tokens` repeats (any vocabulary has it)."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,18 @@ async def post_completion(
     extra: Mapping[str, object] | None = None,
 ) -> tuple[int, int | None, str | None]:
     """POST `request` as a completion with its output length pinned (`max_tokens` =
-    `min_tokens`, `ignore_eos`): the HTTP status (0 when the connection failed), the
-    guard's window for it when it names one (`x-floorguard-window`), and the error code of
-    an answer that is not a 200."""
+    `min_tokens`, `ignore_eos`) and, where it has prompt tokens, a prompt of exactly that
+    many (token ids, which an OpenAI-compatible server counts as sent): the HTTP status (0
+    when the connection failed), the guard's window for it when it names one
+    (`x-floorguard-window`), and the error code of an answer that is not a 200."""
+    prompt: str | list[int] = (
+        [PROMPT_TOKEN_ID] * request.num_prompt_tokens
+        if request.num_prompt_tokens
+        else "floorguard load"
+    )
     body = {
         "model": model,
-        "prompt": "floorguard load",
+        "prompt": prompt,
         "max_tokens": request.num_output_tokens,
         "min_tokens": request.num_output_tokens,
         "ignore_eos": True,

@@ -137,32 +137,48 @@ def kv_pressure(
     duration_s: float = 10.0,
     priorities: bool = False,
     floor: int = 3,
+    block_tokens: int = 16,
+    window_s: float = 1.0,
+    opp_rate_per_s: float = 10.0,
+    deadline_s: float = 2.5,
+    profile: str = "v100-moe",
 ) -> Scenario:
     """Memory pressure (SPEC §16): 100-token prompts and 64-token outputs, the assured tenant
-    paced at B = `floor` per 1 s window beside an opportunistic Poisson 10/s, d = 2.5 s, on one
-    backend of C = 4 whose KV cache holds `kv_blocks` 16-token blocks (four running need 44
-    by their end); `budget`: the guard budgets that cache (`kv_tokens`); `priorities`: the
-    cache preempts by each class's priority (`Scenario.backend_priorities`)."""
+    paced at B = `floor` per `window_s` window beside an opportunistic Poisson
+    `opp_rate_per_s`, d = `deadline_s` for both, on one backend of C = 4 whose KV cache holds
+    `kv_blocks` blocks of `block_tokens` (four running need 44 of 16 by their end);
+    `budget`: the guard budgets that cache (`kv_tokens`); `priorities`: the cache preempts
+    by each class's priority (`Scenario.backend_priorities`)."""
     lengths = FixedLength(64)
     return Scenario(
         name="kv-pressure",
         contracts=(
-            Contract(ASSURED_TENANT, ContractClass.ASSURED, 2.5, floor),
-            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, 2.5),
+            Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor),
+            Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
         ),
         streams=(
             SyntheticStream(
-                ASSURED_TENANT, PacedArrivals(float(floor)), lengths, duration_s, prompt_tokens=100
+                ASSURED_TENANT,
+                PacedArrivals(floor / window_s),
+                lengths,
+                duration_s,
+                prompt_tokens=100,
             ),
             SyntheticStream(
-                OPPORTUNISTIC_TENANT, PoissonArrivals(10.0), lengths, duration_s, prompt_tokens=100
+                OPPORTUNISTIC_TENANT,
+                PoissonArrivals(opp_rate_per_s),
+                lengths,
+                duration_s,
+                prompt_tokens=100,
             ),
         ),
-        profile=get_profile("v100-moe"),
+        profile=get_profile(profile),
         slots=(4,),
+        schedule=WindowSchedule(window_s),
         doom_gate=False,
         backend_kv_blocks=(kv_blocks,),
-        kv_tokens=(kv_blocks * 16,) if budget else (),
+        kv_tokens=(kv_blocks * block_tokens,) if budget else (),
+        kv_block_tokens=block_tokens,
         backend_priorities=priorities,
     )
 

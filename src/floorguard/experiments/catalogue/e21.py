@@ -35,6 +35,10 @@ def _e21(quick: bool) -> list[Condition]:
             kv_budget=budget,
             forward_priority=forward,
             floor=floor,
+            assured_rate=float(floor),  # paced B per 1 s window
+            opp_rate=10.0,
+            deadline_ms=2500.0,
+            tokens=64,
             duration_s=6.0 if quick else 10.0,
         )
         for floor in FLOORS
@@ -191,8 +195,9 @@ E21 = Experiment(
     "for both, 10 s; vLLM's priority scheduler alone, the guard dispatching by slots "
     "(forwarding no priority, or each class's), and the guard budgeting the cache (SPEC "
     "§16); reps 5. Not a published experiment: SPEC §16's new requirement, on the "
-    "simulator (on real vLLM: tests/integration/test_vllm_memory.py, docs/http.md; this "
-    "grid's rows on real vLLM: not yet run).",
+    "simulator; its 512-token conditions on real vLLM are in the section 'On a real "
+    "backend: memory pressure (E21)' (`floorguard experiment run E21 --backend`, "
+    "docs/vllm.md).",
     _e21,
     reps=5,
     shown=("floor", "kv_blocks", "policy", "kv_budget", "forward_priority"),
