@@ -79,6 +79,23 @@ def _preemptions(url: str) -> float:
     return counters[VLLM_PREEMPTIONS]
 
 
+def _guard(live, vllm_url, log, budget, contracts):
+    """A guard in front of the small vLLM (C = 4), budgeting its 384 tokens or not, with one
+    window for the whole test and `contracts`."""
+    backend = {"url": vllm_url, "slots": SLOTS}
+    if budget:
+        backend["kv_tokens"] = KV_BLOCKS * BLOCK
+    config = guard_config(
+        vllm_url,
+        window_s=3600.0,
+        decision_log=str(log),
+        backends=[backend],
+        kv_block_tokens=BLOCK,
+        contracts=contracts,
+    )
+    return live.guard(config)
+
+
 async def _four(url: str) -> list[int]:
     headers = {"Authorization": f"Bearer {token('acme')}"}
     async with aiohttp.ClientSession() as session:
@@ -97,20 +114,14 @@ def test_vllm_preempts_under_slot_dispatch_and_never_under_the_kv_budget(
 ):
     report = parse_backend_report(_metrics(small_vllm))
     assert (report.kv_tokens, report.block_tokens) == (KV_BLOCKS * BLOCK, BLOCK)  # vLLM's word
-    backend = {"url": small_vllm, "slots": SLOTS}
-    if budget:
-        backend["kv_tokens"] = KV_BLOCKS * BLOCK
     log = tmp_path / "decisions.jsonl"
-    config = guard_config(
+    url, app = _guard(
+        live,
         small_vllm,
-        floor=8,
-        window_s=3600.0,
-        decision_log=str(log),
-        backends=[backend],
-        kv_block_tokens=BLOCK,
-        contracts=[{"tenant": "acme", "class": "assured", "floor": 8, "deadline_ms": 30_000}],
+        log,
+        budget,
+        [{"tenant": "acme", "class": "assured", "floor": 8, "deadline_ms": 30_000}],
     )  # one at a time under the budget: a deadline that waits for the fourth
-    url, app = live.guard(config)
     before = _preemptions(small_vllm)
     statuses = asyncio.run(_four(url))
     preempted = _preemptions(small_vllm) - before
@@ -219,24 +230,13 @@ def test_the_floor_waits_in_vllms_queue_by_slots_and_runs_on_time_under_the_kv_b
     alone_s = asyncio.run(_alone_s(small_vllm))
     scenario = _behind_the_cache(alone_s=alone_s, budget=budget)
     (contract, _) = scenario.contracts
-    backend = {"url": small_vllm, "slots": SLOTS}
-    if budget:
-        backend["kv_tokens"] = KV_BLOCKS * BLOCK
     log = tmp_path / "decisions.jsonl"
-    config = guard_config(
-        small_vllm,
-        floor=1,
-        window_s=3600.0,
-        decision_log=str(log),
-        backends=[backend],
-        kv_block_tokens=BLOCK,
-        contracts=[
-            {"tenant": "acme", "class": "assured", "floor": 1,
-             "deadline_ms": contract.deadline_budget_s * 1e3},
-            {"tenant": "free", "class": "opportunistic", "deadline_ms": 600_000},
-        ],
+    url, app = _guard(
+        live, small_vllm, log, budget,
+        [{"tenant": "acme", "class": "assured", "floor": 1,
+          "deadline_ms": contract.deadline_budget_s * 1e3},
+         {"tenant": "free", "class": "opportunistic", "deadline_ms": 600_000}],
     )  # fmt: skip
-    url, app = live.guard(config)
     before = _preemptions(small_vllm)
     sojourn = asyncio.run(_replay(url, scenario_requests(scenario, seed=0)))
     preempted = _preemptions(small_vllm) - before

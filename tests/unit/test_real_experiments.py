@@ -3,11 +3,14 @@ section of the results file, and the command's refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 from dataclasses import replace
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from floorguard.cli import main
 from floorguard.core.request import Request
@@ -32,7 +35,7 @@ from floorguard.experiments.report import REAL_BEGIN, REAL_END, write_real_secti
 from floorguard.experiments.runner import Task, plan
 from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.profiles import V100_MOE, save_profile
-from floorguard.rig.loadgen import ClientResult
+from floorguard.rig.loadgen import ClientResult, post_completion
 from floorguard.sim.scenarios import ASSURED_TENANT
 
 
@@ -326,3 +329,32 @@ def test_e21s_fidelity_table_holds_vllms_preemption_count_beside_the_simulators(
     table = preemptions(e21, real_rows, sim_rows)
     assert table.splitlines()[-1].endswith("| 7 | 5 |")
     assert preemptions(catalogue()["E1"], [{**row, "workload": "marquee"}], []) == ""
+
+
+def test_a_real_run_sends_each_prompt_as_exactly_its_metered_tokens():
+    """E21's 100-token prompts reach the backend as 100 token ids (what the guard meters and
+    the KV cache holds); elsewhere, as before, a short text."""
+    seen: list[object] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append((await request.json())["prompt"])
+        return web.json_response({"choices": []})
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        request = Request(1, ASSURED_TENANT, 0.0, 8, 100)
+        async with aiohttp.ClientSession() as session:
+            assert (await post_completion(session, url, request, model="m"))[0] == 200
+            exact = await post_completion(session, url, request, model="m", exact_prompts=True)
+            assert exact[0] == 200
+        await runner.cleanup()
+
+    asyncio.run(run())
+    assert seen[0] == "floorguard load" and seen[1] == [7] * 100

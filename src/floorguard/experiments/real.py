@@ -292,6 +292,7 @@ def _through_guard(
                     headers,
                     start_at=_window_start(c.window_s),
                     model=backend.model,
+                    exact_prompts=True,
                 )
             )
         finally:
@@ -334,7 +335,9 @@ async def _unguarded(
                 return result(429)
             if isinstance(await pump.turn(rid), Drop):
                 return result(503)
-            status, _, _ = await post_completion(session, url, request, model=backend.model)
+            status, _, _ = await post_completion(
+                session, url, request, model=backend.model, exact_prompts=True
+            )
             if status == 200:
                 stack.finish(rid, clock.now(), "complete")
             else:
@@ -363,6 +366,7 @@ def _serve_real(
                 start_at=_window_start(c.window_s),
                 model=backend.model,
                 body_for=PRIORITY,
+                exact_prompts=True,
             )
         )
         return results, {}

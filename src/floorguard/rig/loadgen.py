@@ -65,15 +65,17 @@ async def post_completion(
     model: str,
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, object] | None = None,
+    exact_prompts: bool = False,
 ) -> tuple[int, int | None, str | None]:
     """POST `request` as a completion with its output length pinned (`max_tokens` =
-    `min_tokens`, `ignore_eos`) and, where it has prompt tokens, a prompt of exactly that
-    many (token ids, which an OpenAI-compatible server counts as sent): the HTTP status (0
-    when the connection failed), the guard's window for it when it names one
-    (`x-floorguard-window`), and the error code of an answer that is not a 200."""
+    `min_tokens`, `ignore_eos`) and, with `exact_prompts` where it has prompt tokens, a
+    prompt of exactly that many (token ids, which an OpenAI-compatible server counts as
+    sent; otherwise a short text): the HTTP status (0 when the connection failed), the
+    guard's window for it when it names one (`x-floorguard-window`), and the error code of
+    an answer that is not a 200."""
     prompt: str | list[int] = (
         [PROMPT_TOKEN_ID] * request.num_prompt_tokens
-        if request.num_prompt_tokens
+        if exact_prompts and request.num_prompt_tokens
         else "floorguard load"
     )
     body = {
@@ -107,12 +109,14 @@ async def _one(
     *,
     model: str,
     extra: Mapping[str, object],
+    exact_prompts: bool,
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
     status, window, reason = await post_completion(
-        session, url, request, model=model, headers=headers, extra=extra
-    )
+        session, url, request, model=model, headers=headers, extra=extra,
+        exact_prompts=exact_prompts,
+    )  # fmt: skip
     return ClientResult(request, scheduled_at, fired, time.time(), status, window, reason)
 
 
@@ -132,11 +136,12 @@ async def replay(
     start_at: float | None = None,
     model: str = "floorguard",
     body_for: Mapping[str, Mapping[str, object]] | None = None,
+    exact_prompts: bool = False,
 ) -> list[ClientResult]:
     """Fire every request at `start + arrival_at` (wall clock; `start_at`, or `start_in_s`
     from now) against `target`, asking for `model` (a real backend serves only the model
     names it knows); `body_for[tenant]` adds fields to that tenant's bodies (vLLM's
-    `priority`, say)."""
+    `priority`, say); `exact_prompts`: see `post_completion`."""
     url = target.rstrip("/") + "/v1/completions"
     start = start_at if start_at is not None else time.time() + start_in_s
     body_for = body_for or {}
@@ -152,6 +157,7 @@ async def replay(
                 headers_for.get(r.tenant, {}),
                 model=model,
                 extra=body_for.get(r.tenant, {}),
+                exact_prompts=exact_prompts,
             )
             for r in requests
         )
