@@ -205,8 +205,7 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
 def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> GuardServerConfig:
     """The `floorguard serve` config for one run, validated by the server's own model."""
     deadline = {"deadline_ms": c.deadline_ms}
-    memory = c.workload == "kv-pressure"
-    kv = {"kv_tokens": c.kv_blocks * c.kv_block_tokens} if memory and c.kv_budget else {}
+    kv = {"kv_tokens": c.kv_blocks * c.kv_block_tokens} if c.kv_budget else {}  # E21 only
     return GuardServerConfig.model_validate(
         {
             "port": port,

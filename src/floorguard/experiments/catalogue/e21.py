@@ -8,6 +8,7 @@ from typing import Any, cast
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow
 from floorguard.experiments.spec import Experiment
+from floorguard.experiments.tables import mean_of
 
 FLOORS = (1, 2, 3)
 """The assured tenant's floor B per 1 s window, paced at B/s: its own sequences in flight
@@ -71,9 +72,8 @@ def _cell(rows: Sequence[RunRow], cell: Cell, dispatch: Dispatch) -> list[RunRow
 
 def _p99_ms(runs: Sequence[RunRow]) -> float | None:
     """The assured sojourn p99, mean over the reps that completed any (ms)."""
-    values = [r["a_sojourn_p99_s"] for r in runs]
-    known = [v for v in values if v is not None]
-    return 1e3 * sum(known) / len(known) if known else None
+    mean = mean_of(runs, "a_sojourn_p99_s")
+    return None if mean is None else 1e3 * mean
 
 
 def _ms(value: float | None) -> str:
