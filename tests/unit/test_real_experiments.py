@@ -36,7 +36,7 @@ from floorguard.experiments.runner import Task, plan
 from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.profiles import V100_MOE, save_profile
 from floorguard.rig.loadgen import ClientResult, post_completion
-from floorguard.sim.scenarios import ASSURED_TENANT
+from floorguard.sim.scenarios import ASSURED_TENANT, KV_PROMPT_TOKENS
 
 
 def _backend(tmp_path, mu_sat, profile=V100_MOE):
@@ -62,6 +62,21 @@ def test_a_condition_scales_by_measured_capacity_and_keeps_d_over_s_max(tmp_path
                                                per_token_s=2 * ceiling.per_token_s))  # fmt: skip
     assert scaled(marquee, _backend(tmp_path, 9.0, slower)).deadline_ms == pytest.approx(3640.0)
     assert scaled(marquee, _backend(tmp_path, 9.0), duration_s=5).duration_s == 5
+
+
+def test_a_deadline_keeps_its_ratio_to_the_requests_own_service_prompt_included(tmp_path):
+    """E21's requests carry 100-token prompts: on a backend that charges for prompts its
+    deadline grows by the prompt's cost × the catalogue's factor; v100-moe charges none, so
+    the factor is d / s_max(64) there, and prompt-less workloads see no prompt term."""
+    charging = replace(V100_MOE, ceiling=replace(V100_MOE.ceiling, per_prompt_token_s=0.01))
+    backend = _backend(tmp_path, mu_sat_of("v100-moe", 4), charging)
+    memory = catalogue()["E21"].grid(True)[0]
+    factor = memory.deadline_ms / 1e3 / V100_MOE.ceiling.at(64)
+    assert scaled(memory, backend).deadline_ms == pytest.approx(
+        factor * (V100_MOE.ceiling.at(64) + 0.01 * KV_PROMPT_TOKENS) * 1e3
+    )
+    assert scaled(Condition(), backend).deadline_ms == pytest.approx(1820.0)
+    assert f"s_max(64, p = {KV_PROMPT_TOKENS})" in real.describe(backend, memory)
 
 
 def test_a_profile_without_a_measured_capacity_is_refused(tmp_path):

@@ -10,7 +10,10 @@ backend they are rescaled by its measured capacity: with
 `k` and the window `W` and the run length are multiplied by `k`, so the offered load against
 capacity (ρ̂), the arrivals per window against the floor `B` and the requests per run stay
 what they were. Deadlines come from the calibrated service instead: the catalogue's factor
-`d / s_max(16)` is kept (marquee: 1820 ms / 660 ms = 2.76), so `d = factor · s_max_backend(16)`.
+`d / s_max(ℓ, p)` of the condition's own request is kept (marquee: 1820 ms / 660 ms = 2.76 at
+ℓ = 16), so `d = factor · s_max_backend(ℓ, p)`. The prompt `p` matters only where a profile
+charges for it: v100-moe charges nothing, a CPU build's calibration ≈ 1.2 s per 100 tokens,
+and E21 is the one workload with long (100-token) prompts.
 
 **The stacks on a real backend.** E3's FIFO run cannot take replayed decisions from a real
 guard; it runs the same learner, and its row says whether its admitted set matched the
@@ -99,7 +102,7 @@ from floorguard.proxy.pump import Pump
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
 from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
-from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT
+from floorguard.sim.scenarios import ASSURED_TENANT, KV_PROMPT_TOKENS, OPPORTUNISTIC_TENANT
 
 __all__ = [
     "MEMORY_EXPERIMENTS",
@@ -184,7 +187,8 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
     """`c` rescaled to `backend` (module docstring); `duration_s` overrides the run length."""
     reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
-    factor = c.deadline_ms / 1e3 / reference.ceiling.at(c.tokens)
+    shape = (c.tokens, prompt_tokens_of(c))
+    factor = c.deadline_ms / 1e3 / reference.ceiling.at(*shape)
     if c.workload == "kv-pressure" and backend.kv_tokens and backend.kv_block_tokens:
         block = backend.kv_block_tokens
         c = replace(c, kv_blocks=backend.kv_tokens // block, kv_block_tokens=block)
@@ -195,8 +199,13 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
         opp_rate=c.opp_rate / k,
         window_s=c.window_s * k,
         duration_s=duration_s if duration_s is not None else c.duration_s * k,
-        deadline_ms=factor * backend.profile.ceiling.at(c.tokens) * 1e3,
+        deadline_ms=factor * backend.profile.ceiling.at(*shape) * 1e3,
     )
+
+
+def prompt_tokens_of(c: Condition) -> int:
+    """The prompt each of `c`'s requests carries, as the simulator meters it."""
+    return KV_PROMPT_TOKENS if c.workload == "kv-pressure" else 0
 
 
 # -- one run on the real backend ------------------------------------------------------------
@@ -597,17 +606,18 @@ def describe(backend: RealBackend, c: Condition) -> str:
     s = scaled(c, backend)
     reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
-    name, ell = c.workload, c.tokens
+    name, ell, prompt = c.workload, c.tokens, prompt_tokens_of(c)
+    shape = f"{ell}, p = {prompt}" if prompt else f"{ell}"
     return (
         f"Backend {backend.url} (model `{backend.model}`), profile `{backend.profile_path}`: "
         f"measured μ_sat {backend.mu_sat_per_s:.2f}/s at ℓ = 16, C = {c.slots} "
         f"(the simulator on this profile: {mu_sat_of(s.profile, c.slots):.2f}/s); "
-        f"s_max({ell}) {backend.profile.ceiling.at(ell) * 1e3:.0f} ms "
-        f"(v100-moe: {reference.ceiling.at(ell) * 1e3:.0f} ms). "
+        f"s_max({shape}) {backend.profile.ceiling.at(ell, prompt) * 1e3:.0f} ms "
+        f"(v100-moe: {reference.ceiling.at(ell, prompt) * 1e3:.0f} ms). "
         f"k = μ_sat(v100-moe) / μ_sat = {k:.2f}: rates ÷ k, W and run length × k "
         f"({name}: W = {s.window_s:.2f} s, assured {s.assured_rate:.2f}/s, opportunistic "
-        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max({ell}) "
-        f"({name} {c.deadline_ms / 1e3 / reference.ceiling.at(ell):.2f} → "
+        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max({shape}) "
+        f"({name} {c.deadline_ms / 1e3 / reference.ceiling.at(ell, prompt):.2f} → "
         f"d = {s.deadline_ms:.0f} ms)."
     )
 

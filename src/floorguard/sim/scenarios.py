@@ -130,6 +130,10 @@ class Scenario:
         )
 
 
+KV_PROMPT_TOKENS = 100
+"""The memory-pressure workload's prompt length (every request's, both classes)."""
+
+
 def kv_pressure(
     *,
     kv_blocks: int = 32,
@@ -162,14 +166,14 @@ def kv_pressure(
                 PacedArrivals(floor / window_s),
                 lengths,
                 duration_s,
-                prompt_tokens=100,
+                prompt_tokens=KV_PROMPT_TOKENS,
             ),
             SyntheticStream(
                 OPPORTUNISTIC_TENANT,
                 PoissonArrivals(opp_rate_per_s),
                 lengths,
                 duration_s,
-                prompt_tokens=100,
+                prompt_tokens=KV_PROMPT_TOKENS,
             ),
         ),
         profile=get_profile(profile),
