@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from floorguard.analysis.checker import check_trace
 from floorguard.analysis.records import fold_trace
@@ -160,3 +161,19 @@ def test_spec_6_counts_what_the_kv_caches_run_at_once():
     assert assumption_report(tiny, num_output_tokens=64, num_prompt_tokens=100).reasons == (
         "memory: the KV caches run 0 of C = 4 at once at p + ℓ = 100 + 64",
     )
+
+
+def test_spec_6_bound_is_made_for_the_prompt_too():
+    """Where the ceiling charges for prompts (a CPU build's calibration), s_max and the bound
+    are the request's own: s_max(ℓ, p), not s_max(ℓ)."""
+    from floorguard.core.monitors import assumption_report  # noqa: PLC0415
+
+    config = kv_pressure(budget=True).guard_config()
+    assert config.upper_envelope is not None
+    charging = replace(
+        config, upper_envelope=replace(config.upper_envelope, per_prompt_token_s=0.01)
+    )
+    free = assumption_report(config, num_output_tokens=64, num_prompt_tokens=100)
+    paid = assumption_report(charging, num_output_tokens=64, num_prompt_tokens=100)
+    assert paid.s_max_s == pytest.approx(free.s_max_s + 1.0)
+    assert paid.bound_s == pytest.approx(3 * paid.s_max_s)  # 1 + ⌈B/C⌉: B = 3 on the 2 it runs

@@ -185,7 +185,7 @@ def assumption_report(
             False,
             ("no service ceiling s_max configured",),
         )
-    s_max = config.upper_envelope.at(num_output_tokens)
+    s_max = config.upper_envelope.at(num_output_tokens, num_prompt_tokens)
     rho_a = floor * s_max / (slots * window_s)
     bound = s_max * (1 + math.ceil(floor / slots))
     if rho_a > 1:
