@@ -14,10 +14,10 @@ from floorguard.experiments.tables import CONDITION_FIELDS, summarize
 from tests.helpers import write_burstgpt
 
 
-def test_catalogue_is_spec_e1_to_e19_and_e20_e21():
-    """SPEC §10's experiments, E20 (SPEC §15's fair surplus) and E21 (SPEC §16's memory),
-    each with reps and a non-empty grid."""
-    assert list(catalogue()) == [f"E{i}" for i in range(1, 22)]
+def test_catalogue_is_spec_e1_to_e19_and_e20_to_e22():
+    """SPEC §10's experiments, E20 (SPEC §15's fair surplus) and E21, E22 (SPEC §16's
+    memory), each with reps and a non-empty grid."""
+    assert list(catalogue()) == [f"E{i}" for i in range(1, 23)]
     for e in catalogue().values():
         assert e.reps >= 1 and e.grid(False) and e.grid(True) and e.caption
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from floorguard.cli import main
+from floorguard.core.monitors import assumption_report
 from floorguard.core.request import Request
 from floorguard.errors import FloorguardError
 from floorguard.experiments import Condition, catalogue, real
@@ -306,6 +307,26 @@ def test_e21_runs_the_conditions_for_the_backends_own_kv_cache_in_its_blocks(tmp
     ).forward_priority
     assert all(c.workload != "kv-pressure" or real.holds_cache_of(c, backend) is False
                for c in grid if c.kv_blocks == 40)  # fmt: skip
+
+
+def test_e22_stays_inside_the_budgets_region_on_a_backend_that_charges_for_prompts(tmp_path):
+    """E22's deadline is SPEC §6's bound under the budget; scaled to a backend whose ceiling
+    charges for prompts (the CPU build's) it keeps d ≥ s_max(64, 100)·(1 + ⌈B/C⌉) there, C = 2
+    of a 512-token cache, and A4 holds."""
+    charging = replace(V100_MOE, ceiling=replace(V100_MOE.ceiling, per_prompt_token_s=0.01))
+    path = tmp_path / "profile.yaml"
+    save_profile(charging, path, measured={"mu_sat_per_s": mu_sat_of("v100-moe", 4)})
+    backend = RealBackend("http://127.0.0.1:1", "m", path, mu_sat_of("v100-moe", 4), 512, 128)
+    mine = [c for c in catalogue()["E22"].grid(True) if real.holds_cache_of(c, backend)]
+    assert len(mine) == 4 and all(c.floor == 1 for c in mine)
+    budgeted = scaled(next(c for c in mine if c.kv_budget), backend)
+    report = assumption_report(
+        real.build_scenario(budgeted).guard_config(),
+        num_output_tokens=64,
+        num_prompt_tokens=KV_PROMPT_TOKENS,
+    )
+    assert report.bound_s == pytest.approx(2 * charging.ceiling.at(64, KV_PROMPT_TOKENS))
+    assert report.inside and budgeted.deadline_ms / 1e3 >= report.bound_s
 
 
 def test_e21_runs_alone_and_only_on_a_backend_with_one_of_its_caches(tmp_path):

@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
     actions = experiment.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="list the catalogue")
     run_parser = actions.add_parser("run", help="run experiments by id, or all")
-    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E21), or 'all'")
+    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E22), or 'all'")
     run_parser.add_argument("--out", type=Path, default=Path("out/experiments"))
     run_parser.add_argument("--reps", type=int, help="override every experiment's reps")
     run_parser.add_argument(
@@ -38,12 +38,13 @@ def register(commands: Any) -> None:
         "--backend, the fidelity section of that file",
     )
     real = run_parser.add_argument_group(
-        "on a real backend (E1, E3, E4, E5, E8; E21 alone; docs/vllm.md)",
+        "on a real backend (E1, E3, E4, E5, E8; E21, E22 alone; docs/vllm.md)",
         "run the experiments against an OpenAI-compatible backend with C slots (vLLM: "
         "--max-num-seqs C --scheduling-policy priority), rescaled to its measured capacity, "
         "each beside the simulator's prediction for its calibrated profile; the short grids "
-        "(E1: β ∈ {0, 1}), 9 reps. E21 runs alone on a backend started with a small KV cache "
-        "(its conditions for that cache; --profile from one calibrated with a full cache)",
+        "(E1: β ∈ {0, 1}), 9 reps. E21 and E22 run alone on a backend started with a small KV "
+        "cache (their conditions for that cache; --profile from one calibrated with a full "
+        "cache)",
     )
     real.add_argument("--backend", help="the backend's base URL, e.g. http://127.0.0.1:8001")
     real.add_argument("--model", help="the model name the backend serves (with --backend)")

@@ -119,8 +119,8 @@ __all__ = [
     "write_fidelity",
 ]
 
-REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21")
-MEMORY_EXPERIMENTS = frozenset({"E21"})
+REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21", "E22")
+MEMORY_EXPERIMENTS = frozenset({"E21", "E22"})
 """Run on a backend started with a small KV cache, apart from the others (which need one
 that never preempts): only the conditions whose cache is the backend's own run."""
 REAL_REPS = 9

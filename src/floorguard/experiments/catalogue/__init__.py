@@ -1,5 +1,5 @@
 """The experiment catalogue: SPEC §10's E1–E16 and E19 (the screen's E17, E18, E20 for
-SPEC §15's fair surplus, and E21 for SPEC §16's memory) as
+SPEC §15's fair surplus, and E21, E22 for SPEC §16's memory) as
 declarative grids, one module per experiment or close group — each with its grid,
 caption and reading.
 
@@ -24,6 +24,7 @@ from floorguard.experiments.catalogue.e17_e18 import E17, E18
 from floorguard.experiments.catalogue.e19 import E19
 from floorguard.experiments.catalogue.e20 import E20
 from floorguard.experiments.catalogue.e21 import E21
+from floorguard.experiments.catalogue.e22 import E22
 from floorguard.experiments.spec import Experiment
 
 __all__ = ["catalogue", "data_dir"]
@@ -52,5 +53,6 @@ def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
         E19,
         E20,
         E21,
+        E22,
     ]
     return {e.id: e for e in experiments}

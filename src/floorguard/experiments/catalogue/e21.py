@@ -90,22 +90,22 @@ def _extra(rows: Sequence[RunRow]) -> str:
         "A unmet | goodput (req/s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for floor in FLOORS:
-        for blocks in CACHES:
-            for policy, budget, forward in DISPATCH:
-                runs = _cell(rows, (floor, blocks), (policy, budget, forward))
-                if not runs:
-                    continue
-                late = sum(r["a_late"] for r in runs)
-                admitted = sum(r["a_admitted"] for r in runs)
-                unmet = [r["a_unmet"] for r in runs if r["a_unmet"] is not None]
-                goodput = sum(r["goodput_per_s"] for r in runs) / len(runs)
-                lines.append(
-                    f"| {floor} | {blocks} blocks ({blocks * 16} tokens) | {_label(runs[0])} | "
-                    f"{sum(r['preemptions'] for r in runs)} "
-                    f"({sum(r['a_preempted'] for r in runs)}) | {late}/{admitted} | "
-                    f"{_ms(_p99_ms(runs))} | {sum(unmet) / len(unmet):.2f} | {goodput:.2f} |"
-                )
+    for floor, blocks in sorted({(r["floor"], r["kv_blocks"]) for r in rows}):
+        for policy, budget, forward in DISPATCH:
+            runs = _cell(rows, (floor, blocks), (policy, budget, forward))
+            if not runs:
+                continue
+            late = sum(r["a_late"] for r in runs)
+            admitted = sum(r["a_admitted"] for r in runs)
+            unmet = [r["a_unmet"] for r in runs if r["a_unmet"] is not None]
+            goodput = sum(r["goodput_per_s"] for r in runs) / len(runs)
+            tokens = blocks * runs[0]["kv_block_tokens"]
+            lines.append(
+                f"| {floor} | {blocks} blocks ({tokens} tokens) | {_label(runs[0])} | "
+                f"{sum(r['preemptions'] for r in runs)} "
+                f"({sum(r['a_preempted'] for r in runs)}) | {late}/{admitted} | "
+                f"{_ms(_p99_ms(runs))} | {sum(unmet) / len(unmet):.2f} | {goodput:.2f} |"
+            )
     return "\n".join(lines)
 
 
