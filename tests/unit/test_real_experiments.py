@@ -78,6 +78,7 @@ def test_a_deadline_keeps_its_ratio_to_the_requests_own_service_prompt_included(
     )
     assert scaled(Condition(), backend).deadline_ms == pytest.approx(1820.0)
     assert f"s_max(64, p = {KV_PROMPT_TOKENS})" in real.describe(backend, memory)
+    assert "/s, 7.6 s)" in real.describe(backend, memory, 7.56)  # --duration-s, as run
 
 
 def test_a_profile_without_a_measured_capacity_is_refused(tmp_path):

@@ -601,9 +601,10 @@ def run_real_experiments(
     return done
 
 
-def describe(backend: RealBackend, c: Condition) -> str:
-    """The scaling applied to `c` (catalogue defaults) on `backend`, in one paragraph."""
-    s = scaled(c, backend)
+def describe(backend: RealBackend, c: Condition, duration_s: float | None = None) -> str:
+    """The scaling applied to `c` (catalogue defaults) on `backend`, in one paragraph;
+    `duration_s` is the run length where `--duration-s` set it."""
+    s = scaled(c, backend, duration_s)
     reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
     name, ell, prompt = c.workload, c.tokens, prompt_tokens_of(c)
@@ -689,7 +690,8 @@ def write_fidelity(
     real_vs_sim(points, out / "fidelity.png")
     memory = " ".join(r.experiment.id for r in results if r.experiment.id in MEMORY_EXPERIMENTS)
     first = results[0].experiment.grid(True)[0]
-    scaling = describe(backend, first if memory else Condition())
+    ran = [float(r["duration_s"]) for r in results[0].real if memory and "duration_s" in r]
+    scaling = describe(backend, first if memory else Condition(), ran[0] if ran else None)
     if memory:
         scaling += (
             f" The backend's KV cache: {backend.kv_tokens} tokens in blocks of "
