@@ -27,24 +27,42 @@ DISPATCH = (
 SERVER, SLOTS, FORWARDED, BUDGET = DISPATCH
 
 
+def memory_condition(
+    floor: int,
+    blocks: int,
+    dispatch: tuple[str, bool, bool],
+    *,
+    window_s: float,
+    deadline_ms: float,
+    duration_s: float,
+) -> Condition:
+    """One memory-pressure condition (E21, E22): the assured tenant paced at B per window,
+    the opportunistic Poisson 10/s, ℓ = 64 (the scenario's 100-token prompts)."""
+    policy, budget, forward = dispatch
+    return Condition(
+        policy=policy,
+        workload="kv-pressure",
+        kv_blocks=blocks,
+        kv_budget=budget,
+        forward_priority=forward,
+        floor=floor,
+        assured_rate=floor / window_s,
+        opp_rate=10.0,
+        window_s=window_s,
+        deadline_ms=deadline_ms,
+        tokens=64,
+        duration_s=duration_s,
+    )
+
+
 def _e21(quick: bool) -> list[Condition]:
     return [
-        Condition(
-            policy=policy,
-            workload="kv-pressure",
-            kv_blocks=blocks,
-            kv_budget=budget,
-            forward_priority=forward,
-            floor=floor,
-            assured_rate=float(floor),  # paced B per 1 s window
-            opp_rate=10.0,
-            deadline_ms=2500.0,
-            tokens=64,
-            duration_s=6.0 if quick else 10.0,
+        memory_condition(
+            floor, blocks, d, window_s=1.0, deadline_ms=2500.0, duration_s=6.0 if quick else 10.0
         )
         for floor in FLOORS
         for blocks in CACHES
-        for policy, budget, forward in DISPATCH
+        for d in DISPATCH
     ]
 
 

@@ -20,6 +20,7 @@ from floorguard.experiments.catalogue.e21 import (
     _ms,
     _p99_ms,
     _sum,
+    memory_condition,
 )
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow
@@ -52,22 +53,16 @@ def region_deadline_ms() -> float:
 def _e22(quick: bool) -> list[Condition]:
     deadline_ms = region_deadline_ms()
     return [
-        Condition(
-            policy=policy,
-            workload="kv-pressure",
-            kv_blocks=blocks,
-            kv_budget=budget,
-            forward_priority=forward,
-            floor=FLOOR,
-            assured_rate=FLOOR / WINDOW_S,
-            opp_rate=10.0,
+        memory_condition(
+            FLOOR,
+            blocks,
+            d,
             window_s=WINDOW_S,
             deadline_ms=deadline_ms,
-            tokens=TOKENS,
             duration_s=9.0 if quick else 15.0,
         )
         for blocks in CACHES
-        for policy, budget, forward in DISPATCH
+        for d in DISPATCH
     ]
 
 
