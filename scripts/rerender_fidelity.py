@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -36,6 +37,12 @@ def main(out: str, results_md: str, wall_s: str, url: str, model: str, *rest: st
             side: [json.loads(line) for line in (folder / eid / f"{side}_runs.jsonl").open()]
             for side in ("real", "sim")
         }
+        memory = [r for r in rows["real"] if r.get("workload") == "kv-pressure"]
+        if memory:  # the cache the backend reported, as the run's rows hold it in its blocks
+            block = int(memory[0]["kv_block_tokens"])
+            backend = replace(
+                backend, kv_tokens=int(memory[0]["kv_blocks"]) * block, kv_block_tokens=block
+            )
         table = fidelity_table(experiment, rows["real"], rows["sim"])
         results.append(RealResult(experiment, rows["real"], rows["sim"], table))
     command = " ".join(
