@@ -13,7 +13,7 @@ what they were. Deadlines come from the calibrated service instead: the catalogu
 `d / s_max(ℓ, p)` of the condition's own request is kept (marquee: 1820 ms / 660 ms = 2.76 at
 ℓ = 16), so `d = factor · s_max_backend(ℓ, p)`. The prompt `p` matters only where a profile
 charges for it: v100-moe charges nothing, a CPU build's calibration ≈ 1.2 s per 100 tokens,
-and E21 is the one workload with long (100-token) prompts.
+and E21's and E22's is the one workload with long (100-token) prompts.
 
 **The stacks on a real backend.** E3's FIFO run cannot take replayed decisions from a real
 guard; it runs the same learner, and its row says whether its admitted set matched the
@@ -29,7 +29,7 @@ assured-first run's of the same seed (`admission_identical`). The simulator's si
   here on the wall clock; it forwards a request when one of the `C` slots is free, which is
   what the backend's own FIFO queue would do.
 
-**Memory (E21)** runs alone, on a backend started with a small KV cache (vLLM CPU:
+**Memory (E21, E22)** runs alone, on a backend started with a small KV cache (vLLM CPU:
 `scripts/vllm_cpu.py serve --kv-blocks N`), and with `--profile` from a calibration on a full
 cache (the calibration's long prompts do not fit a small one). Only the conditions written
 for the cache the backend reports (`cache_config_info`, in tokens) run, in the backend's
