@@ -132,6 +132,8 @@ class Scenario:
 
 KV_PROMPT_TOKENS = 100
 """The memory-pressure workload's prompt length (every request's, both classes)."""
+KV_OUTPUT_TOKENS = 64
+"""Its output length ℓ."""
 
 
 def kv_pressure(
@@ -153,7 +155,7 @@ def kv_pressure(
     `kv_blocks` blocks of `block_tokens` (four running need 44 of 16 by their end);
     `budget`: the guard budgets that cache (`kv_tokens`); `priorities`: the cache preempts
     by each class's priority (`Scenario.backend_priorities`)."""
-    lengths = FixedLength(64)
+    lengths = FixedLength(KV_OUTPUT_TOKENS)
     return Scenario(
         name="kv-pressure",
         contracts=(

@@ -9,6 +9,7 @@ from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow
 from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import mean_of
+from floorguard.sim.scenarios import KV_OUTPUT_TOKENS
 
 FLOORS = (1, 2, 3)
 """The assured tenant's floor B per 1 s window, paced at B/s: its own sequences in flight
@@ -50,7 +51,7 @@ def memory_condition(
         opp_rate=10.0,
         window_s=window_s,
         deadline_ms=deadline_ms,
-        tokens=64,
+        tokens=KV_OUTPUT_TOKENS,
         duration_s=duration_s,
     )
 

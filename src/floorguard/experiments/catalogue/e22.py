@@ -25,14 +25,13 @@ from floorguard.experiments.catalogue.e21 import (
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow
 from floorguard.experiments.spec import Experiment
-from floorguard.sim.scenarios import KV_PROMPT_TOKENS, kv_pressure
+from floorguard.sim.scenarios import KV_OUTPUT_TOKENS, KV_PROMPT_TOKENS, kv_pressure
 
 FLOOR = 1
 WINDOW_S = 1.5
 """B = 1 per 1.5 s window: SPEC §6's A4 (ρ_a = B·s_max / (C·W) ≤ 1) holds on the two
 requests the 512-token budget runs at once, with room for a backend whose long requests
 cost relatively more than v100-moe's (the runner keeps W's ratio to capacity at ℓ = 16)."""
-TOKENS = 64
 
 
 def region_deadline_ms() -> float:
@@ -43,7 +42,9 @@ def region_deadline_ms() -> float:
     for blocks in CACHES:
         config = kv_pressure(kv_blocks=blocks, budget=True, floor=FLOOR, window_s=WINDOW_S)
         report = assumption_report(
-            config.guard_config(), num_output_tokens=TOKENS, num_prompt_tokens=KV_PROMPT_TOKENS
+            config.guard_config(),
+            num_output_tokens=KV_OUTPUT_TOKENS,
+            num_prompt_tokens=KV_PROMPT_TOKENS,
         )
         assert report.bound_s is not None
         bounds.append(report.bound_s)
