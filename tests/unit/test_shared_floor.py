@@ -1,8 +1,10 @@
 """The shared floor's policy against a scripted store (no Redis): retries before degrading,
-fail-static windows on the measured Redis clock, and the hand-back carried once."""
+a replica's own congestion is not an outage, fail-static windows on the measured Redis
+clock, and the hand-back carried once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -113,3 +115,66 @@ def test_local_grants_are_carried_back_once_before_the_take():
     assert store.used["acme", 1] == 3
     assert shared.acquire("acme", 1, 6, schedule, 1.8).granted
     assert store.carries[-1].local == 0  # handed back once
+
+
+class Pooled(Scripted):
+    """Redis behind a pool of `size` connections on the event loop: a call that finds them
+    all busy fails after a wait (redis-py's pool raises `No connection available`), while
+    the calls holding one are answered."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.busy = 0
+
+    async def call_async(self, key, weight, capacity, schedule, now, **options):
+        if self.down or self.busy >= self.size:
+            await asyncio.sleep(0.002)
+            raise StoreUnavailable("no connection available")
+        self.busy += 1
+        try:
+            await asyncio.sleep(0.001)
+            return self.call(key, weight, capacity, schedule, now, **options)
+        finally:
+            self.busy -= 1
+
+
+def _burst(shared, n):
+    async def burst():
+        schedule = WindowSchedule(1.0)
+        return await asyncio.gather(
+            *(shared.acquire_async(f"t{i}", 1, 4, schedule, 0.1) for i in range(n))
+        )
+
+    return asyncio.run(burst())
+
+
+def test_a_burst_that_outruns_the_connection_pool_is_not_an_outage():
+    """40 admissions at once through 8 connections: most calls fail at first, but Redis
+    answers others meanwhile, so they are retried (not counted as attempts) and every
+    admission is decided by Redis; the floor is never degraded."""
+    shared = floor(Pooled(size=8))
+    grants = _burst(shared, 40)
+    assert all(grant.granted for grant in grants)
+    assert not shared.degraded and shared.calls["redis_error"] == 0
+    assert shared.calls["congested"] >= 32 and shared.calls["redis"] == 40
+
+
+def test_congestion_does_not_hide_an_outage():
+    """The same burst with Redis down: no call is answered, so nothing counts as
+    congestion, and the floor degrades after its attempts."""
+    store = Pooled(size=8)
+    store.down = True
+    shared = floor(store)
+    grants = _burst(shared, 40)
+    assert not any(grant.granted for grant in grants)  # the onset window grants nothing
+    assert shared.degraded and shared.calls["congested"] == 0
+
+
+def test_congested_retries_are_bounded():
+    """With no retries allowed for congestion, the same burst degrades the floor (the
+    pre-rule behaviour): the bound is what keeps a call that always fails, while others
+    are answered, from retrying forever."""
+    shared = floor(Pooled(size=8), congested_retries=0)
+    _burst(shared, 40)
+    assert shared.degraded and shared.calls["congested"] == 0

@@ -3,7 +3,11 @@ cannot be reached (a documented policy, never a crash or a hang).
 
 Every store call goes to Redis (`RedisCreditStore`, one EVALSHA, a short timeout). A call
 that fails is retried (`attempts`, with a short backoff): one refused or slow call is not an
-outage. When every attempt fails the floor is *degraded* and follows `on_unavailable`:
+outage. Nor is a call that failed while Redis answered another of this replica's calls:
+that is this replica's own congestion (a burst that waits for the connection pool, an
+event loop too busy to read a reply in time), and it is retried without counting as an
+attempt, up to `congested_retries` times. When every attempt fails the floor is *degraded*
+and follows `on_unavailable`:
 
 * `fail-static` (default): each of the `N` live replicas (the count last heard from the
   store's membership, `members.py`; `replicas` here) grants from a local floor of
@@ -71,6 +75,7 @@ class SharedFloor(CreditStore):
         clock: Callable[[], float],
         attempts: int = 3,
         backoff_s: float = 0.01,
+        congested_retries: int = 8,
         on_change: Callable[[str, float], None] | None = None,
         on_lost_state: Callable[[str, int, float], None] | None = None,
     ) -> None:
@@ -80,6 +85,7 @@ class SharedFloor(CreditStore):
         self.retry_s = retry_s
         self.attempts = attempts
         self.backoff_s = backoff_s
+        self.congested_retries = congested_retries
         self.on_change = on_change
         """Called with the new state (`shared`, or the policy's name) and the time."""
         self.on_lost_state = on_lost_state
@@ -93,9 +99,14 @@ class SharedFloor(CreditStore):
         """The Redis clock minus this replica's, measured on every answer while shared."""
         self.calls: Counter[str] = Counter()
         """Store calls by outcome: `redis` (answered), `failed_attempt` (a call that failed,
-        retried or not), `redis_error` (a decision whose every attempt failed), `local`
+        retried or not), `congested` (a failed call retried without counting as an attempt,
+        because Redis answered another call meanwhile), `redis_error` (a decision whose
+        every attempt failed), `local`
         (answered by the fallback); `restored`: credits re-forced after Redis lost its
         state."""
+        self._heard = 0
+        """Answers Redis gave this replica so far: a call that failed while another was
+        answered met this replica's own congestion, not an outage."""
         self._retry_at = 0.0
         self._onset_window = -1
         self._local = MemoryCreditStore()
@@ -196,9 +207,11 @@ class SharedFloor(CreditStore):
         I/O it asks for."""
         if self._should_try(now):
             carry = self._carry(key, schedule, now)
-            for attempt in range(self._attempts()):
-                if attempt:
-                    yield self.backoff_s * 2 ** (attempt - 1)
+            failed = congested = 0
+            while failed < self._attempts():
+                if failed or congested:
+                    yield self.backoff_s * 2 ** max(0, failed - 1)
+                heard = self._heard
                 reply = yield (
                     key,
                     weight,
@@ -207,12 +220,18 @@ class SharedFloor(CreditStore):
                 )
                 if isinstance(reply, BaseException) or reply is None:
                     self.calls["failed_attempt"] += 1
+                    if self._heard > heard and congested < self.congested_retries:
+                        congested += 1  # Redis answered another call meanwhile: alive
+                        self.calls["congested"] += 1
+                    else:
+                        failed += 1
                     continue
                 grant = self._answered(key, weight, reply, now)
                 for other, owed in self._hand_backs(schedule, now):
                     seen = self._seen.get(other, "")
                     back = yield (other, 0, 0, {"mode": "peek", "seen": seen, "carry": owed})
                     if isinstance(back, Reply):
+                        self._heard += 1
                         self._seen[other] = back.generation
                     else:
                         self._owe_again(other, owed)
@@ -256,6 +275,7 @@ class SharedFloor(CreditStore):
     def _answered(self, key: str, weight: int, reply: Reply, now: float) -> Grant:
         grant = reply.grant
         self.calls["redis"] += 1
+        self._heard += 1
         if reply.restored:
             self.calls["restored"] += reply.restored
         if reply.closed and (key, grant.window_index) not in self._closed:
