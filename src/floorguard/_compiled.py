@@ -46,6 +46,8 @@ COMPILED = (
     "floorguard.sim.engine",
     "floorguard.sim.run",
     "floorguard.sim.serving",
+    "floorguard.store.base",
+    "floorguard.store.memory",
 )
 """The pure decision core and the simulator's hot loop."""
 

@@ -55,7 +55,9 @@ async def _guarded(guard: Guard, floor: SharedFloor, n: int, tasks: int) -> floa
             pending = guard.begin_arrival(offered, now)
             assert type(pending.need) is StoreCall
             need = pending.need
-            grant = await floor.acquire_async(*need[:3], schedule, now, floor=need.floor)
+            grant = await floor.acquire_async(
+                need.key, need.weight, need.capacity, schedule, now, floor=need.floor
+            )
             guard.continue_arrival(pending, now, grant)
             for decision in guard.poll(now):
                 guard.finish(decision.request.request_id, now, "complete")

@@ -6,11 +6,11 @@ tickets; the `SlotPool` only counts slots. Neither reads a clock.
 
 from __future__ import annotations
 
-import heapq
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from heapq import heappop, heappush, heapreplace
 
 from floorguard.core.contract import Contract, DispatchOrder, SurplusOrder
 from floorguard.core.request import Request
@@ -26,31 +26,68 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True, eq=False)
 class Ticket:
-    request: Request
-    contract: Contract
-    deadline_at: float
-    entitled: bool
-    """Admitted from the floor: dispatched in the assured queue, SF applies."""
-    window_index: int | None
-    seq: int
-    """Admission order: the arrival-order tie-break."""
-    relabel_rank: int = 1
-    """0 when the learner relabelled a surplus request upward; orders the surplus only."""
-    hint: float = 0.0
-    """The learner's priority hint (lower first); orders the surplus only."""
-    lower_s: float | None = None
-    """`L(ℓ, p)` for this request (None: no lower envelope): the doom gate's bound."""
-    upper_s: float | None = None
-    """`s_max(ℓ, p)` for this request (None: no ceiling)."""
-    cancelled: bool = False
-    backend: int = -1
-    dispatched_at: float = float("nan")
-    leasing: bool = False
-    """Started on leased slots, its slot lease not yet answered (`Dispatch.lease`)."""
-    kv: int = 0
-    """Its KV reservation in tokens under a memory budget (`GuardConfig.kv_reservation`)."""
+    """The guard's record of one admitted request. A plain class with its own `__init__`
+    (not a dataclass): the compiled core builds one per request, and a dataclass's
+    generated `__init__` would run as interpreted Python."""
+
+    __slots__ = (
+        "backend",
+        "cancelled",
+        "contract",
+        "deadline_at",
+        "dispatched_at",
+        "entitled",
+        "hint",
+        "kv",
+        "leasing",
+        "lower_s",
+        "relabel_rank",
+        "request",
+        "seq",
+        "upper_s",
+        "window_index",
+    )
+
+    def __init__(  # noqa: PLR0917  # positional, as the ledger builds it per request
+        self,
+        request: Request,
+        contract: Contract,
+        deadline_at: float,
+        entitled: bool,
+        window_index: int | None,
+        seq: int,
+        relabel_rank: int = 1,
+        hint: float = 0.0,
+        lower_s: float | None = None,
+        upper_s: float | None = None,
+    ) -> None:
+        self.request = request
+        self.contract = contract
+        self.deadline_at = deadline_at
+        self.entitled = entitled
+        """Admitted from the floor: dispatched in the assured queue, SF applies."""
+        self.window_index = window_index
+        self.seq = seq
+        """Admission order: the arrival-order tie-break."""
+        self.relabel_rank = relabel_rank
+        """0 when the learner relabelled a surplus request upward; orders the surplus only."""
+        self.hint = hint
+        """The learner's priority hint (lower first); orders the surplus only."""
+        self.lower_s = lower_s
+        """`L(ℓ, p)` for this request (None: no lower envelope): the doom gate's bound."""
+        self.upper_s = upper_s
+        """`s_max(ℓ, p)` for this request (None: no ceiling)."""
+        self.cancelled = False
+        self.backend = -1
+        self.dispatched_at = math.nan
+        self.leasing = False
+        """Started on leased slots, its slot lease not yet answered (`Dispatch.lease`)."""
+        self.kv = 0
+        """Its KV reservation in tokens under a memory budget (`GuardConfig.kv_reservation`)."""
+
+    def __repr__(self) -> str:
+        return f"Ticket({self.request.request_id!r}, entitled={self.entitled}, seq={self.seq})"
 
 
 class Dispatcher(ABC):
@@ -102,7 +139,7 @@ class AssuredFirstDispatcher(Dispatcher):
             self.num_queued_entitled += 1
             self._assured.append(ticket)
         else:
-            heapq.heappush(self._surplus, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
+            heappush(self._surplus, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
 
     def push_front(self, ticket: Ticket) -> None:
         if ticket.entitled:
@@ -128,7 +165,7 @@ class AssuredFirstDispatcher(Dispatcher):
             return entitled
         surplus = self._surplus
         while surplus:
-            ticket = heapq.heappop(surplus)[3]
+            ticket = heappop(surplus)[3]
             if not ticket.cancelled:
                 self.num_queued -= 1
                 return ticket
@@ -183,11 +220,11 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
         share = self._share(ticket.request.tenant)
         queue = share.queue
         if queue:
-            heapq.heappush(queue, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
+            heappush(queue, (ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
             return
         queue.append((ticket.relabel_rank, ticket.hint, ticket.seq, ticket))
         share.vtime = max(share.vtime, self._now)  # back from idle: no credit for idleness
-        heapq.heappush(self._turns, (share.vtime, ticket.seq, share))
+        heappush(self._turns, (share.vtime, ticket.seq, share))
 
     def push_front(self, ticket: Ticket) -> None:
         if ticket.entitled:
@@ -199,10 +236,10 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
         self.num_queued += 1
         entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
         if share.queue:
-            heapq.heappush(share.queue, entry)
+            heappush(share.queue, entry)
             return
         share.queue.append(entry)
-        heapq.heappush(self._turns, (share.vtime, ticket.seq, share))
+        heappush(self._turns, (share.vtime, ticket.seq, share))
 
     def pop(self) -> Ticket | None:
         if self._assured and (entitled := self._pop_entitled()) is not None:
@@ -212,7 +249,7 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
             start, _, share = turns[0]
             queue = share.queue
             while queue:
-                ticket = heapq.heappop(queue)[3]
+                ticket = heappop(queue)[3]
                 if ticket.cancelled:
                     continue
                 self._now = start
@@ -221,12 +258,12 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
                     request.num_prompt_tokens + request.num_output_tokens or 1
                 )
                 if queue:  # its next turn, in one sift
-                    heapq.heapreplace(turns, (vtime, queue[0][2], share))
+                    heapreplace(turns, (vtime, queue[0][2], share))
                 else:
-                    heapq.heappop(turns)
+                    heappop(turns)
                 self.num_queued -= 1
                 return ticket
-            heapq.heappop(turns)  # only cancelled tickets were left
+            heappop(turns)  # only cancelled tickets were left
         return None
 
     def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:

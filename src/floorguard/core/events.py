@@ -138,7 +138,7 @@ def propose_event(
     now: float, request: Request, cls: ContractClass, consultation: Consultation
 ) -> TraceEvent:
     """The `propose` event for a learner consultation: the proposal, or the fault."""
-    proposal, fault = consultation
+    proposal, fault = consultation.proposal, consultation.fault
     rid, tenant = request.request_id, request.tenant
     if proposal is None:
         return TraceEvent(now, EventKind.PROPOSE, rid, tenant, cls, reason=fault)

@@ -10,7 +10,8 @@ lifecycle calls. Every decision is returned as data and logged as a `TraceEvent`
 
 from __future__ import annotations
 
-import heapq
+from heapq import heapify, heappop, heappush
+from typing import Final
 
 from floorguard.core.contract import (
     CapacityAction,
@@ -55,8 +56,8 @@ __all__ = [
     "StoreCall",
 ]
 
-ASSURED = ContractClass.ASSURED
-DROP = DoomVerdict.DROP
+ASSURED: Final = ContractClass.ASSURED
+DROP: Final = DoomVerdict.DROP
 
 
 class Guard(Ledger):
@@ -301,10 +302,12 @@ class Guard(Ledger):
 
     def _surplus_queue_full(self, contract: Contract) -> bool:
         by_class = self._surplus_limit[contract.cls]
-        if by_class is not None and self._surplus_by_class[contract.cls] >= by_class:
+        if by_class is not None and self._surplus_by_class.get(contract.cls, 0) >= by_class:
             return True
         per_tenant = self.config.queue_limits.per_tenant
-        return per_tenant is not None and self._surplus_by_tenant[contract.tenant] >= per_tenant
+        return (
+            per_tenant is not None and self._surplus_by_tenant.get(contract.tenant, 0) >= per_tenant
+        )
 
     # -- the queue ------------------------------------------------------------------------
 
@@ -318,7 +321,7 @@ class Guard(Ledger):
             self._queue.push(ticket)
         self._queue_entry(ticket)
         if self._doom_heap is not None and ticket.lower_s is not None:
-            heapq.heappush(self._doom_heap, _doom_entry(ticket))
+            heappush(self._doom_heap, _doom_entry(ticket))
 
     def _cancel(self, ticket: Ticket) -> None:
         self._queue.cancel(ticket)
@@ -332,14 +335,14 @@ class Guard(Ledger):
         queued request can become doomed (no lower envelope, or nothing queued)."""
         heap = self._doom_timer()
         while heap and not self._is_queued(heap[0][2]):
-            heapq.heappop(heap)
+            heappop(heap)
         return heap[0][0] if heap else None
 
     def _doom_timer(self) -> list[tuple[float, int, Ticket]]:
         if self._doom_heap is None:
             queued = self._queued.values()
             self._doom_heap = [_doom_entry(t) for t in queued if t.lower_s is not None]
-            heapq.heapify(self._doom_heap)
+            heapify(self._doom_heap)
         return self._doom_heap
 
     def expire(self, now: float) -> list[Drop]:
@@ -350,11 +353,11 @@ class Guard(Ledger):
         while heap:
             ticket = heap[0][2]
             if not self._is_queued(ticket):
-                heapq.heappop(heap)
+                heappop(heap)
                 continue
             if self._doom.verdict(ticket.deadline_at, ticket.lower_s, None, now) is not DROP:
                 break
-            heapq.heappop(heap)
+            heappop(heap)
             self._cancel(ticket)
             out.append(self._drop(ticket, now, "doomed"))
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from floorguard.core.contract import ContractClass
 from floorguard.core.request import Request
@@ -18,13 +18,23 @@ from floorguard.core.request import Request
 __all__ = ["Learner", "LoadSnapshot", "Proposal", "is_well_formed"]
 
 
-class LoadSnapshot(NamedTuple):
-    """What the guard tells a learner about current load (its features)."""
+@dataclass(slots=True)
+class LoadSnapshot:
+    """What the guard tells a learner about current load (its features). A fresh one per
+    ask: a learner that changes it changes nothing the guard reads."""
 
     num_in_flight: int
     num_queued_entitled: int
     num_queued_surplus: int
     num_slots: int
+
+    def __init__(
+        self, num_in_flight: int, num_queued_entitled: int, num_queued_surplus: int, num_slots: int
+    ) -> None:
+        self.num_in_flight = num_in_flight  # its own __init__: see Consultation's
+        self.num_queued_entitled = num_queued_entitled
+        self.num_queued_surplus = num_queued_surplus
+        self.num_slots = num_slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +70,18 @@ def is_well_formed(proposal: object) -> bool:
     )
 
 
-class Consultation(NamedTuple):
+@dataclass(slots=True)
+class Consultation:
     proposal: Proposal | None
     """The proposal to apply, or None when the learner failed."""
     fault: str | None
     """What went wrong (exception or malformed answer), for the trace and the counters."""
+
+    def __init__(self, proposal: Proposal | None, fault: str | None) -> None:
+        # its own __init__, compiled with the core: a generated one runs as interpreted
+        # Python (core/surface.py)
+        self.proposal = proposal
+        self.fault = fault
 
 
 def consult(

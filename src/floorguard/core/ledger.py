@@ -9,9 +9,8 @@ has the same schema and the checker and the metrics read them alike.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -55,8 +54,8 @@ from floorguard.store.base import CreditStore
 
 __all__ = ["ClassStats", "GuardStats", "Ledger"]
 
-ASSURED = ContractClass.ASSURED
-_OUTCOMES = frozenset({"complete", "fail", "abort"})
+ASSURED: Final = ContractClass.ASSURED
+_OUTCOMES: Final = frozenset({"complete", "fail", "abort"})
 """What `finish` ends a request with."""
 
 
@@ -93,9 +92,9 @@ class Ledger:
         doom gate."""
         self._queued: dict[RequestId, Ticket] = {}
         self._in_flight: dict[RequestId, Ticket] = {}
-        self._surplus_by_class: Counter[ContractClass] = Counter()
+        self._surplus_by_class: dict[ContractClass, int] = {}
         """Queued tickets not entitled, by class and by tenant (the queue limits)."""
-        self._surplus_by_tenant: Counter[str] = Counter()
+        self._surplus_by_tenant: dict[str, int] = {}
         self._seq = 0
         self._max_assured_tokens = 0
         self._max_assured_prompt = 0
@@ -383,9 +382,11 @@ class Ledger:
         if ticket.entitled:
             self.backlog.on_enqueue()
             return
-        cls = ticket.contract.cls
-        self._surplus_by_class[cls] += 1
-        self._surplus_by_tenant[request.tenant] += 1
+        # plain dicts, not Counters: a Counter's item assignment is a Python-level call
+        cls, tenant = ticket.contract.cls, request.tenant
+        by_class, by_tenant = self._surplus_by_class, self._surplus_by_tenant
+        by_class[cls] = by_class.get(cls, 0) + 1
+        by_tenant[tenant] = by_tenant.get(tenant, 0) + 1
         if self._backlog_counts_class and cls is ASSURED:
             self.backlog.on_enqueue()
 

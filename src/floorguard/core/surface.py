@@ -22,15 +22,18 @@ A driver (the simulator, the HTTP proxy, a real-backend run) speaks only this su
 Arrival is sans-IO: a stack never calls a remote store or a remote learner itself. It says
 what it needs — a `StoreCall` (charge the floor) or a `LearnerAsk` (a proposal for the
 surplus) — and the driver answers it, synchronously (the simulator) or awaited (the proxy),
-so both run the same decision code. Decision records are NamedTuples: immutable values,
-and cheaper to build than frozen dataclasses on the per-request hot path.
+so both run the same decision code. Decision records are slotted dataclasses with their own
+`__init__`: values with `==` and a repr, built per request by the compiled core with a
+compiled constructor (a NamedTuple's or a generated dataclass `__init__` runs as
+interpreted Python, several times the cost). Treat them as read-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from floorguard.core.contract import Contract, ContractClass, GuardConfig
 from floorguard.core.events import TraceEvent
@@ -108,7 +111,8 @@ LOCAL_LEASE = "local"
 """A `lease` event's reason when the lease was granted locally (the store unreachable)."""
 
 
-class StoreCall(NamedTuple):
+@dataclass(slots=True)
+class StoreCall:
     """One credit-store call: take `weight` of `capacity` credits from `key`'s window."""
 
     key: str
@@ -123,8 +127,18 @@ class StoreCall(NamedTuple):
     replicas share pins the floor of a window at its first take, so the fleet judges the
     window against one floor even while a reload reaches the replicas one by one."""
 
+    def __init__(
+        self, key: str, weight: int, capacity: int, at: float, floor: int | None = None
+    ) -> None:
+        self.key = key
+        self.weight = weight
+        self.capacity = capacity
+        self.at = at
+        self.floor = floor
 
-class LearnerAsk(NamedTuple):
+
+@dataclass(slots=True)
+class LearnerAsk:
     """Ask the untrusted learner about one surplus request (answer: a `Consultation`)."""
 
     request: Request
@@ -133,12 +147,21 @@ class LearnerAsk(NamedTuple):
     load: LoadSnapshot
     now: float
 
+    def __init__(
+        self, request: Request, cls: ContractClass, load: LoadSnapshot, now: float
+    ) -> None:
+        self.request = request
+        self.cls = cls
+        self.load = load
+        self.now = now
+
 
 Need = StoreCall | LearnerAsk
 Answer = Grant | Consultation
 
 
-class Admission(NamedTuple):
+@dataclass(slots=True)
+class Admission:
     request_id: RequestId
     admitted: bool
     cls: ContractClass | None
@@ -152,6 +175,28 @@ class Admission(NamedTuple):
     retry_at: float | None = None
     """For a refusal: the earliest instant a retry can be admitted where the stack knows it
     (the next window, for a floor refusal); None where it cannot say."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        request_id: RequestId,
+        admitted: bool,
+        cls: ContractClass | None,
+        entitled: bool,
+        demoted: bool,
+        window_index: int | None,
+        deadline_at: float | None,
+        reason: str | None = None,
+        retry_at: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.admitted = admitted
+        self.cls = cls
+        self.entitled = entitled
+        self.demoted = demoted
+        self.window_index = window_index
+        self.deadline_at = deadline_at
+        self.reason = reason
+        self.retry_at = retry_at
 
 
 class Pending:
@@ -219,7 +264,8 @@ def require_undecided(pending: Pending, answer: object) -> None:
         )
 
 
-class Dispatch(NamedTuple):
+@dataclass(slots=True)
+class Dispatch:
     request: Request
     backend: int
     at: float
@@ -230,11 +276,33 @@ class Dispatch(NamedTuple):
     the driver takes one and answers `lease_granted` (it runs) or `lease_denied` (it waits
     again); until then it may fail or abort, not complete."""
 
+    def __init__(  # noqa: PLR0917
+        self,
+        request: Request,
+        backend: int,
+        at: float,
+        entitled: bool,
+        deadline_at: float,
+        lease: bool = False,
+    ) -> None:
+        self.request = request
+        self.backend = backend
+        self.at = at
+        self.entitled = entitled
+        self.deadline_at = deadline_at
+        self.lease = lease
 
-class Drop(NamedTuple):
+
+@dataclass(slots=True)
+class Drop:
     request: Request
     at: float
     reason: str
+
+    def __init__(self, request: Request, at: float, reason: str) -> None:
+        self.request = request
+        self.at = at
+        self.reason = reason
 
 
 class Stack(Protocol):

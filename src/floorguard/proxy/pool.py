@@ -412,7 +412,12 @@ class Pool(Forwarding):
             # checker assumes of an arrival that ends before its decision.
             charge = asyncio.ensure_future(
                 self.shared_floor.acquire_async(
-                    *need[:3], self.guard.config.schedule, need.at, floor=need.floor
+                    need.key,
+                    need.weight,
+                    need.capacity,
+                    self.guard.config.schedule,
+                    need.at,
+                    floor=need.floor,
                 )
             )
             charge.add_done_callback(_retrieve)

@@ -13,11 +13,11 @@ O(log C), whatever its length.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections import Counter
 from collections.abc import Mapping
-from typing import Protocol
+from heapq import heapify, heappop, heappush
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -32,7 +32,7 @@ __all__ = [
     "create_backend",
 ]
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 class SimBackend(Protocol):
@@ -66,6 +66,16 @@ class BatchingBackend:
         self._last_at = 0.0
         self._stalled_until = 0.0
         self._step_s = [0.0, *(profile.step_s(n) for n in range(1, num_slots + 1))]
+        # the profile's per-request figures, read once (it is fixed for the backend's life,
+        # as `_step_s` above): on the hot path each would be a Python attribute lookup
+        self._prefill_s = profile.prefill_s
+        self._prefill_per_prompt_token_s = profile.prefill_per_prompt_token_s
+        self._stall_per_decoding_s = profile.stall_per_decoding_s
+        self._reference_slots = profile.reference_slots
+        self._jitter_sigma = profile.jitter_sigma
+        self._jitter_z = profile.jitter_z
+        self._jitter_mean = profile.jitter_mean
+        self._jitter_cap = profile.jitter_cap
 
     @property
     def num_running(self) -> int:
@@ -85,28 +95,27 @@ class BatchingBackend:
     def _jitter(self) -> float:
         """`j = g·e`: the lognormal dispersion `g` (median 1, clipped at ±`jitter_z` σ) times
         the one-sided `e = 1 + min(Exp(jitter_mean), jitter_cap)`."""
-        p = self.profile
         j = 1.0
-        if p.jitter_sigma > 0:
-            z = min(max(self._rng.standard_normal(), -p.jitter_z), p.jitter_z)
-            j = math.exp(p.jitter_sigma * z)
-        if p.jitter_mean > 0:
-            j *= 1.0 + min(self._rng.exponential(p.jitter_mean), p.jitter_cap)
+        if self._jitter_sigma > 0:
+            z_max = self._jitter_z
+            z = min(max(self._rng.standard_normal(), -z_max), z_max)
+            j = math.exp(self._jitter_sigma * z)
+        if self._jitter_mean > 0:
+            j *= 1.0 + min(self._rng.exponential(self._jitter_mean), self._jitter_cap)
         return j
 
     def join(self, request: Request, now: float) -> float:
         if len(self._finish) >= self.num_slots:
             raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
         self._advance(now)
-        p = self.profile
-        prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
-        if p.stall_per_decoding_s > 0:
+        prefill_s = self._prefill_s + self._prefill_per_prompt_token_s * request.num_prompt_tokens
+        if self._stall_per_decoding_s > 0:
             decoding = sum(1 for span in self._spans.values() if span[3] <= now)
-            prefill_s += p.stall_per_decoding_s * min(decoding, p.reference_slots - 1)
+            prefill_s += self._stall_per_decoding_s * min(decoding, self._reference_slots - 1)
         self._stalled_until = max(self._stalled_until, now) + prefill_s
         self._seq += 1
         finish_v = self._v + request.num_output_tokens * self._jitter()
-        heapq.heappush(self._finish, (finish_v, self._seq, request.request_id))
+        heappush(self._finish, (finish_v, self._seq, request.request_id))
         self._spans[request.request_id] = (
             self._v,
             finish_v,
@@ -133,7 +142,7 @@ class BatchingBackend:
         self._advance(now)
         done: list[RequestId] = []
         while self._finish and self._finish[0][0] <= self._v + _EPS * max(1.0, self._v):
-            done.append(heapq.heappop(self._finish)[2])
+            done.append(heappop(self._finish)[2])
             del self._spans[done[-1]]
         return done
 
@@ -251,7 +260,7 @@ class KvBatchingBackend(BatchingBackend):
         self._stalled_until = max(self._stalled_until, now) + prefill_s
         self._seq += 1
         finish_v = self._v + tokens * self._per_token[rid]
-        heapq.heappush(self._finish, (finish_v, self._seq, rid))
+        heappush(self._finish, (finish_v, self._seq, rid))
         self._spans[rid] = (self._v, finish_v, tokens, self._stalled_until)
         self._prompt[rid] = prompt
         self._admitted.append(rid)
@@ -279,16 +288,16 @@ class KvBatchingBackend(BatchingBackend):
             out = self._blocks(prompt + self._progress(rid, v)) * block - prompt
             if out < tokens:  # out tokens need one block more (blocks hold prompt + out + 1)
                 crossings.append((start_v + out * self._per_token[rid], n, rid))
-        heapq.heapify(crossings)
+        heapify(crossings)
         while crossings:
-            at, n, rid = heapq.heappop(crossings)
+            at, n, rid = heappop(crossings)
             used += 1
             if used > self.kv_blocks:
                 return max(at, v)
             start_v, _, tokens, _ = self._spans[rid]
             out = round((at - start_v) / self._per_token[rid]) + block
             if out < tokens:
-                heapq.heappush(crossings, (start_v + out * self._per_token[rid], n, rid))
+                heappush(crossings, (start_v + out * self._per_token[rid], n, rid))
         return None
 
     def next_completion_at(self) -> float | None:
@@ -327,7 +336,7 @@ class KvBatchingBackend(BatchingBackend):
     def _preempt(self, request_id: RequestId) -> None:
         self._streamed[request_id] += int(self._progress(request_id, self._v) + _EPS)
         self._finish = [e for e in self._finish if e[2] != request_id]
-        heapq.heapify(self._finish)
+        heapify(self._finish)
         del self._spans[request_id], self._prompt[request_id]
         self._admitted.remove(request_id)
         if self.priorities is None:
@@ -359,7 +368,7 @@ class FixedServiceBackend:
         p = self.profile
         prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * request.num_prompt_tokens
         finish_at = now + prefill_s + request.num_output_tokens * p.step_s(1)
-        heapq.heappush(self._done, (finish_at, self._seq, request.request_id))
+        heappush(self._done, (finish_at, self._seq, request.request_id))
         self._spans[request.request_id] = (now + prefill_s, finish_at, request.num_output_tokens)
         return now + prefill_s
 
@@ -375,7 +384,7 @@ class FixedServiceBackend:
     def complete_due(self, now: float) -> list[RequestId]:
         done: list[RequestId] = []
         while self._done and self._done[0][0] <= now + _EPS:
-            done.append(heapq.heappop(self._done)[2])
+            done.append(heappop(self._done)[2])
             del self._spans[done[-1]]
         return done
 

@@ -15,10 +15,10 @@ heap's own: a preloaded event counts as scheduled before any other.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from enum import IntEnum
+from heapq import heappop, heappush
 from typing import Any
 
 __all__ = ["Engine", "Priority"]
@@ -46,7 +46,7 @@ class Engine:
     def schedule(self, at: float, priority: int, handler: Handler, payload: Any = None) -> None:
         if at < self.now:
             raise ValueError(f"at = {at!r}: cannot schedule before now ({self.now!r})")
-        heapq.heappush(self._heap, (at, priority, next(self._seq), handler, payload))
+        heappush(self._heap, (at, priority, next(self._seq), handler, payload))
 
     def preload(
         self, priority: int, handler: Handler, times: Sequence[float], payloads: Sequence[Any]
@@ -77,14 +77,14 @@ class Engine:
                     at, _, _, handler, payload = heap[0]
                     if at > until:
                         break
-                    heapq.heappop(heap)
+                    heappop(heap)
                 else:
                     if at > until:
                         break
                     handler, payload = stream_handler, payloads[i]  # type: ignore[assignment]
                     i += 1
             elif heap and heap[0][0] <= until:
-                at, _, _, handler, payload = heapq.heappop(heap)
+                at, _, _, handler, payload = heappop(heap)
             else:
                 break
             self.now = at

@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from floorguard.windows import WindowSchedule
 
 __all__ = ["CreditStore", "Grant", "StoreUnavailable"]
@@ -33,6 +35,7 @@ class Grant(NamedTuple):
     `floor` of the replica that took first); None: the caller's own governs."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the shared floor and Redis's extend it
 class CreditStore(ABC):
     """Per-key, per-window credit counters with one atomic take-if-fits operation."""
 
