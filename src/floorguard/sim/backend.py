@@ -104,16 +104,21 @@ class BatchingBackend:
             j *= 1.0 + min(self._rng.exponential(self._jitter_mean), self._jitter_cap)
         return j
 
-    def join(self, request: Request, now: float) -> float:
-        if len(self._finish) >= self.num_slots:
-            raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
-        self._advance(now)
-        prefill_s = self._prefill_s + self._prefill_per_prompt_token_s * request.num_prompt_tokens
+    def _stall_for_prefill(self, prompt: int, now: float) -> None:
+        """A start's prefill (of `prompt` tokens) stalls the batch, longer the more requests
+        are decoding; it also numbers the start (`_seq`)."""
+        prefill_s = self._prefill_s + self._prefill_per_prompt_token_s * prompt
         if self._stall_per_decoding_s > 0:
             decoding = sum(1 for span in self._spans.values() if span[3] <= now)
             prefill_s += self._stall_per_decoding_s * min(decoding, self._reference_slots - 1)
         self._stalled_until = max(self._stalled_until, now) + prefill_s
         self._seq += 1
+
+    def join(self, request: Request, now: float) -> float:
+        if len(self._finish) >= self.num_slots:
+            raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
+        self._advance(now)
+        self._stall_for_prefill(request.num_prompt_tokens, now)
         finish_v = self._v + request.num_output_tokens * self._jitter()
         heappush(self._finish, (finish_v, self._seq, request.request_id))
         self._spans[request.request_id] = (
@@ -252,13 +257,7 @@ class KvBatchingBackend(BatchingBackend):
             self._start(rid, prompt, request.num_output_tokens - streamed, now)
 
     def _start(self, rid: RequestId, prompt: int, tokens: int, now: float) -> None:
-        p = self.profile
-        prefill_s = p.prefill_s + p.prefill_per_prompt_token_s * prompt
-        if p.stall_per_decoding_s > 0:
-            decoding = sum(1 for span in self._spans.values() if span[3] <= now)
-            prefill_s += p.stall_per_decoding_s * min(decoding, p.reference_slots - 1)
-        self._stalled_until = max(self._stalled_until, now) + prefill_s
-        self._seq += 1
+        self._stall_for_prefill(prompt, now)
         finish_v = self._v + tokens * self._per_token[rid]
         heappush(self._finish, (finish_v, self._seq, rid))
         self._spans[rid] = (self._v, finish_v, tokens, self._stalled_until)
