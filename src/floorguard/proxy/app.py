@@ -102,7 +102,7 @@ class GuardServer:
         """Each reload's summary, oldest first (`/admin/status`)."""
         self.clock = clock or WallClock()
         self.identity = create_identity(config.identity, environ)
-        self._mtls = config.identity.mode == "mtls"
+        self._identity_mode = config.identity.mode
         rotate = config.decision_log_rotate  # both logs rotate alike
         rotation: dict[str, Any] = {
             "max_bytes": int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
@@ -375,7 +375,7 @@ class GuardServer:
         }
         now = self.clock.now()
         windows = {pool.label: pool.apply_reload(plans[n], now) for n, pool in self.pools.items()}
-        self.identity, self._mtls = identity, config.identity.mode == "mtls"
+        self.identity, self._identity_mode = identity, config.identity.mode
         self.limits, self.tokenizer = limits.edge_limits(), tokenizer
         self.replies.limit_bytes = limits.max_held_reply_bytes
         self._tenants |= {t for pool in self.pools.values() for t in pool.contracts}
@@ -395,10 +395,14 @@ class GuardServer:
 
     def _tenant(self, request: web.Request) -> str:
         try:
-            transport = request.transport if self._mtls else None
+            mode = self._identity_mode
+            transport = request.transport if mode == "mtls" else None
             peercert = transport.get_extra_info("peercert") if transport is not None else None
             tenant = self.identity.tenant_of(
-                request.headers, peercert, request.remote, request.query
+                request.headers,
+                peercert,
+                request.remote if mode == "header" else None,  # only header mode reads it
+                request.query if request.query_string else None,
             )
         except AuthError as exc:
             raise RefusedError(json_error(exc.status, exc.kind, str(exc))) from exc

@@ -263,12 +263,13 @@ class Forwarding:
             usage = usage_of_reply(body)
             if usage is not None:
                 request[USAGE] = usage
-            response = web.StreamResponse(status=200, headers={**headers, **JSON})
-            response.content_length = len(body)
-            await response.prepare(request)
+            # A `Response`, not a `StreamResponse`: its headers go out with the body in one
+            # write (one send, one segment for the client to read).
+            response = web.Response(body=body, status=200, headers={**headers, **JSON})
             try:
-                await self._to_client(response, body)
-                await response.write_eof()
+                async with self._client_write(request, len(body)):
+                    await response.prepare(request)
+                    await response.write_eof()
             except TimeoutError:
                 box.cut("client_too_slow")
                 log.info("request %s: its client was cut (client_too_slow)", rid)
@@ -276,9 +277,22 @@ class Forwarding:
         finally:
             box.close()
 
-    async def _to_client(self, response: web.StreamResponse, chunk: bytes) -> None:
+    def _client_write(
+        self, request: web.Request, size: int
+    ) -> contextlib.AbstractAsyncContextManager[object]:
+        """The bound on one write of `size` bytes to the client: `client_write_timeout_s`
+        (TimeoutError), or none where the write cannot wait for the client at all
+        (`_cannot_wait`): a timer armed and cancelled per write was 2 % of a small
+        request's instructions, and one per chunk of every stream."""
+        if _cannot_wait(request.transport, size):
+            return _UNBOUNDED
+        return asyncio.timeout(self.config.client_write_timeout_s)
+
+    async def _to_client(
+        self, request: web.Request, response: web.StreamResponse, chunk: bytes
+    ) -> None:
         """One write towards the client, within `client_write_timeout_s` (TimeoutError)."""
-        async with asyncio.timeout(self.config.client_write_timeout_s):
+        async with self._client_write(request, len(chunk)):
             await response.write(chunk)
 
     async def _relay(
@@ -313,7 +327,7 @@ class Forwarding:
         reading.add_done_callback(box.finish_with)
         try:
             while (chunk := await box.get()) is not None:
-                await self._to_client(response, chunk)
+                await self._to_client(request, response, chunk)
             if box.cut_reason is None:
                 await asyncio.wait([reading])
                 reading.result()  # a fault inside the reading fails this request here
@@ -336,6 +350,27 @@ class Forwarding:
                 log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
             box.close()
         return response
+
+
+def _cannot_wait(transport: asyncio.WriteTransport | None, size: int) -> bool:
+    """Whether writing `size` bytes (and their framing) to the client's `transport` returns
+    without waiting for the client to read: its protocol is not paused (asyncio resumes a
+    paused writer only once its buffer is down to the low-water mark) and this write keeps
+    the buffer under the high-water mark (where asyncio would pause it). aiohttp's writer
+    waits only on a paused protocol. (uvloop's transports have these methods without
+    subclassing asyncio's.)"""
+    if transport is None or transport.is_closing():
+        return False
+    low, high = transport.get_write_buffer_limits()
+    held = transport.get_write_buffer_size()
+    return held <= low and held + size + _FRAMING_BYTES < high
+
+
+_FRAMING_BYTES = 8192
+"""Room for what aiohttp adds to a write: the status line and headers, a chunk's framing."""
+
+_UNBOUNDED = contextlib.nullcontext()
+"""A write that needs no timer (stateless: one instance serves every write)."""
 
 
 async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:

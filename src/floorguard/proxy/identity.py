@@ -132,7 +132,7 @@ class Identity:
         spec = self.spec.jwt
         assert spec is not None and self.key is not None
         bound = self.key
-        if isinstance(bound, Mapping):  # a JWKS: the token's `kid` picks the key
+        if not isinstance(bound, tuple):  # a JWKS: the token's `kid` picks the key
             try:
                 kid = jwt.get_unverified_header(token).get("kid")
             except jwt.InvalidTokenError as exc:

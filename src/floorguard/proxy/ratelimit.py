@@ -47,18 +47,28 @@ def rate_limit_headers(
     if window is None:  # a surplus request is counted in no window: the clock's
         window = schedule.index_at(now)
     reset_s = min(max(0.0, schedule.start_of(window + 1) - now), schedule.window_s)
-    unit = "tokens" if meter is MeterKind.TOKEN else "requests"
-    out = {f"x-ratelimit-reset-{unit}": duration(reset_s)}
+    reset, limit, remaining = _NAMES[meter]
+    out = {reset: duration(reset_s)}
     if not contract.assured:
-        out[f"x-ratelimit-limit-{unit}"] = "0"
-        out[f"x-ratelimit-remaining-{unit}"] = "0"
+        out[limit] = "0"
+        out[remaining] = "0"
         return out
     if pending.remaining is None:  # refused before its floor was asked (cost-excess)
-        out[f"x-ratelimit-limit-{unit}"] = str(contract.floor)
+        out[limit] = str(contract.floor)
         return out
     # the floor the window was judged against: a shared store's pinned one, or this
     # guard's effective floor (`lower-floor` may have cut it below the contract's)
     floor = pending.pinned if pending.pinned is not None else pending.floor
-    out[f"x-ratelimit-limit-{unit}"] = str(floor)
-    out[f"x-ratelimit-remaining-{unit}"] = str(max(0, pending.remaining))
+    out[limit] = str(floor)
+    out[remaining] = str(max(0, pending.remaining))
     return out
+
+
+_NAMES = {
+    meter: tuple(
+        f"x-ratelimit-{name}-{'tokens' if meter is MeterKind.TOKEN else 'requests'}"
+        for name in ("reset", "limit", "remaining")
+    )
+    for meter in MeterKind
+}
+"""By meter: the reset, limit and remaining headers' names (built once, not per request)."""
