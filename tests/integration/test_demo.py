@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -46,19 +48,24 @@ def test_load_fires_a_trace_open_loop(tmp_path, backend, capsys):
     assert out["max_fire_lag_s"] < 0.5
 
 
-def test_bench_proxy_reports_the_three_paths():
-    """`bench proxy` measures direct, pass-through and floorguard in one run and prints the
-    documented fields (values are benchmarks, not asserted)."""
+def test_bench_proxy_reports_the_three_paths_and_nginx_where_installed():
+    """`bench proxy` measures direct, pass-through and floorguard in one run (and nginx,
+    where it is installed) and prints the documented fields (values are benchmarks, not
+    asserted)."""
     result = bench_proxy(requests=20, repeats=1)
-    for key in (
-        "added_p50_ms_c1",
-        "added_p99_ms_c1",
-        "rps_floorguard",
-        "rps_passthrough",
-        "rps_direct",
-    ):
-        assert isinstance(result[key], float)
+    keys = ["added_p50_ms_c1", "added_p99_ms_c1", "rps_floorguard", "rps_passthrough"]
+    keys.append("rps_direct")
+    nginx = shutil.which("nginx") or Path("/usr/sbin/nginx").exists()
+    if nginx:
+        keys += ["rps_nginx", "nginx_added_p50_ms_c1", "floorguard_over_nginx_rps"]
+    else:
+        assert "not installed" in result["nginx"]
+    for key in keys:
+        assert isinstance(result[key], float), key
     assert result["rps_floorguard"] > 0
+    assert set(result["p50_ms_c1"]) == {"direct", "passthrough", "floorguard"} | (
+        {"nginx"} if nginx else set()
+    )
 
 
 def test_load_names_its_tenants_and_counts_refusals_by_status_and_reason(tmp_path, capsys):

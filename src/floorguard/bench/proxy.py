@@ -3,19 +3,23 @@
 A child process serves three paths to one instant upstream (a fixed OpenAI-shaped answer):
 `direct` (the upstream itself), `passthrough` (a bare aiohttp proxy: read body, forward,
 return) and `floorguard` (JWT identity + meter + dispatch + decision log, `C` large enough
-that nothing queues). The parent is the client: latency at concurrency 1 and requests/s at
-concurrency 32, paths interleaved, best of `repeats`.
+that nothing queues). Where `nginx` is installed, a fourth: `nginx`, one worker process
+proxying to the same upstream on keep-alive connections (a compiled proxy's cost, for
+scale). The parent is the client: latency at concurrency 1 and requests/s at concurrency 32,
+paths interleaved, best of `repeats`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,29 +134,37 @@ async def _throughput(
     return (n // concurrency) * concurrency / (time.perf_counter() - started)
 
 
-async def _client(ports: list[int], requests: int, repeats: int) -> dict[str, Any]:
-    urls = {
-        p: f"http://127.0.0.1:{port}/v1/completions" for p, port in zip(PATHS, ports, strict=True)
-    }
+async def _client(ports: dict[str, int], requests: int, repeats: int) -> dict[str, Any]:
+    paths = list(ports)
+    urls = {p: f"http://127.0.0.1:{port}/v1/completions" for p, port in ports.items()}
     token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
     headers = {
-        p: ({"Authorization": f"Bearer {token}"} if p == "floorguard" else {}) for p in PATHS
+        p: ({"Authorization": f"Bearer {token}"} if p == "floorguard" else {}) for p in paths
     }
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for p in PATHS:  # warm up every path (connections, imports, JIT-free caches)
+        for p in paths:  # warm up every path (connections, imports, JIT-free caches)
             await _latencies(session, urls[p], 50, headers[p])
-        c1: dict[str, list[float]] = {p: [] for p in PATHS}
-        rps: dict[str, float] = dict.fromkeys(PATHS, 0.0)
+        c1: dict[str, list[float]] = {p: [] for p in paths}
+        rps: dict[str, float] = dict.fromkeys(paths, 0.0)
         for _ in range(repeats):
-            for p in PATHS:
+            for p in paths:
                 c1[p] += await _latencies(session, urls[p], requests, headers[p])
-            for p in PATHS:
+            for p in paths:
                 rps[p] = max(
                     rps[p], await _throughput(session, urls[p], requests * 4, 32, headers[p])
                 )
-    p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in PATHS}
-    p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in PATHS}
+    p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in paths}
+    p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in paths}
+    nginx: dict[str, Any] = (
+        {
+            "nginx_added_p50_ms_c1": p50["nginx"] - p50["direct"],
+            "rps_nginx": rps["nginx"],
+            "floorguard_over_nginx_rps": rps["floorguard"] / rps["nginx"],
+        }
+        if "nginx" in rps
+        else {"nginx": "not installed: the nginx path is left out"}
+    )
     return {
         "p50_ms_c1": p50,
         "p99_ms_c1": p99,
@@ -163,15 +175,74 @@ async def _client(ports: list[int], requests: int, repeats: int) -> dict[str, An
         "rps_passthrough": rps["passthrough"],
         "rps_floorguard": rps["floorguard"],
         "floorguard_over_passthrough_rps": rps["floorguard"] / rps["passthrough"],
+        **nginx,
         "requests_per_path": requests * repeats,
         "repeats": repeats,
     }
 
 
 def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
-    ports = free_ports(3)
-    with serving_in_child(_serve_forever, ports):
-        return asyncio.run(_client(ports, requests, repeats))
+    ports = free_ports(4)
+    paths = dict(zip(PATHS, ports, strict=False))
+    with ExitStack() as stack:
+        stack.enter_context(serving_in_child(_serve_forever, ports[:3]))
+        binary = shutil.which("nginx") or next(
+            (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+        )
+        if binary is not None:
+            stack.enter_context(_nginx(binary, upstream=ports[0], port=ports[3]))
+            paths["nginx"] = ports[3]
+        return asyncio.run(_client(paths, requests, repeats))
+
+
+@contextmanager
+def _nginx(binary: str, *, upstream: int, port: int) -> Iterator[None]:
+    """nginx in the foreground, one worker, proxying `port` to the upstream on keep-alive
+    connections; stopped on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        temp_paths = "\n".join(
+            f"  {kind}_temp_path {tmp}/{kind};"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(
+            f"""worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+{temp_paths}
+  upstream bench {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://bench;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+}}
+"""
+        )
+        said = Path(tmp) / "stderr"
+        with said.open("wb") as stderr:
+            process = subprocess.Popen(
+                [binary, "-p", tmp, "-c", str(conf), "-g", "daemon off;"],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        try:
+            try:
+                _wait_listening([port], timeout_s=10.0)
+            except RuntimeError:
+                logs = [said, Path(tmp) / "error.log"]
+                errors = "".join(p.read_text() for p in logs if p.exists())[-500:]
+                raise RuntimeError(f"nginx did not start: {errors}") from None
+            yield
+        finally:
+            process.terminate()
+            process.wait(5)
 
 
 @contextmanager
