@@ -29,7 +29,8 @@ import tempfile
 import time
 
 SECRET = "bench-secret-0123456789abcdef0123456789"  # bench/proxy.py's
-PATHS = ("direct", "passthrough", "floorguard")  # bench/proxy.py's, in its ports' order
+PATHS = ("direct", "passthrough", "floorguard")  # bench/proxy.py's, in its ports' order (not
+# imported: the child must import floorguard from the tree it counts, after sys.path is set)
 
 
 def _switch_off(feature: str) -> None:

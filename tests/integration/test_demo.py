@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 
-from floorguard.bench.proxy import bench_proxy
+from floorguard.bench.proxy import bench_proxy, nginx_binary
 from floorguard.cli import main
 from floorguard.rig.demo import run_demo
 from tests.helpers import write_burstgpt
@@ -53,9 +51,8 @@ def test_bench_proxy_reports_the_three_paths_and_nginx_where_installed():
     where it is installed) and prints the documented fields (values are benchmarks, not
     asserted)."""
     result = bench_proxy(requests=20, repeats=1)
-    keys = ["added_p50_ms_c1", "added_p99_ms_c1", "rps_floorguard", "rps_passthrough"]
-    keys.append("rps_direct")
-    nginx = shutil.which("nginx") or Path("/usr/sbin/nginx").exists()
+    keys = ["added_p50_ms_c1", "added_p99_ms_c1", "rps_floorguard", "rps_passthrough", "rps_direct"]
+    nginx = nginx_binary() is not None
     if nginx:
         keys += ["rps_nginx", "nginx_added_p50_ms_c1", "floorguard_over_nginx_rps"]
     else:

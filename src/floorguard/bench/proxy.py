@@ -33,7 +33,7 @@ from floorguard.proxy.config import GuardServerConfig
 from floorguard.proxy.openai_format import completion_body
 from floorguard.rig.net import free_ports
 
-__all__ = ["bench_proxy", "serving_in_child"]
+__all__ = ["PATHS", "bench_proxy", "nginx_binary", "serving_in_child"]
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 PATHS = ("direct", "passthrough", "floorguard")
@@ -186,13 +186,19 @@ def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
     paths = dict(zip(PATHS, ports, strict=False))
     with ExitStack() as stack:
         stack.enter_context(serving_in_child(_serve_forever, ports[:3]))
-        binary = shutil.which("nginx") or next(
-            (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
-        )
+        binary = nginx_binary()
         if binary is not None:
             stack.enter_context(_nginx(binary, upstream=ports[0], port=ports[3]))
             paths["nginx"] = ports[3]
         return asyncio.run(_client(paths, requests, repeats))
+
+
+def nginx_binary() -> str | None:
+    """nginx's executable, if installed (on PATH, or in sbin, which a user's PATH may lack)."""
+    found = shutil.which("nginx")
+    return found or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+    )
 
 
 @contextmanager
