@@ -266,9 +266,12 @@ def test_an_entitled_request_queued_while_another_takes_its_lease_holds_others_b
     (the announcement once waited for A's first). a1's call is granted, in order or after
     the announcement (another connection): either way A's board entry must still show a2,
     and B's opportunistic request is held back (`order`). Without the announcement, or
-    with a late call's count standing over a newer one's, a1's grant cleared the entry."""
-    queued = [0]
-    (sa, a), (sb, b) = _leases(server.url, "A", waiting=lambda: queued[0]), _leases(server.url, "B")
+    with a late call's count standing over a newer one's, a1's grant cleared the entry.
+    `waiting` stands for the guard's count (`num_waiting_entitled`): a1 waits from the
+    moment the guard chose it until its lease is answered."""
+    waiting = [1]  # a1, chosen by the guard
+    (sa, a) = _leases(server.url, "A", waiting=lambda: waiting[0])
+    (sb, b) = _leases(server.url, "B")
     run = loop.run_until_complete
     script = a._script()
 
@@ -278,7 +281,8 @@ def test_an_entitled_request_queued_while_another_takes_its_lease_holds_others_b
     try:
         taking = a.plan_acquire(0, "a1", entitled=True)
         sent = next(taking)  # a1's call is out
-        queued[0] = 1  # a2 is queued
+        assert sent.waiting == 0  # the others: the script counts a1 if it is denied
+        waiting[0] = 2  # a2 is queued
         announcing = a.plan_announce()
         announcement = next(announcing, None)
         assert announcement is not None and announcement.waiting == 2  # a1 and a2

@@ -13,6 +13,7 @@ import pytest
 from floorguard.core.events import EventKind
 from floorguard.core.surface import LEASE_HOLD_OFF_MAX_S, LEASE_HOLD_OFF_S, NO_LEASE, Dispatch
 from floorguard.errors import ProtocolError
+from floorguard.store.leases import LeaseReply, SlotLeases
 from tests.helpers import make_config, make_guard, make_request
 
 
@@ -149,3 +150,62 @@ def test_a_request_of_its_own_ending_on_a_held_off_backend_lifts_the_hold_off():
     guard.finish(first, 0.001, "complete")
     (again,) = guard.poll(0.001)
     assert again.request.request_id == second
+
+
+def _leased(events=None):
+    config = dataclasses.replace(make_config(slots=(2,)), slot_leases=True)
+    return make_guard(config, events=events)
+
+
+def _dispatched(guard, *, assured, now=0.0):
+    request = make_request(assured=assured, at=now)
+    guard.on_arrival(request, now)
+    (decision,) = guard.poll(now)
+    assert type(decision) is Dispatch and decision.lease
+    return request.request_id
+
+
+@pytest.mark.parametrize("answer", ["granted", "denied then aborted", "aborted", "failed"])
+def test_an_entitled_request_waiting_for_its_lease_counts_as_waiting_until_answered(answer):
+    """Out of the queue but not started: the fleet's waiting board must still show it, on
+    every path its lease can take, and the count comes back to zero exactly once."""
+    guard = _leased()
+    rid = _dispatched(guard, assured=True)
+    assert (guard.num_queued_entitled, guard.num_waiting_entitled) == (0, 1)
+    if answer == "granted":
+        guard.lease_granted(rid, 0.0)
+        assert guard.num_waiting_entitled == 0
+        guard.finish(rid, 0.1, "complete")
+    elif answer == "denied then aborted":
+        guard.lease_denied(rid, 0.0)
+        assert (guard.num_queued_entitled, guard.num_waiting_entitled) == (1, 1)
+        guard.finish(rid, 0.1, "abort", "client_disconnected")
+    else:
+        guard.finish(rid, 0.1, {"aborted": "abort", "failed": "fail"}[answer], "x")
+    assert (guard.num_queued_entitled, guard.num_waiting_entitled) == (0, 0)
+
+
+def test_a_release_between_an_entitled_dispatch_and_its_lease_call_keeps_it_on_the_board():
+    """The race a SIGKILL test found under load (tests/integration/test_fleet_slots.py):
+    the guard dispatches an entitled request, and before its lease call is sent another
+    of this replica's requests ends. The release must publish the entitled one as
+    waiting, or another replica's opportunistic start takes the freed slot ahead of it
+    (fleet ORDER). Its own lease call then carries the others only."""
+    guard = _leased()
+    leases = SlotLeases(
+        None, backends=["b"], capacity=[2], replica="r1",
+        waiting=lambda: guard.num_waiting_entitled,
+    )  # fmt: skip
+    surplus = _dispatched(guard, assured=False)
+    plan = leases.plan_acquire(0, str(surplus), entitled=False)
+    assert next(plan).waiting == 0
+    with pytest.raises(StopIteration):
+        plan.send(LeaseReply(True, "", 1))
+    guard.lease_granted(surplus, 0.0)
+    entitled = _dispatched(guard, assured=True)  # the guard chose it; no lease call yet
+    waiting = leases.waiting()  # as the pool takes it, before the end moves the queue
+    guard.finish(surplus, 0.1, "complete")
+    release = next(leases.plan_release(0, str(surplus), waiting))
+    assert (release.op, release.waiting) == ("release", 1)
+    acquire = next(leases.plan_acquire(0, str(entitled), entitled=True))
+    assert (acquire.op, acquire.entitled, acquire.waiting) == ("acquire", True, 0)

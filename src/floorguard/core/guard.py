@@ -407,6 +407,12 @@ class Guard(Ledger):
     def num_queued_entitled(self) -> int:
         return self._queue.num_queued_entitled
 
+    @property
+    def num_waiting_entitled(self) -> int:
+        """Entitled requests waiting for a slot: queued, or dispatched and waiting for
+        their slot lease (what a replica shows on the fleet's waiting board)."""
+        return self._queue.num_queued_entitled + self.num_leasing_entitled
+
 
 def _doom_entry(ticket: Ticket) -> tuple[float, int, Ticket]:
     """The doom timer's key: the instant after which the ticket is doomed (`D − L`)."""

@@ -100,6 +100,9 @@ class Ledger:
         self._max_assured_prompt = 0
         self._total_slots = config.total_slots
         self._slot_leases = config.slot_leases
+        self.num_leasing_entitled = 0
+        """Entitled requests dispatched whose slot lease is not answered yet: out of the
+        queue, not started, so still waiting (the fleet's waiting board counts them)."""
         self._kv_budgeted = config.kv_budgeted
         self._reloaded: tuple[float, GuardConfig] | None = None
         """A reload's configuration and the instant its contracts govern from."""
@@ -409,6 +412,8 @@ class Ledger:
         ticket.backend = backend
         ticket.dispatched_at = now
         ticket.leasing = leasing = self._slot_leases
+        if leasing and ticket.entitled:
+            self.num_leasing_entitled += 1
         self._in_flight[request.request_id] = ticket
         if self._sink is not None:
             self._sink(
@@ -432,6 +437,8 @@ class Ledger:
                 "queued" if request_id in self._queued else "not held (ended, or never admitted)"
             )
             raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
+        if ticket.leasing and ticket.entitled:
+            self.num_leasing_entitled -= 1
         self._slots.release(ticket.backend, ticket.kv)
         return ticket
 
@@ -601,6 +608,8 @@ class Ledger:
         so; `verify` judges fleet ORDER there conditionally)."""
         ticket = self._leasing(request_id, "lease_granted")
         ticket.leasing = False
+        if ticket.entitled:
+            self.num_leasing_entitled -= 1
         self._slots.leased(ticket.backend)
         if self._sink is not None:
             self._emit(

@@ -161,7 +161,7 @@ class Pool(Forwarding):
             capacity=[b.slots for b in self.config.backends],
             replica=self.edge.replica,
             ttl_s=store.lease_ttl_s,
-            waiting=lambda: self.guard.num_queued_entitled,
+            waiting=lambda: self.guard.num_waiting_entitled,
             first_seq=time.time_ns() // 1000,  # above any former self's under this name
         )
 

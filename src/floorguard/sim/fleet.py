@@ -229,7 +229,7 @@ class _FleetSimulation(Serving):
             capacity=[fleet.slots] * fleet.backends,
             replica=f"r{replica}",
             ttl_s=fleet.lease_ttl_s,
-            waiting=lambda: guard.num_queued_entitled,
+            waiting=lambda: guard.num_waiting_entitled,
             clock=lambda: self.engine.now,
         )
 

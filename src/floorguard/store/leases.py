@@ -121,14 +121,15 @@ class SlotLeases:
         self.replica = replica
         self.ttl_s = ttl_s
         self._waiting = waiting
-        """This replica's floor-entitled requests queued (the guard's count)."""
+        """This replica's floor-entitled requests waiting for a slot, the guard's count:
+        queued, or dispatched and waiting for a lease (`num_waiting_entitled`). The core
+        counts one from the moment it leaves the queue, not from when its lease call is
+        sent: a release sent in between must not clear the board while it waits."""
         self._clock = clock
         """The caller's clock for the script (a simulation); None: the Redis server's."""
         self.held: list[dict[str, bool]] = [{} for _ in backends]
         """Per backend: the leases this replica holds (request → through Redis or local)."""
         self.denied: dict[str, int] = {"full": 0, "order": 0}
-        self.taking_entitled = 0
-        """Entitled requests of this replica whose lease call is in flight: they wait too."""
         self.local_grants = 0
         self._seq = first_seq
         """The last call's number. A replica that restarts under the same name must number
@@ -146,9 +147,9 @@ class SlotLeases:
         return self.held[backend].get(request_id) is False
 
     def waiting(self) -> int:
-        """This replica's floor-entitled requests waiting for a slot: queued, or taking a
-        lease (the one a call is for is counted by the script if it is denied)."""
-        return self._waiting() + self.taking_entitled
+        """This replica's floor-entitled requests waiting for a slot: queued, or waiting
+        for a lease."""
+        return self._waiting()
 
     # -- the policy, without I/O ------------------------------------------------------------
 
@@ -178,14 +179,11 @@ class SlotLeases:
         """'' when the request may start on `backend` (it holds a lease), else why not:
         `full` or `order`. Redis unreachable: a local lease while this replica holds fewer
         there than it did when Redis was lost."""
+        others = max(self.waiting() - entitled, 0)  # the script counts this one if denied
         call = self._call(
-            backend, "acquire", self._member(request_id), entitled=entitled, waiting=self.waiting()
+            backend, "acquire", self._member(request_id), entitled=entitled, waiting=others
         )
-        self.taking_entitled += entitled
-        try:
-            reply = yield call
-        finally:
-            self.taking_entitled -= entitled
+        reply = yield call
         if isinstance(reply, StoreUnavailable):
             kept = self._lost()
             if len(self.held[backend]) >= kept[backend]:
