@@ -14,6 +14,11 @@ import yaml
 
 from tests.redis_server import free_port
 
+STARTED: list[subprocess.Popen] = []
+"""Every process `floorguard()` started, so a fixture can kill what a failed test left
+running (tests/integration/conftest.py): a replica left behind keeps renewing its leases
+and disturbs the fleet tests after it."""
+
 
 def wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
@@ -39,11 +44,23 @@ def floorguard(
         if max_files is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
 
-    return subprocess.Popen(  # the hook makes one syscall and takes no lock: safe here
+    process = subprocess.Popen(  # the hook makes one syscall and takes no lock: safe here
         [sys.executable, "-m", "floorguard", *args],
         stderr=stderr,
         preexec_fn=limit if max_files is not None else None,  # noqa: PLW1509
     )
+    STARTED.append(process)
+    return process
+
+
+def _listening(port: int, process: subprocess.Popen) -> None:
+    """`wait_listening`, the process killed if it never listens (its caller gets no handle
+    to stop it with)."""
+    try:
+        wait_listening(port, process)
+    except BaseException:
+        stop(process)
+        raise
 
 
 def emulate(
@@ -53,7 +70,7 @@ def emulate(
     named = ("--model", model) if model else ()
     kv = ("--kv-blocks", str(kv_blocks)) if kv_blocks is not None else ()
     process = floorguard("emulate", "--slots", str(slots), "--port", str(port), *named, *kv)
-    wait_listening(port, process)
+    _listening(port, process)
     return f"http://127.0.0.1:{port}", process
 
 
@@ -67,7 +84,7 @@ def serve(
     port = free_port()
     path.write_text(yaml.safe_dump({**config, "port": port}))
     process = floorguard("serve", "--config", str(path), stderr=stderr, max_files=max_files)
-    wait_listening(port, process)
+    _listening(port, process)
     return f"http://127.0.0.1:{port}", process
 
 
