@@ -1,5 +1,6 @@
-"""The compiled core (issue 30): the pure decision core and the simulator's hot loop built
-with mypyc from the same Python sources, where a C compiler exists.
+"""The compiled core (issue 30): the pure decision core, the simulator's hot loop and the HTTP
+guard's request path built with mypyc from the same Python sources, where a C compiler
+exists.
 
 `pip install .` (and `pip install -e .`) compiles `floorguard._compiled.COMPILED`; where it
 cannot — no C compiler, no Python headers, a type error mypyc refuses, or
@@ -89,7 +90,7 @@ class OptionalBuildExt(build_ext):
             for module in COMPILED
         }
         self._hashes_path().write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
-        _say(f"compiled {len(COMPILED)} core modules with mypyc")
+        _say(f"compiled {len(COMPILED)} modules with mypyc")
 
     def get_outputs(self) -> list[str]:
         outputs = super().get_outputs()

@@ -12,6 +12,9 @@ fixed hash seed and ASLR off; after 50 warm-up requests its counters are zeroed
 with `--path`, to the pass-through or the upstream itself), and the counters
 are dumped (`-d`). The figure is the whole process's instructions ÷ requests (the upstream's
 share is the same for every tree; the guard's health probes and samplers run meanwhile).
+A tree counts as it is built: compiled where `_compiled.json` matches its sources. `--off`
+patches Python functions, which compiled modules call past, so with `--off` every count of
+the run, the unpatched one included, is of the pure sources (`FLOORGUARD_PURE=1`).
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ async def _requests(port: int, n: int, zero: object, dump: object, path: str) ->
         dump()  # type: ignore[operator]
 
 
-def count(tree: str, n: int, path: str = "floorguard", off: str = "") -> float:
+def count(
+    tree: str, n: int, path: str = "floorguard", off: str = "", *, pure: bool = False
+) -> float:
     from floorguard.rig.net import free_ports  # noqa: PLC0415
 
     ports = free_ports(3)
@@ -126,7 +131,8 @@ def count(tree: str, n: int, path: str = "floorguard", off: str = "") -> float:
     child = subprocess.Popen(
         ["setarch", "-R", "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg",
          sys.executable, __file__, "--serve", tree, *map(str, ports), off],
-        env={**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"},
+        env={**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+        | ({"FLOORGUARD_PURE": "1"} if pure else {}),
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -171,7 +177,8 @@ def main() -> None:
     for _ in range(ns.rounds):
         for tree, off in runs:
             label = f"{tree} --off {off}" if off else tree
-            seen.setdefault(label, []).append(count(tree, ns.requests, ns.path, off))
+            counted = count(tree, ns.requests, ns.path, off, pure=bool(ns.off))
+            seen.setdefault(label, []).append(counted)
     first = min(seen[ns.trees[0]])
     for tree, counts in seen.items():
         shown = " · ".join(f"{c:,.0f}" for c in counts)

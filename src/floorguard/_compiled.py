@@ -48,8 +48,20 @@ COMPILED = (
     "floorguard.sim.serving",
     "floorguard.store.base",
     "floorguard.store.memory",
+    "floorguard.proxy.app",
+    "floorguard.proxy.decision_log",
+    "floorguard.proxy.forward",
+    "floorguard.proxy.identity",
+    "floorguard.proxy.metrics",
+    "floorguard.proxy.normalize",
+    "floorguard.proxy.pool",
+    "floorguard.proxy.pump",
+    "floorguard.proxy.ratelimit",
+    "floorguard.proxy.relay",
+    "floorguard.proxy.replies",
+    "floorguard.proxy.usage",
 )
-"""The pure decision core and the simulator's hot loop."""
+"""The pure decision core, the simulator's hot loop, and the HTTP guard's request path."""
 
 HASHES_FILE = "_compiled.json"
 """Beside the compiled package: module → sha256 of the source it was compiled from."""

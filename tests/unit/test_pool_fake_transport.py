@@ -15,6 +15,7 @@ from floorguard.analysis.checker import check_trace
 from floorguard.clock import ManualClock
 from floorguard.core.events import EventKind
 from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.metrics import GuardMetrics
 from floorguard.proxy.normalize import Work
 from floorguard.proxy.pool import Pool
 from floorguard.proxy.relay import HeldReplies
@@ -96,15 +97,28 @@ class _Transport:
         return upstream
 
 
+class _ClientTransport(asyncio.Transport):
+    """The client's connection: open, its write buffer empty (what a compiled pool reads
+    of it is typed, so not a Mock)."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (16384, 65536)
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+
 def _host(clock, transport, events):
     async def checkpoint(point):
         return None
 
-    metrics = SimpleNamespace(
-        on_chunk_gap=lambda *a: None,
-        on_usage=lambda *a: None,
-        backends_changed=lambda *a: None,
-    )
+    metrics = GuardMetrics({}, clock.now)  # real: a compiled pool checks its type
     return SimpleNamespace(
         clock=clock,
         replica="unit",
@@ -131,7 +145,7 @@ def test_a_pool_runs_two_requests_on_one_slot_with_a_fake_transport_on_virtual_t
         await pool.health.probe_all(transport)
 
         def handle(rid, tenant):
-            request = make_mocked_request("POST", "/v1/completions")
+            request = make_mocked_request("POST", "/v1/completions", transport=_ClientTransport())
             return asyncio.ensure_future(
                 pool.handle(
                     request,

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from floorguard.core.events import TraceEvent, to_json
 
@@ -90,9 +90,18 @@ class LineLog:
 class DecisionLog(LineLog):
     """Trace events, serialized only when a batch is written."""
 
-    def __init__(self, path: Path | str, **options: Any) -> None:
-        """`options`: LineLog's (`max_pending`, `max_bytes`, `max_age_s`)."""
-        super().__init__(path, **options)
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        max_pending: int = 4096,
+        max_bytes: int | None = None,
+        max_age_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            path, max_pending=max_pending, max_bytes=max_bytes, max_age_s=max_age_s
+        )  # spelled out: a compiled build's `super().__init__(**options)` takes the dict
+        # for the first keyword (mypyc: "int object expected; got dict")
         self._events: list[TraceEvent] = []
 
     def append(self, event: TraceEvent) -> None:
