@@ -21,6 +21,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -271,6 +272,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
 )
 
 
+@mypyc_attr(native_class=False)  # its base is prometheus-client's, which mypyc does not compile
 class _GuardCollector(Collector):
     """Reads the counts and the pools' state at scrape time."""
 
