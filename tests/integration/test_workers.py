@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,13 +143,23 @@ def test_sighup_reloads_every_worker_and_a_killed_one_comes_back(workers):
     assert process.wait(30) == 0
 
 
-def test_the_workers_bench_measures_both_guards_side_by_side():
+@pytest.mark.parametrize("client", ["python", "wrk"])
+def test_the_workers_bench_measures_both_guards_side_by_side(client):
     """`floorguard bench proxy --workers 2` runs (figures are measured, not asserted): both
-    guards answered every request (a non-200 raises), each with its CPU counted."""
+    guards answered every request (a non-200 raises), each with its CPU counted, and the
+    processes beside them (client, upstream, Redis) with theirs."""
     from floorguard.bench.workers import bench_workers  # noqa: PLC0415
 
+    if client == "wrk" and shutil.which("wrk") is None:
+        if os.environ.get("FLOORGUARD_REQUIRE_WRK"):
+            pytest.fail("wrk is not installed (apt-get install wrk) and FLOORGUARD_REQUIRE_WRK=1")
+        pytest.skip("wrk is not installed (apt-get install wrk)")
     RedisServer().close()  # skips (or fails under .ci/run) without redis-server, as the bench
-    result = bench_workers(workers=2, requests=64, repeats=1)
+    result = bench_workers(workers=2, requests=64, repeats=1, client=client)
+    assert result["client"].startswith(client)
     assert set(result["rps"]) == {"1", "2"} and min(result["rps"].values()) > 0
     assert set(result["cpu_ms_per_request"]) == {"1", "2"}
-    assert all(v >= 0 for v in result["cpu_ms_per_request"].values())
+    assert all(v > 0 for v in result["cpu_ms_per_request"].values())
+    assert set(result["cpu_ms_per_request_beside"]) == {"client", "upstream", "redis"}
+    assert all(v >= 0 for v in result["cpu_ms_per_request_beside"].values())
+    assert 0 < result["rps_ratio_ceiling"] <= 2

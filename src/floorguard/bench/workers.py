@@ -6,12 +6,26 @@ decision log on. This process is the client: requests/s at concurrency 32 on kee
 connections (the kernel spreads them over the workers), the two guards interleaved, best of
 `repeats`; and each guard's CPU-seconds per request — the user + system time of its
 processes (the supervisor and every worker, from Linux's /proc) over the requests sent.
+
+The client, the upstream and Redis run on the same cores, so they bound what a second
+worker can give: their CPU per request is measured in the same runs, and `rps_ratio_ceiling`
+is the ratio the cores allow, `cores / (guard + client + upstream + Redis CPU per request)`
+for N workers against `1 / (guard CPU per request)` for one (one worker is bound by its one
+core wherever it is the slowest process on the path).
+
+The load comes from `wrk` where it is installed (`apt-get install wrk`: a compiled client
+nobody here wrote, which leaves the cores to what is measured; each run lasts
+`WRK_SECONDS`), else from this process's aiohttp client (`requests` × 4 a run); `client`
+in the output says which, and `client=` picks one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +52,12 @@ from floorguard.rig.net import free_port_run, free_ports
 __all__ = ["bench_workers"]
 
 CONCURRENCY = 32
+WRK_SECONDS = 3  # whole seconds: wrk takes no fraction
+_WRK_SCRIPT = """wrk.method = "POST"
+wrk.body = '{"model":"m","prompt":"x","max_tokens":1}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer " .. os.getenv("TOKEN")
+"""
 
 
 def _serve_upstream(ports: list[int], _: str) -> None:
@@ -122,11 +142,43 @@ class _Guard:
                 self.process.wait(10)
 
 
-async def _client(guards: list[_Guard], requests: int, repeats: int) -> dict[str, Any]:
+def _others_cpu_s(others: dict[str, int | None]) -> dict[str, float]:
+    """CPU seconds so far of the processes beside the guard: the client (this process and
+    its ended children: wrk), and the given pids."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"client": time.process_time() + ended.ru_utime + ended.ru_stime} | {
+        name: _cpu_s(pid) for name, pid in others.items() if pid is not None
+    }
+
+
+def _wrk(binary: str, url: str, token: str, script: Path) -> tuple[float, int]:
+    """One `wrk` run at `CONCURRENCY`: (requests/s, requests answered)."""
+    done = subprocess.run(
+        [binary, "-t1", f"-c{CONCURRENCY}", f"-d{WRK_SECONDS}s", "-s", str(script), url],
+        env={**os.environ, "TOKEN": token}, capture_output=True, text=True,
+        timeout=WRK_SECONDS + 60, check=False,
+    )  # fmt: skip
+    answered = re.search(r"(\d+) requests in", done.stdout)
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
+    if done.returncode != 0 or answered is None or rate is None:
+        raise FloorguardError(f"wrk failed: {(done.stderr or done.stdout)[-500:]}")
+    if "Non-2xx" in done.stdout:
+        raise FloorguardError(f"the guard refused requests under wrk: {done.stdout[-500:]}")
+    return float(rate.group(1)), int(answered.group(1))
+
+
+async def _client(
+    guards: list[_Guard],
+    requests: int,
+    repeats: int,
+    others: dict[str, int | None],
+    wrk: tuple[str, Path] | None,
+) -> dict[str, Any]:
     token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
     headers = {"Authorization": f"Bearer {token}"}
     rps = {g.workers: 0.0 for g in guards}
     cpu: dict[int, list[float]] = {g.workers: [] for g in guards}
+    beside: dict[str, list[float]] = {}  # the N-worker runs' client, upstream, Redis
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         for guard in guards:
@@ -135,29 +187,50 @@ async def _client(guards: list[_Guard], requests: int, repeats: int) -> dict[str
         n = requests * 4
         for _ in range(repeats):
             for guard in guards:
-                before = guard.cpu_s()
-                got = await _throughput(session, guard.url, n, CONCURRENCY, headers)
+                before, others_before = guard.cpu_s(), _others_cpu_s(others)
+                if wrk is None:
+                    got = await _throughput(session, guard.url, n, CONCURRENCY, headers)
+                    sent = n // CONCURRENCY * CONCURRENCY
+                else:
+                    got, sent = await asyncio.to_thread(_wrk, *wrk[:1], guard.url, token, wrk[1])
                 rps[guard.workers] = max(rps[guard.workers], got)
-                sent = n // CONCURRENCY * CONCURRENCY
                 cpu[guard.workers].append((guard.cpu_s() - before) / sent)
+                if guard is guards[-1]:
+                    for name, spent in _others_cpu_s(others).items():
+                        beside.setdefault(name, []).append((spent - others_before[name]) / sent)
     one, many = guards[0].workers, guards[-1].workers
     best_cpu = {w: min(samples) for w, samples in cpu.items()}
+    best_beside = {name: min(samples) for name, samples in beside.items()}
+    cores = os.cpu_count() or 1
+    ceiling = cores / (best_cpu[many] + sum(best_beside.values())) * best_cpu[one]
     return {
         "workers": many,
+        "client": "python aiohttp" if wrk is None else f"wrk ({wrk[0]}), {WRK_SECONDS} s a run",
         "concurrency": CONCURRENCY,
         "rps": {str(w): r for w, r in rps.items()},
         "rps_ratio": rps[many] / rps[one],
         "cpu_ms_per_request": {str(w): c * 1e3 for w, c in best_cpu.items()},
         "cpu_per_request_ratio": best_cpu[many] / best_cpu[one],
-        "cores": os.cpu_count(),
-        "requests_per_run": n,
+        "cpu_ms_per_request_beside": {name: c * 1e3 for name, c in best_beside.items()},
+        "rps_ratio_ceiling": min(ceiling, many),
+        "rps_over_ceiling": rps[many] / rps[one] / min(ceiling, many),
+        "cores": cores,
+        "requests_per_run": n if wrk is None else None,
         "repeats": repeats,
     }
 
 
-def bench_workers(*, workers: int = 2, requests: int = 400, repeats: int = 3) -> dict[str, Any]:
+def bench_workers(
+    *, workers: int = 2, requests: int = 400, repeats: int = 3, client: str = "auto"
+) -> dict[str, Any]:
+    """`client`: `wrk`, `python`, or `auto` (wrk where installed)."""
     if workers < 2:
         raise FloorguardError(f"--workers {workers}: compare ≥ 2 workers with one")
+    wrk_binary = shutil.which("wrk") if client in ("auto", "wrk") else None
+    if client == "wrk" and wrk_binary is None:
+        raise FloorguardError("--client wrk: wrk is not installed (apt-get install wrk)")
+    if client not in ("auto", "wrk", "python"):
+        raise FloorguardError(f"--client {client!r}: one of auto, wrk, python")
     if not Path("/proc/self/stat").exists():
         raise FloorguardError("bench proxy --workers reads CPU time from /proc: Linux only")
     try:
@@ -169,7 +242,7 @@ def bench_workers(*, workers: int = 2, requests: int = 400, repeats: int = 3) ->
     upstream_port, *ports = free_ports(3)
     with (
         redis_server,
-        serving_in_child(_serve_upstream, [upstream_port]),
+        serving_in_child(_serve_upstream, [upstream_port]) as (upstream_child, _),
         tempfile.TemporaryDirectory() as tmp,
     ):
         upstream, folder = f"http://127.0.0.1:{upstream_port}", Path(tmp)
@@ -180,7 +253,13 @@ def bench_workers(*, workers: int = 2, requests: int = 400, repeats: int = 3) ->
                 admin = free_port_run(count)
                 config = _config(upstream, redis_server.url, count, port=port, admin=admin, log=log)
                 guards.append(_Guard(count, config, folder / f"guard-{count}.yaml"))
-            return asyncio.run(_client(guards, requests, repeats))
+            others = {"upstream": upstream_child.pid, "redis": redis_server.pid}
+            wrk = None
+            if wrk_binary is not None:
+                script = folder / "post.lua"
+                script.write_text(_WRK_SCRIPT)
+                wrk = (wrk_binary, script)
+            return asyncio.run(_client(guards, requests, repeats, others, wrk))
         finally:
             for guard in guards:
                 guard.stop()

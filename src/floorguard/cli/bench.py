@@ -45,6 +45,13 @@ def register(commands: Any) -> None:
         help="instead: a guard with `workers: N` beside one with a single worker, both on a "
         "local redis-server (requests/s at concurrency 32, CPU-seconds per request)",
     )
+    bench_proxy_cmd.add_argument(
+        "--client",
+        choices=("auto", "wrk", "python"),
+        default="auto",
+        help="with --workers: the load generator (auto: wrk where installed, which leaves "
+        "the cores to the guard; else this process's aiohttp client)",
+    )
     bench_proxy_cmd.add_argument("--json", action="store_true")
     bench_store_cmd = kinds.add_parser(
         "store", help="admissions/s with the Redis floor beside raw EVALSHA/s"
@@ -115,7 +122,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     elif args.bench == "sim":
         result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
     elif args.bench == "proxy" and args.workers is not None:
-        result = bench_workers(workers=args.workers, requests=args.requests, repeats=args.repeats)
+        result = bench_workers(
+            workers=args.workers, requests=args.requests, repeats=args.repeats, client=args.client
+        )
     elif args.bench == "proxy":
         result = bench_proxy(requests=args.requests, repeats=args.repeats)
     elif args.bench == "soak":

@@ -68,6 +68,11 @@ class LocalRedis:
                         raise RuntimeError(f"redis-server did not start on {self.port}") from None
                     time.sleep(0.05)
 
+    @property
+    def pid(self) -> int | None:
+        """redis-server's process id while it runs (a benchmark reads its CPU time)."""
+        return self._process.pid if self._process is not None else None
+
     def kill(self) -> None:
         if self._process is not None:
             self._process.kill()
