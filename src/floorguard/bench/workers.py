@@ -192,7 +192,7 @@ async def _client(
                     got = await _throughput(session, guard.url, n, CONCURRENCY, headers)
                     sent = n // CONCURRENCY * CONCURRENCY
                 else:
-                    got, sent = await asyncio.to_thread(_wrk, *wrk[:1], guard.url, token, wrk[1])
+                    got, sent = await asyncio.to_thread(_wrk, wrk[0], guard.url, token, wrk[1])
                 rps[guard.workers] = max(rps[guard.workers], got)
                 cpu[guard.workers].append((guard.cpu_s() - before) / sent)
                 if guard is guards[-1]:
@@ -226,11 +226,11 @@ def bench_workers(
     """`client`: `wrk`, `python`, or `auto` (wrk where installed)."""
     if workers < 2:
         raise FloorguardError(f"--workers {workers}: compare ≥ 2 workers with one")
+    if client not in ("auto", "wrk", "python"):
+        raise FloorguardError(f"--client {client!r}: one of auto, wrk, python")
     wrk_binary = shutil.which("wrk") if client in ("auto", "wrk") else None
     if client == "wrk" and wrk_binary is None:
         raise FloorguardError("--client wrk: wrk is not installed (apt-get install wrk)")
-    if client not in ("auto", "wrk", "python"):
-        raise FloorguardError(f"--client {client!r}: one of auto, wrk, python")
     if not Path("/proc/self/stat").exists():
         raise FloorguardError("bench proxy --workers reads CPU time from /proc: Linux only")
     try:
