@@ -202,7 +202,7 @@ async def _client(
     best_cpu = {w: min(samples) for w, samples in cpu.items()}
     best_beside = {name: min(samples) for name, samples in beside.items()}
     cores = os.cpu_count() or 1
-    ceiling = cores / (best_cpu[many] + sum(best_beside.values())) * best_cpu[one]
+    ceiling = min(cores / (best_cpu[many] + sum(best_beside.values())) * best_cpu[one], many)
     return {
         "workers": many,
         "client": "python aiohttp" if wrk is None else f"wrk ({wrk[0]}), {WRK_SECONDS} s a run",
@@ -212,8 +212,8 @@ async def _client(
         "cpu_ms_per_request": {str(w): c * 1e3 for w, c in best_cpu.items()},
         "cpu_per_request_ratio": best_cpu[many] / best_cpu[one],
         "cpu_ms_per_request_beside": {name: c * 1e3 for name, c in best_beside.items()},
-        "rps_ratio_ceiling": min(ceiling, many),
-        "rps_over_ceiling": rps[many] / rps[one] / min(ceiling, many),
+        "rps_ratio_ceiling": ceiling,
+        "rps_over_ceiling": rps[many] / rps[one] / ceiling,
         "cores": cores,
         "requests_per_run": n if wrk is None else None,
         "repeats": repeats,
