@@ -8,10 +8,11 @@ wall clock moves by 1.5× between `bench proxy` runs; callgrind's count does not
 Per tree and round: `bench proxy`'s server process (the upstream, the pass-through and the
 guard in one child, as `floorguard bench proxy` runs them) starts under callgrind with a
 fixed hash seed and ASLR off; after 50 warm-up requests its counters are zeroed
-(`callgrind_control -z`), `--requests` sequential requests are sent to the guard (or,
-with `--path`, to the pass-through or the upstream itself), and the counters
-are dumped (`-d`). The figure is the whole process's instructions ÷ requests (the upstream's
-share is the same for every tree; the guard's health probes and samplers run meanwhile).
+(`callgrind_control -z`), `--requests` requests are sent to the guard (or, with `--path`, to
+the pass-through or the upstream itself), `--concurrency` at a time (1 by default; `bench
+proxy`'s requests/s runs 32), and the counters are dumped (`-d`). The figure is the whole
+process's instructions ÷ requests (the upstream's share is the same for every tree; the
+guard's health probes and samplers run meanwhile).
 A tree counts as it is built: compiled where `_compiled.json` matches its sources. `--off`
 patches Python functions, which compiled modules call past, so with `--off` every count of
 the run, the unpatched one included, is of the pure sources (`FLOORGUARD_PURE=1`).
@@ -91,7 +92,9 @@ def _serve(tree: str, ports: list[int], off: list[str]) -> None:
     bench._serve_forever(ports, os.path.join(tempfile.mkdtemp(), "decisions.jsonl"))
 
 
-async def _requests(port: int, n: int, zero: object, dump: object, path: str) -> None:
+async def _requests(
+    port: int, n: int, zero: object, dump: object, path: str, *, concurrency: int = 1
+) -> None:
     import aiohttp  # noqa: PLC0415  # the parent's only
     import jwt  # noqa: PLC0415
 
@@ -116,13 +119,23 @@ async def _requests(port: int, n: int, zero: object, dump: object, path: str) ->
         for _ in range(50):
             await one()
         zero()  # type: ignore[operator]
-        for _ in range(n):
-            await one()
+
+        async def worker(share: int) -> None:
+            for _ in range(share):
+                await one()
+
+        await asyncio.gather(*(worker(len(range(i, n, concurrency))) for i in range(concurrency)))
         dump()  # type: ignore[operator]
 
 
 def count(
-    tree: str, n: int, path: str = "floorguard", off: str = "", *, pure: bool = False
+    tree: str,
+    n: int,
+    path: str = "floorguard",
+    off: str = "",
+    *,
+    pure: bool = False,
+    concurrency: int = 1,
 ) -> float:
     from floorguard.rig.net import free_ports  # noqa: PLC0415
 
@@ -141,7 +154,11 @@ def count(
 
     try:
         port = ports[PATHS.index(path)]
-        asyncio.run(_requests(port, n, lambda: control("-z"), lambda: control("-d"), path))
+        asyncio.run(
+            _requests(
+                port, n, lambda: control("-z"), lambda: control("-d"), path, concurrency=concurrency
+            )
+        )
     finally:
         child.terminate()
         child.wait()
@@ -167,6 +184,10 @@ def main() -> None:
         help="which of bench proxy's paths the requests take (the references: direct, passthrough)",
     )  # fmt: skip
     parser.add_argument(
+        "--concurrency", type=int, default=1,
+        help="requests in flight at once while counting (bench proxy's requests/s runs 32)",
+    )  # fmt: skip
+    parser.add_argument(
         "--off", action="append", default=[], metavar="FEATURE[,FEATURE]",
         help="count the guard once more per --off, these features made free (one of "
         f"{', '.join(FEATURES)}; several joined by commas): what each costs per request",
@@ -177,7 +198,9 @@ def main() -> None:
     for _ in range(ns.rounds):
         for tree, off in runs:
             label = f"{tree} --off {off}" if off else tree
-            counted = count(tree, ns.requests, ns.path, off, pure=bool(ns.off))
+            counted = count(
+                tree, ns.requests, ns.path, off, pure=bool(ns.off), concurrency=ns.concurrency
+            )
             seen.setdefault(label, []).append(counted)
     first = min(seen[ns.trees[0]])
     for tree, counts in seen.items():
