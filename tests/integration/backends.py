@@ -18,7 +18,7 @@ class ScriptedBackend:
         self.mode = "ok"
         """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
         for 2 s) | error (500 with an internal detail) | redirect | reject (404 for the
-        model) | big (a 5 MB reply).
+        model) | big (a 5 MB reply) | cookie (answers ok with a `Set-Cookie`).
         Whatever the mode, a prompt `huge:N` is answered with N MB (`_huge`)."""
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []
@@ -27,6 +27,8 @@ class ScriptedBackend:
         """… and its `x-gateway-inference-objective`."""
         self.traces: list[tuple[str | None, str | None]] = []
         """… and its `traceparent` and `tracestate`."""
+        self.cookies: list[str | None] = []
+        """… and its `Cookie` header."""
         self.hits: dict[str, int] = {}
         self.models_delay_s = 0.0
 
@@ -60,6 +62,7 @@ class ScriptedBackend:
         self.request_ids.append(request.headers.get("x-request-id"))
         self.objectives.append(request.headers.get("x-gateway-inference-objective"))
         self.traces.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
+        self.cookies.append(request.headers.get("Cookie"))
         if self.mode == "error":
             return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
         if self.mode == "reject":  # vLLM's answer to a model it does not serve
@@ -74,7 +77,10 @@ class ScriptedBackend:
         if isinstance(prompt, str) and prompt.startswith("huge:"):
             return await self._huge(request, body, int(prompt[5:]))
         if not body.get("stream"):
-            return web.json_response(completion_body("x", "m", False, "ok", completion_tokens=1))
+            answer = web.json_response(completion_body("x", "m", False, "ok", completion_tokens=1))
+            if self.mode == "cookie":
+                answer.set_cookie("session", f"of-request-{len(self.bodies)}", path="/")
+            return answer
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(stream_chunk("x", "m", False, " tok"))

@@ -216,6 +216,26 @@ def test_the_gaie_objective_upstream_is_the_guards_never_the_clients(tmp_path, s
     assert backend.objectives[-2:] == ["premium", "sheddable"]
 
 
+def test_a_cookie_one_tenants_reply_set_never_goes_upstream_for_another(tmp_path, scripted):
+    """The guard's upstream session is shared by every tenant: a `Set-Cookie` on one
+    tenant's reply (a backend's session, a load balancer's stickiness) must not be kept and
+    sent on with the next tenant's request, nor reach the client, whose answer is the
+    guard's."""
+    backend, url = scripted
+    backend.mode = "cookie"
+    host_url = url.replace("127.0.0.1", "localhost")  # a cookie jar keeps no IP's cookies
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+    try:
+        with guard_process(tmp_path, [host_url]) as guard:
+            first = guard.post(body)
+            second = guard.post(body, tenant="free")
+    finally:
+        backend.mode = "ok"
+    assert first[0] == second[0] == 200
+    assert backend.cookies[-2:] == [None, None]
+    assert "Set-Cookie" not in first[2] and "Set-Cookie" not in second[2]
+
+
 def test_the_prompt_is_metered(tmp_path, scripted):
     """Under the token meter a long prompt costs its tenant what its length bounds: with a
     2,000-token floor, one 1,500-byte prompt is entitled and the next is not; both arrivals

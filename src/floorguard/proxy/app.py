@@ -224,6 +224,8 @@ class GuardServer:
     async def start(self, _: web.Application) -> None:
         upstream = self.config.upstream
         slots = sum(pool.guard.config.total_slots for pool in self.pools.values())
+        # No cookie jar: the sessions are every tenant's, so a cookie one tenant's reply set
+        # would go upstream with the next tenant's request (test_attacks.py).
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(
                 total=None,
@@ -231,8 +233,11 @@ class GuardServer:
                 sock_connect=upstream.connect_timeout_s,
             ),
             connector=aiohttp.TCPConnector(limit=slots + 32),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._side_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2))
+        self._side_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=2), cookie_jar=aiohttp.DummyCookieJar()
+        )
         for pool in self.pools.values():
             self._background += await pool.start(self._session)
         if self._log is not None or self._access is not None:
