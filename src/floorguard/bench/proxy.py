@@ -30,6 +30,7 @@ from aiohttp import web
 
 from floorguard.proxy.app import GuardRunner, create_app
 from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.http_server import freeze_startup_heap
 from floorguard.proxy.openai_format import completion_body
 from floorguard.rig.net import free_ports
 
@@ -104,6 +105,7 @@ def _serve_forever(ports: list[int], log_path: str) -> None:
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)
+        freeze_startup_heap()  # as `serve` does
         await asyncio.Event().wait()
 
     asyncio.run(main())

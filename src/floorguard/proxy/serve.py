@@ -17,6 +17,7 @@ from floorguard.profiles import get_profile
 from floorguard.proxy.app import SERVER, GuardRunner, GuardServer, create_admin_app, create_app
 from floorguard.proxy.config import GuardServerConfig, server_ssl_context
 from floorguard.proxy.connections import connection_cap
+from floorguard.proxy.http_server import freeze_startup_heap
 from floorguard.screen.model import DEFAULT_MODEL, ScreenConfig, aggregate, screen
 from floorguard.sim.targets import flood_services
 
@@ -210,6 +211,7 @@ async def serve_guard(
     loop = asyncio.get_running_loop()
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_on_signal, server)
+    freeze_startup_heap()
     if on_listening is not None:
         scheme = "https" if ssl_context else "http"
         on_listening(f"{scheme}://{config.host}:{config.port}")
