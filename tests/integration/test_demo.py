@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -63,6 +64,12 @@ def test_bench_proxy_reports_the_three_paths_and_nginx_where_installed():
     assert set(result["p50_ms_c1"]) == {"direct", "passthrough", "floorguard"} | (
         {"nginx"} if nginx else set()
     )
+    if sys.platform == "linux":  # the server's CPU per request, read from /proc
+        server, own = result["server_cpu_us_per_request"], result["own_cpu_us_per_request"]
+        assert set(server) == {"direct", "passthrough", "floorguard"}
+        assert all(0 < us < 1e6 for us in server.values()), server
+        for path in ("passthrough", "floorguard"):
+            assert own[path] == server[path] - server["direct"]
 
 
 def test_load_names_its_tenants_and_counts_refusals_by_status_and_reason(tmp_path, capsys):

@@ -6,13 +6,16 @@ return) and `floorguard` (JWT identity + meter + dispatch + decision log, `C` la
 that nothing queues). Where `nginx` is installed, a fourth: `nginx`, one worker process
 proxying to the same upstream on keep-alive connections (a compiled proxy's cost, for
 scale). The parent is the client: latency at concurrency 1 and requests/s at concurrency 32,
-paths interleaved, best of `repeats`.
+paths interleaved, best of `repeats`; on Linux also the child's CPU per request at
+concurrency 32 (the least of `repeats`), each proxy's own share of it beside the upstream's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
+import os
 import shutil
 import socket
 import subprocess
@@ -34,7 +37,7 @@ from floorguard.proxy.http_server import freeze_startup_heap
 from floorguard.proxy.openai_format import completion_body
 from floorguard.rig.net import free_ports
 
-__all__ = ["PATHS", "bench_proxy", "nginx_binary", "serving_in_child"]
+__all__ = ["PATHS", "bench_proxy", "cpu_s", "nginx_binary", "serving_in_child"]
 
 SECRET = "bench-secret-0123456789abcdef0123456789"
 PATHS = ("direct", "passthrough", "floorguard")
@@ -136,7 +139,27 @@ async def _throughput(
     return (n // concurrency) * concurrency / (time.perf_counter() - started)
 
 
-async def _client(ports: dict[str, int], requests: int, repeats: int) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu(server_cpu_us: dict[str, float]) -> dict[str, Any]:
+    """The server child's CPU per request at concurrency 32, by path: the upstream serves
+    every path in that child, so each proxy's own share is its figure less `direct`'s."""
+    own = {p: server_cpu_us[p] - server_cpu_us["direct"] for p in ("passthrough", "floorguard")}
+    return {
+        "server_cpu_us_per_request": server_cpu_us,
+        "own_cpu_us_per_request": own,
+        "floorguard_over_passthrough_cpu": server_cpu_us["floorguard"]
+        / server_cpu_us["passthrough"],
+    }
+
+
+async def _client(
+    ports: dict[str, int], requests: int, repeats: int, server_pid: int | None
+) -> dict[str, Any]:
     paths = list(ports)
     urls = {p: f"http://127.0.0.1:{port}/v1/completions" for p, port in ports.items()}
     token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
@@ -149,13 +172,18 @@ async def _client(ports: dict[str, int], requests: int, repeats: int) -> dict[st
             await _latencies(session, urls[p], 50, headers[p])
         c1: dict[str, list[float]] = {p: [] for p in paths}
         rps: dict[str, float] = dict.fromkeys(paths, 0.0)
+        server_cpu_us: dict[str, float] = {p: math.inf for p in PATHS}
         for _ in range(repeats):
             for p in paths:
                 c1[p] += await _latencies(session, urls[p], requests, headers[p])
             for p in paths:
+                before = cpu_s(server_pid) if server_pid is not None else 0.0
                 rps[p] = max(
                     rps[p], await _throughput(session, urls[p], requests * 4, 32, headers[p])
                 )
+                if server_pid is not None and p in server_cpu_us:
+                    spent_us = (cpu_s(server_pid) - before) * 1e6 / (requests * 4 // 32 * 32)
+                    server_cpu_us[p] = min(server_cpu_us[p], spent_us)
     p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in paths}
     p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in paths}
     nginx: dict[str, Any] = (
@@ -177,6 +205,7 @@ async def _client(ports: dict[str, int], requests: int, repeats: int) -> dict[st
         "rps_passthrough": rps["passthrough"],
         "rps_floorguard": rps["floorguard"],
         "floorguard_over_passthrough_rps": rps["floorguard"] / rps["passthrough"],
+        **(_own_cpu(server_cpu_us) if server_pid is not None else {}),
         **nginx,
         "requests_per_path": requests * repeats,
         "repeats": repeats,
@@ -187,12 +216,13 @@ def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
     ports = free_ports(4)
     paths = dict(zip(PATHS, ports, strict=False))
     with ExitStack() as stack:
-        stack.enter_context(serving_in_child(_serve_forever, ports[:3]))
+        child, _ = stack.enter_context(serving_in_child(_serve_forever, ports[:3]))
         binary = nginx_binary()
         if binary is not None:
             stack.enter_context(_nginx(binary, upstream=ports[0], port=ports[3]))
             paths["nginx"] = ports[3]
-        return asyncio.run(_client(paths, requests, repeats))
+        linux = Path(f"/proc/{child.pid}/stat").exists()
+        return asyncio.run(_client(paths, requests, repeats, child.pid if linux else None))
 
 
 def nginx_binary() -> str | None:

@@ -43,6 +43,7 @@ from floorguard.bench.proxy import (
     _latencies,
     _throughput,
     _upstream_app,
+    cpu_s,
     serving_in_child,
 )
 from floorguard.errors import FloorguardError
@@ -92,12 +93,6 @@ def _config(
     }
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class _Guard:
     def __init__(self, workers: int, config: dict[str, Any], path: Path) -> None:
         self.workers = workers
@@ -130,7 +125,7 @@ class _Guard:
         self.pids = sorted(pids)
 
     def cpu_s(self) -> float:
-        return sum(_cpu_s(pid) for pid in self.pids)
+        return sum(cpu_s(pid) for pid in self.pids)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -147,7 +142,7 @@ def _others_cpu_s(others: dict[str, int | None]) -> dict[str, float]:
     its ended children: wrk), and the given pids."""
     ended = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"client": time.process_time() + ended.ru_utime + ended.ru_stime} | {
-        name: _cpu_s(pid) for name, pid in others.items() if pid is not None
+        name: cpu_s(pid) for name, pid in others.items() if pid is not None
     }
 
 
