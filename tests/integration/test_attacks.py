@@ -236,6 +236,22 @@ def test_a_cookie_one_tenants_reply_set_never_goes_upstream_for_another(tmp_path
     assert "Set-Cookie" not in first[2] and "Set-Cookie" not in second[2]
 
 
+def test_two_tenants_sharing_an_x_request_id_go_upstream_under_two_ids(tmp_path, scripted):
+    """A backend may name its request by `x-request-id` (vLLM does): two tenants that send
+    the same one go upstream under distinct ids, each the client's id and then the decision
+    log's, while each client gets its own id back."""
+    backend, url = scripted
+    backend.mode = "ok"
+    shared = {"x-request-id": "req-000001"}
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+    with guard_process(tmp_path, [url]) as guard:
+        answers = [guard.post(body, tenant=t, headers=shared) for t in ("acme", "free")]
+    assert [(a[0], a[2]["x-request-id"]) for a in answers] == [(200, "req-000001")] * 2
+    first, second = backend.request_ids[-2:]
+    assert first != second
+    assert first.startswith("req-000001.") and second.startswith("req-000001.")
+
+
 def test_the_prompt_is_metered(tmp_path, scripted):
     """Under the token meter a long prompt costs its tenant what its length bounds: with a
     2,000-token floor, one 1,500-byte prompt is entitled and the next is not; both arrivals

@@ -84,8 +84,9 @@ def test_access_log_request_ids_rotation_and_shutdown(tmp_path, scripted):
             stop(guard)
 
     assert kept == (200, "trace-abc.123")
-    assert "trace-abc.123" in backend.request_ids  # sent upstream as it came
-    assert hostile[0] == 200 and len(hostile[1]) == 32 and hostile[1] in backend.request_ids
+    assert hostile[0] == 200 and len(hostile[1]) == 32
+    # upstream: the client's id (or the fresh one), then the decision log's (unique)
+    assert any(sent.startswith(hostile[1] + ".") for sent in backend.request_ids)
     assert unauthenticated[0] == 401 and unauthenticated[1]
     assert bad[0] == 400 and bad[1]
 
@@ -95,6 +96,7 @@ def test_access_log_request_ids_rotation_and_shutdown(tmp_path, scripted):
     assert len(lines) == 4 + 60  # one per request, refused before admission included
     by_id = {line["request_id"]: line for line in lines}
     first = by_id["trace-abc.123"]
+    assert f"trace-abc.123.{first['id']}" in backend.request_ids
     assert first["tenant"] == "acme" and first["class"] == "assured"
     assert (first["decision"], first["status"], first["outcome"]) == ("entitled", 200, "complete")
     assert first["max_tokens"] == 2 and first["total_ms"] >= first["service_ms"] > 0

@@ -166,6 +166,47 @@ def test_a_client_abort_through_the_guard_aborts_the_vllm_request(live, vllm):
     assert live.run(_running(vllm)) == 0 and app[SERVER].guard.num_in_flight == 0
 
 
+def test_a_tenant_that_reuses_anothers_request_id_and_leaves_aborts_only_its_own(live, vllm):
+    """vLLM names its request by the `x-request-id` it is sent. An opportunistic tenant that
+    sends the id an assured tenant's running stream carries, then leaves, must abort its
+    own request in vLLM and never the assured one. vLLM 0.32 makes ids unique itself; run
+    with `VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1` (as older vLLM behaves) this failed with a
+    504 until the guard sent each request upstream under an id of its own."""
+    url, app = live.guard(guard_config(vllm, slots=SLOTS, profile=None))  # no doom gate
+    shared = {"x-request-id": "req-000001"}
+
+    async def stream(tenant, tokens, leave_early):
+        body = {"model": MODEL, "prompt": "x", "max_tokens": tokens, "stream": True,
+                "stream_options": {"include_usage": True}, **_pinned(tokens)}  # fmt: skip
+        headers = {"Authorization": f"Bearer {token(tenant)}", **shared}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + "/v1/completions", json=body, headers=headers) as r,
+        ):
+            assert r.status == 200
+            if leave_early:
+                await r.content.readany()
+                return None
+            return (await r.read()).decode()
+
+    async def both():
+        assured = asyncio.ensure_future(stream("acme", 120, leave_early=False))
+        while await _running(vllm) < 1:
+            await asyncio.sleep(0.02)
+        await stream("free", 120, leave_early=True)
+        return await assured
+
+    text = live.run(both())
+    assert text.rstrip().endswith("data: [DONE]"), text[-300:]
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    usage = [e["usage"] for e in events if e.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 120
+    deadline = time.monotonic() + 10
+    while app[SERVER].guard.num_in_flight and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert app[SERVER].guard.num_in_flight == 0
+
+
 async def _workload(url, seconds, opp_per_s, assured_per_s, priorities=None):
     """Open-loop: an opportunistic flood and an assured tenant at its floor; with
     `priorities` each body carries vLLM's `priority` (a request → priority mapping)."""

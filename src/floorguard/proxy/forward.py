@@ -157,8 +157,15 @@ class Forwarding:
     ) -> dict[str, str]:
         """What goes upstream besides the body: JSON, the request id, the trace context
         (tracing.py), and (behind a GAIE pool) the objective of the request's class.
-        Nothing else of the client's headers."""
-        out = {**JSON, "x-request-id": request_id, **(trace or {})}
+        Nothing else of the client's headers.
+
+        The request id upstream is the client's `x-request-id`, then the decision log's id
+        (`<x-request-id>.<id>`): unique, whatever clients send. A backend may name its own
+        request by that header (vLLM does) and one that does not make it unique itself
+        would take two tenants' requests that share an id for one: the first to leave
+        aborted both (tests/integration/test_vllm.py, with vLLM's randomization off)."""
+        upstream_id = f"{request_id}.{decision.request.request_id}"
+        out = {**JSON, "x-request-id": upstream_id, **(trace or {})}
         objectives = self.config.upstream.inference_objectives
         if objectives is not None:
             cls = self.contracts[decision.request.tenant].cls
