@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from floorguard.core.contract import ContractClass
 from floorguard.core.events import (
+    _WIRE,
+    EventKind,
+    TraceEvent,
     config_from_dict,
     config_to_dict,
     from_json,
@@ -38,6 +42,19 @@ def test_wire_names_are_the_documented_ones():
         "entitled",
         "deadline",
     }
+
+
+def test_every_field_is_written_under_its_wire_name_and_read_back():
+    """`to_json` names each field itself: an event with all of them set writes every wire
+    name (a field added to `TraceEvent` and not to `to_json` fails here) and reads back."""
+    full = TraceEvent(
+        1.5, EventKind.PROPOSE, "r-1", "acme", ContractClass.ASSURED, 3, True, "why", 2, 9.5,
+        16, 40, 30, 1.25, False, "opportunistic", 0.5, {"k": 1}, "m", 7,
+    )  # fmt: skip
+    assert all(value is not None for value in full)
+    line = to_json(full)
+    assert list(__import__("json").loads(line)) == list(_WIRE)
+    assert from_json(line) == full
 
 
 @pytest.mark.parametrize("line", ['{"t": 1}', "not json", '{"t":1,"event":"teleport"}'])

@@ -155,9 +155,48 @@ def propose_event(
     )
 
 
-def to_json(event: TraceEvent) -> str:
-    pairs = zip(_WIRE, event, strict=True)
-    return orjson.dumps({wire: value for wire, value in pairs if value is not None}).decode()
+def to_json(event: TraceEvent) -> str:  # noqa: PLR0912  # one branch a field, on purpose
+    """One JSONL line (no newline): the wire names of `_WIRE_NAMES`, absent fields omitted.
+    Written out field by field: the guard serializes five of these a request, and this
+    costs about half a generic zip over the fields (`test_events.py` holds it to `_WIRE`)."""
+    line: dict[str, Any] = {"t": event.at, "event": event.kind}
+    if event.request_id is not None:
+        line["id"] = event.request_id
+    if event.tenant is not None:
+        line["tenant"] = event.tenant
+    if event.cls is not None:
+        line["class"] = event.cls
+    if event.window is not None:
+        line["window"] = event.window
+    if event.entitled is not None:
+        line["entitled"] = event.entitled
+    if event.reason is not None:
+        line["reason"] = event.reason
+    if event.backend is not None:
+        line["backend"] = event.backend
+    if event.deadline_at is not None:
+        line["deadline"] = event.deadline_at
+    if event.num_output_tokens is not None:
+        line["tokens"] = event.num_output_tokens
+    if event.num_prompt_tokens is not None:
+        line["prompt_tokens"] = event.num_prompt_tokens
+    if event.min_prompt_tokens is not None:
+        line["prompt_tokens_min"] = event.min_prompt_tokens
+    if event.scheduled_at is not None:
+        line["scheduled"] = event.scheduled_at
+    if event.admit is not None:
+        line["admit"] = event.admit
+    if event.proposed_cls is not None:
+        line["proposed_class"] = event.proposed_cls
+    if event.hint is not None:
+        line["hint"] = event.hint
+    if event.data is not None:
+        line["config"] = event.data
+    if event.pool is not None:
+        line["pool"] = event.pool
+    if event.floor is not None:
+        line["floor"] = event.floor
+    return orjson.dumps(line).decode()
 
 
 def from_json(line: str, line_no: int = 0) -> TraceEvent:
