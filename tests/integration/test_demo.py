@@ -67,7 +67,8 @@ def test_bench_proxy_reports_the_three_paths_and_nginx_where_installed():
     if sys.platform == "linux":  # the server's CPU per request, read from /proc
         server, own = result["server_cpu_us_per_request"], result["own_cpu_us_per_request"]
         assert set(server) == {"direct", "passthrough", "floorguard"}
-        assert all(0 < us < 1e6 for us in server.values()), server
+        # in clock ticks (10 ms) over 64 requests here: a path may read 0, never below
+        assert all(0 <= us < 1e6 for us in server.values()), server
         for path in ("passthrough", "floorguard"):
             assert own[path] == server[path] - server["direct"]
 

@@ -140,7 +140,8 @@ async def _throughput(
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc)."""
+    """User + system CPU seconds of a live process (Linux /proc), in the kernel's clock
+    ticks (10 ms): over `bench proxy`'s default 1,600 requests a run, 6 µs a request."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
