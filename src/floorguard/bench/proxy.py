@@ -174,16 +174,15 @@ async def _client(
         c1: dict[str, list[float]] = {p: [] for p in paths}
         rps: dict[str, float] = dict.fromkeys(paths, 0.0)
         server_cpu_us: dict[str, float] = {p: math.inf for p in PATHS}
+        sent = requests * 4 // 32 * 32  # what `_throughput` sends at concurrency 32
         for _ in range(repeats):
             for p in paths:
                 c1[p] += await _latencies(session, urls[p], requests, headers[p])
             for p in paths:
                 before = cpu_s(server_pid) if server_pid is not None else 0.0
-                rps[p] = max(
-                    rps[p], await _throughput(session, urls[p], requests * 4, 32, headers[p])
-                )
-                if server_pid is not None and p in server_cpu_us:
-                    spent_us = (cpu_s(server_pid) - before) * 1e6 / (requests * 4 // 32 * 32)
+                rps[p] = max(rps[p], await _throughput(session, urls[p], sent, 32, headers[p]))
+                if server_pid is not None and p in server_cpu_us:  # nginx is not the child
+                    spent_us = (cpu_s(server_pid) - before) * 1e6 / sent
                     server_cpu_us[p] = min(server_cpu_us[p], spent_us)
     p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in paths}
     p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in paths}

@@ -35,9 +35,9 @@ def freeze_startup_heap() -> None:
     """Once a server is listening: collect, then move every object alive (the modules, the
     configuration, the app) out of the cyclic garbage collector's reach (`gc.freeze`). The
     collector's full passes otherwise walk that whole start-up heap again and again while
-    it serves: 3.5 % of a small request's instructions (docs/benchmarks.md). Objects made
-    later, a reload's included, are collected as before. Called by `serve` and by
-    `bench proxy`'s server, so the bench measures what `serve` runs."""
+    it serves: 3.7 % of a small request's instructions at 32 in flight (docs/benchmarks.md).
+    Objects made later, a reload's included, are collected as before. Called by `serve` and
+    by `bench proxy`'s server, so the bench measures what `serve` runs."""
     gc.collect()
     gc.freeze()
 
