@@ -482,3 +482,35 @@ def test_bench_handoff_measures_both_queues_on_vllm(vllm):
     # the guard process the bench started (its config in a floorguard-handoff- folder) is gone
     alive = subprocess.run(["pgrep", "-f", "floorguard-handoff-"], check=False, capture_output=True)
     assert alive.returncode == 1, alive.stdout
+
+
+def test_the_metered_prompt_bounds_what_vllms_chat_template_renders(live, vllm, tmp_path):
+    """Issue 47: vLLM renders any string as a role (a 2,000-byte role costs vLLM hundreds of
+    prompt tokens), so through the guard such a role is a 400 `invalid_role`; every chat the
+    guard forwards is metered at no fewer prompt tokens than vLLM reports for it."""
+    direct = openai.OpenAI(base_url=vllm + "/v1", api_key="x", max_retries=0)
+    stuffed = [{"role": "r" * 2000, "content": "hi"}]
+    plain = [{"role": "user", "content": "hi"}]
+    rendered = direct.chat.completions.create(model=MODEL, messages=stuffed, max_tokens=1)
+    baseline = direct.chat.completions.create(model=MODEL, messages=plain, max_tokens=1)
+    assert rendered.usage.prompt_tokens > baseline.usage.prompt_tokens + 100  # the hole, on vLLM
+    log = tmp_path / "decisions.jsonl"
+    url, app = live.guard(guard_config(vllm, slots=SLOTS, decision_log=str(log)))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("free"), max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=stuffed, max_tokens=1)
+    assert refused.value.code == "invalid_role"
+    chats = [
+        plain,
+        [{"role": "system", "content": "be brief " * 40}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "hi", "name": "n" * 300},
+         {"role": "assistant", "content": "a" * 300}, {"role": "user", "content": "more"}],
+    ]  # fmt: skip
+    reported = [
+        client.chat.completions.create(model=MODEL, messages=m, max_tokens=1).usage.prompt_tokens
+        for m in chats
+    ]
+    live.flush_log(app)
+    metered = [e.num_prompt_tokens for e in read_jsonl(str(log)) if e.kind.value == "arrive"]
+    assert len(metered) == len(chats)
+    assert all(m >= r for m, r in zip(metered, reported, strict=True)), (metered, reported)

@@ -97,7 +97,8 @@ def test_chat_adds_the_template_overhead_to_the_metered_count_but_not_to_L(token
     work = _work({"messages": messages}, chat=True, tokenizer=tokenizer)
     content = tokenizer.count("the floor", special=False) + tokenizer.count("holds", special=False)
     assert work.min_prompt_tokens == content
-    assert work.num_prompt_tokens == content + 8 * 3  # per message, and once for the template
+    roles = tokenizer.count("system", special=False) + tokenizer.count("user", special=False)
+    assert work.num_prompt_tokens == content + roles + 8 * 3  # per message, once for the template
 
 
 @pytest.mark.parametrize(
@@ -184,3 +185,63 @@ def test_a_completion_may_not_echo_its_prompt_with_logprobs():
     """`echo` with `logprobs` on a completion computes the prompt's logprobs: costly."""
     refused = _refusal({"prompt": "hi", "echo": True, "logprobs": 1})
     assert (refused.kind, refused.param) == ("costly_field", "echo")
+
+
+@pytest.mark.parametrize(
+    "role", ["x" * 20_000, "narrator", None, 7], ids=["huge", "unlisted", "none", "int"]
+)
+def test_a_role_outside_the_configured_set_is_refused(role):
+    """A backend renders any string as a role: a 20,000-byte one was metered as 19 tokens.
+    A role that is not one of `limits.chat_roles` is a 400 `invalid_role`."""
+    refused = _refusal({"messages": [{"role": role, "content": "hi"}]}, chat=True)
+    assert (refused.kind, refused.param) == ("invalid_role", "messages")
+
+
+def test_a_role_the_operator_lists_is_allowed_and_counted():
+    """An operator's own role is forwarded and its bytes weigh on the metered prompt."""
+    limits = EdgeLimits(chat_roles=frozenset({"user", "narrator" * 100}))
+    short = _work({"messages": [{"role": "user", "content": "hi"}]}, chat=True, limits=limits)
+    long = _work({"messages": [{"role": "narrator" * 100, "content": "hi"}]}, chat=True,
+                 limits=limits)  # fmt: skip
+    assert long.num_prompt_tokens - short.num_prompt_tokens == 800 - 4
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "hi", "name": "n" * 20_000},
+        {"role": "user", "content": [{"type": "text", "text": "hi", "extra": "e" * 20_000}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function",
+                         "function": {"name": "f", "arguments": "a" * 20_000}}]},
+    ],
+    ids=["name", "text-part-key", "tool-call"],
+)  # fmt: skip
+def test_every_field_of_a_message_is_counted(message):
+    """A message's other fields — its name, a text part's extra keys, its tool calls — are
+    counted as their JSON: 20,000 bytes there weigh at least 20,000 tokens."""
+    work = _work({"messages": [message]}, chat=True, limits=EdgeLimits())
+    assert work.num_prompt_tokens > 20_000
+
+
+@pytest.mark.parametrize("field", ["tool_choice", "reasoning_effort", "function_call"])
+def test_body_fields_a_template_reads_are_counted(field):
+    """Body fields a chat template may render are counted like `tools`."""
+    body = {"messages": [{"role": "user", "content": "hi"}], field: "r" * 20_000}
+    assert _work(body, chat=True, limits=EdgeLimits()).num_prompt_tokens > 20_000
+
+
+def test_a_suffix_counts_beside_a_token_id_prompt():
+    """A token-id prompt with a 20,000-byte suffix was metered as its 3 ids."""
+    work = _work({"prompt": [1, 2, 3], "suffix": "s" * 2_000})
+    assert work.num_prompt_tokens == 3 + 2_002
+    assert _refusal({"prompt": [1, 2, 3], "suffix": "s" * 20_000}).kind == "prompt_too_long"
+    assert _refusal({"prompt": "x", "suffix": 5}).kind == "invalid_prompt"
+
+
+def test_forty_stuffed_roles_are_not_a_long_prompt_answered():
+    """Issue 47's figure: forty messages, each with a 20,000-byte role, were metered 448."""
+    messages = [{"role": "r" * 20_000, "content": "x"}] * 40
+    assert _refusal({"messages": messages}, chat=True, limits=EdgeLimits()).kind == "invalid_role"
+    roomy = EdgeLimits(chat_roles=frozenset({"r" * 20_000}), max_prompt_tokens=1_000_000)
+    assert _work({"messages": messages}, chat=True, limits=roomy).num_prompt_tokens > 800_000

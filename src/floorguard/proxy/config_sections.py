@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from floorguard.core.contract import ContractClass
 from floorguard.proxy.config_identity import Strict
-from floorguard.proxy.normalize import EdgeLimits
+from floorguard.proxy.normalize import DEFAULT_CHAT_ROLES, EdgeLimits
 from floorguard.store.shared import Unavailable
 
 __all__ = ["AdminSpec", "LimitsSpec", "QueueSpec", "RotateSpec", "StoreSpec", "UpstreamSpec"]
@@ -97,6 +97,12 @@ class LimitsSpec(Strict):
     `guided_*`, `structured_outputs`), as JSON bytes."""
     max_top_logprobs: int = Field(default=5, ge=0, le=1_000)
     """`top_logprobs` (a completion's `logprobs`): each streamed token carries that many."""
+    chat_roles: list[str] = Field(
+        default_factory=lambda: sorted(DEFAULT_CHAT_ROLES), min_length=1, max_length=64
+    )
+    """The roles a chat message may name; any other is refused (400 `invalid_role`). A
+    backend renders whatever string it is given as a role, so an unbounded role is prompt
+    the meter would not see; each allowed role is counted into the prompt."""
     max_buffered_reply_bytes: int = Field(default=4_000_000, ge=65_536, le=1_000_000_000)
     """A stream's bytes the backend has sent and its client not yet taken: a client further
     behind is cut (`client_too_slow`), its slot long since free (the backend is read at its
@@ -119,6 +125,7 @@ class LimitsSpec(Strict):
             max_logit_bias=self.max_logit_bias,
             max_constraint_bytes=self.max_constraint_bytes,
             max_top_logprobs=self.max_top_logprobs,
+            chat_roles=frozenset(self.chat_roles),
         )
 
     @model_validator(mode="after")

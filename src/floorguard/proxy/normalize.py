@@ -16,6 +16,10 @@ client's body into the bytes the guard forwards and the sizes it meters.
   (`limits.tokenizer`, a local `tokenizer.json`), else bounded from above by its UTF-8 length
   (a byte-level or byte-fallback tokenizer never makes more tokens than bytes; + 2 for special
   tokens per text). Chat adds `limits.chat_overhead_tokens` per message for the template.
+  Everything a chat template renders is counted: each message's role (one of
+  `limits.chat_roles`, else a 400 `invalid_role`: a backend renders any string as a role),
+  its content, its other fields (`name`, tool calls) as JSON, and the body's
+  `TEMPLATE_FIELDS`; a completion's `suffix` whatever form its prompt takes.
   The count (an upper bound) is what the token meter and `s_max` weigh; the lower bound
   (the exact count, or the template-free content count with a tokenizer, else 0) is what the
   doom gate's `L` may use, so a drop stays a proof.
@@ -85,6 +89,15 @@ COSTLY_FIELDS = frozenset(
 """Work a backend (vLLM's request models) does beyond ℓ tokens over the metered prompt that
 no bound here can price: refused unless `limits.allow_fields` names it."""
 
+DEFAULT_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+"""OpenAI's chat roles: what `limits.chat_roles` allows unless the operator lists others."""
+
+TEMPLATE_FIELDS = (
+    "tools", "functions", "documents", "chat_template_kwargs", "tool_choice", "function_call",
+    "reasoning_effort",
+)  # fmt: skip
+"""Body fields a chat template may render into the prompt: each is counted as its JSON."""
+
 TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids", "bad_words")
 """Lists the sampler checks at every token: bounded by `limits.max_list_items`."""
 
@@ -137,6 +150,9 @@ class EdgeLimits:
     max_constraint_bytes: int = 16_384
     """A guided-decoding schema, grammar, regex or choice list, as JSON."""
     max_top_logprobs: int = 5
+    chat_roles: frozenset[str] = DEFAULT_CHAT_ROLES
+    """The roles a chat message may name: a backend renders any string it is given as a role
+    (vLLM does), so a role is refused unless it is one of these (and counted when it is)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +224,7 @@ def normalize(
     _bounded_work(forwarded, limits, chat)
     num_output_tokens = _output_cap(body, limits)
     if chat:
-        upper, lower = _chat_prompt(body, limits, tokenizer)
+        upper, lower = _chat_prompt(body, limits, tokenizer, limits.chat_roles)
     else:
         upper, lower = _completion_prompt(body, tokenizer)
     if upper > limits.max_prompt_tokens:
@@ -433,22 +449,41 @@ def _completion_prompt(body: Mapping[str, Any], tokenizer: TokenCounter | None) 
             )
         prompt = prompt[0]
     if isinstance(prompt, list) and _is_token_ids(prompt):
-        return len(prompt), len(prompt)
-    if not isinstance(prompt, str):
+        upper, lower = len(prompt), len(prompt)
+    elif isinstance(prompt, str):
+        upper, lower = _count_text(prompt, tokenizer, special=True)
+    else:
         raise BadRequestError(
             400, "invalid_prompt", "prompt must be a string or a list of token ids", "prompt"
         )
-    upper, lower = _count_text(prompt, tokenizer, special=True)
     suffix = body.get("suffix")
-    if isinstance(suffix, str):
+    if suffix is not None:  # rendered beside the prompt whatever form the prompt takes
+        if not isinstance(suffix, str):
+            raise BadRequestError(400, "invalid_prompt", "suffix must be a string", "suffix")
         more_upper, more_lower = _count_text(suffix, tokenizer)
         upper, lower = upper + more_upper, lower + more_lower
     return upper, lower
 
 
+def _role(message: Mapping[str, Any], roles: frozenset[str] | None) -> str:
+    """A message's role: a string, and one of `roles` where those are given (None: any).
+    A backend renders whatever string it is given as the role."""
+    role = message.get("role")
+    if not isinstance(role, str) or (roles is not None and role not in roles):
+        allowed = ", ".join(sorted(roles)) if roles is not None else "any string"
+        raise BadRequestError(
+            400,
+            "invalid_role",
+            f"a message's role must be one of: {allowed} (limits.chat_roles); "
+            f"got {str(role)[:40]!r}",
+            "messages",
+        )
+    return role
+
+
 def _chat_texts(message: Mapping[str, Any]) -> Iterable[str]:
-    """The texts one message puts into the prompt: its content, and any other field
-    (tool calls, names) as its JSON."""
+    """The texts one message puts into the prompt besides its role: its content, and any
+    other field (tool calls, names; a text part's other keys) as its JSON."""
     content = message.get("content")
     if isinstance(content, str):
         yield content
@@ -466,6 +501,9 @@ def _chat_texts(message: Mapping[str, Any]) -> Iterable[str]:
             if not isinstance(text, str):
                 raise BadRequestError(400, "invalid_prompt", "a text part needs text", "messages")
             yield text
+            others = {k: v for k, v in part.items() if k not in ("type", "text")}
+            if others:
+                yield orjson.dumps(others).decode()
     elif content is not None:
         raise BadRequestError(400, "invalid_prompt", "content must be text", "messages")
     rest = {k: v for k, v in message.items() if k not in ("role", "content")}
@@ -474,7 +512,10 @@ def _chat_texts(message: Mapping[str, Any]) -> Iterable[str]:
 
 
 def _chat_prompt(
-    body: Mapping[str, Any], limits: EdgeLimits, tokenizer: TokenCounter | None
+    body: Mapping[str, Any],
+    limits: EdgeLimits,
+    tokenizer: TokenCounter | None,
+    roles: frozenset[str] | None = None,
 ) -> tuple[int, int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -487,11 +528,12 @@ def _chat_prompt(
             raise BadRequestError(
                 400, "invalid_prompt", "each message must be an object", "messages"
             )
-        upper += limits.chat_overhead_tokens
+        # the role: in the upper bound only (the lower one counts what the client wrote)
+        upper += limits.chat_overhead_tokens + _count_text(_role(message, roles), tokenizer)[0]
         for text in _chat_texts(message):
             more_upper, more_lower = _count_text(text, tokenizer)
             upper, lower = upper + more_upper, lower + more_lower
-    for key in ("tools", "functions", "documents", "chat_template_kwargs"):
+    for key in TEMPLATE_FIELDS:
         if body.get(key) is not None:  # rendered into the prompt by the template
             more_upper, more_lower = _count_text(orjson.dumps(body[key]).decode(), tokenizer)
             upper, lower = upper + more_upper, lower + more_lower
