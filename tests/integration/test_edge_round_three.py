@@ -5,11 +5,21 @@ the decision log verifies (`guard_process`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+import orjson
 import pytest
 
-from tests.integration.test_attacks import guard_process
+from tests.integration.test_attacks import BEARER, guard_process
 
-pytest_plugins = ["tests.integration.test_attacks"]  # its `scripted` backend fixture
+pytest_plugins = ["tests.integration.test_attacks"]  # its `scripted` and `emulator` fixtures
 
 CHAT = "/v1/chat/completions"
 
@@ -42,3 +52,69 @@ def test_prompt_hidden_where_the_meter_did_not_look_is_refused(tmp_path, scripte
             path=CHAT,
         )
         assert (status, headers["x-floorguard-decision"]) == (200, "entitled")
+
+
+def _access_lines(path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+async def _read_some_and_leave(url: str, chunks: int) -> int:
+    """A 64-token stream whose client reads `chunks` events and closes: the events read."""
+    body = {"model": "m", "prompt": "hi", "max_tokens": 64, "stream": True}
+    seen = 0
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/completions", json=body, headers=BEARER["free"]) as r,
+    ):
+        assert r.status == 200
+        async for line in r.content:
+            seen += line.startswith(b"data:")
+            if seen == chunks:
+                break
+    return seen
+
+
+def test_a_stream_closed_before_its_usage_is_billed_what_was_read(tmp_path, emulator):
+    """A stream closed after 48 of 64 tokens was billed nothing. It is billed the metered
+    prompt and the events the guard read from the backend (at least the 48 relayed), marked
+    `estimated: cut` in the access log, in `/metrics` and in `floorguard usage`."""
+    access = tmp_path / "access.jsonl"
+    with guard_process(tmp_path, [emulator], access_log=str(access)) as guard:
+        read = asyncio.run(_read_some_and_leave(guard.url, 48))
+        time.sleep(0.5)  # the guard ends the request when the client has gone
+        with urllib.request.urlopen(guard.url + "/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+    assert read == 48
+    (line,) = [x for x in _access_lines(access) if x.get("tenant") == "free"]
+    usage = line["usage"]
+    assert usage["estimated"] == "cut"
+    assert 48 <= usage["completion_tokens"] <= 64
+    assert usage["prompt_tokens"] == len(b"hi") + 2  # as metered (no tokenizer)
+    assert re.search(r'floorguard_usage_estimated_total\{[^}]*why="cut"[^}]*\} 1\.0', metrics)
+    report = subprocess.run(
+        [sys.executable, "-m", "floorguard", "usage", str(access), "--json"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (row,) = json.loads(report.stdout)
+    assert (row["estimated"], row["reported"]) == (1, 0)
+    assert row["completion_tokens"] == usage["completion_tokens"]
+
+
+def test_a_backend_that_omits_usage_is_billed_an_estimate_and_warned_about(tmp_path, scripted):
+    """A backend whose streams carry no usage event was billed 0 with no warning: each such
+    stream is billed its events read (`estimated: unreported`) and the guard says, once,
+    which pool's backend omits usage."""
+    backend, url = scripted
+    backend.mode = "ok"  # its streams: two token events and [DONE], never a usage event
+    access = tmp_path / "access.jsonl"
+    with guard_process(tmp_path, [url], access_log=str(access)) as guard:
+        for _ in range(2):
+            status, _, _, _ = guard.post(
+                {"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}, "free", raw=True
+            )
+            assert status == 200
+    lines = [x for x in _access_lines(access) if x.get("tenant") == "free"]
+    assert [x["usage"]["estimated"] for x in lines] == ["unreported"] * 2
+    assert all(x["usage"]["completion_tokens"] >= 2 for x in lines)
+    warnings = (tmp_path / "guard.err").read_text().count("finished a reply without usage")
+    assert warnings == 1

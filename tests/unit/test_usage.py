@@ -71,3 +71,15 @@ def test_every_stream_asks_the_backend_for_its_usage():
     assert orjson.loads(work.body)["stream_options"]["continuous_usage_stats"] is False
     whole = normalize(orjson.dumps({**ask, "stream": False}), chat=False, limits=limits)
     assert "stream_options" not in orjson.loads(whole.body)
+
+
+def test_the_tap_counts_whole_events_read_for_the_estimate():
+    """Each whole event read counts once, however the chunks split them (the estimate of a
+    stream cut before its usage: one completion token an event)."""
+    for cut in range(1, len(STREAM)):
+        tap = UsageTap(strip=True)
+        _through(tap, [STREAM[:cut], STREAM[cut:]])
+        assert tap.events == len(EVENTS) + 2  # the tokens, the usage event and [DONE]
+    tap = UsageTap(strip=True)
+    tap.feed(b"".join(EVENTS[:2]) + EVENTS[2][:9])  # cut mid-event: two whole ones read
+    assert (tap.events, tap.usage, tap.ended) == (2, None, False)

@@ -81,18 +81,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    table = Table(*by, "requests", "with usage", "prompt tokens", "completion tokens")
+    table = Table(*by, "requests", "with usage", "estimated", "prompt tokens", "completion tokens")
     for row in rows:
         table.add_row(
             *(str(row[name]) if row[name] is not None else "–" for name in by),
             str(row["requests"]),
             str(row["reported"]),
+            str(row["estimated"]),
             f"{row['prompt_tokens']:,}",
             f"{row['completion_tokens']:,}",
         )
     console.print(table)
     console.print(
-        "[dim]tokens as the backends reported them (`usage`); a reply cut or failed "
-        "before its end reports none[/]"
+        "[dim]tokens as the backends reported them (`usage`); a reply that ended without "
+        "it (cut, or a backend that omits usage) is billed the guard's estimate, counted "
+        "under `estimated` and included in the tokens[/]"
     )
     return 0

@@ -58,8 +58,8 @@ def access_line(
         line["service_ms"] = ms(timing.dispatched_at, event.at)
         line["total_ms"] = ms(timing.arrived_at, event.at)
         usage = request.get(USAGE)
-        if usage is not None:  # what the backend reported it cost
-            line["usage"] = usage._asdict()
+        if usage is not None:  # what the backend reported it cost, or the guard's estimate
+            line["usage"] = usage.as_line()
     elif response is not None and response.status >= 400:
         line["reason"] = error_code(response)
     return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())

@@ -78,6 +78,7 @@ class Forwarding:
     edge: PoolHost
     backends: list[BackendSpec]
     contracts: dict[str, Contract]
+    _warned_usage: bool
 
     @property
     def label(self) -> str:
@@ -138,19 +139,39 @@ class Forwarding:
                     )
                 return await self._reply(request, rid, upstream, headers)
             finally:  # also when the client's leaving at the end cancels this handler
-                usage = tap.usage if tap is not None else request.get(USAGE)
-                self._count_usage(request, decision, usage)
+                self._count_usage(request, decision, tap)
 
-    def _count_usage(self, request: web.Request, decision: Dispatch, usage: Usage | None) -> None:
-        """What the backend said the reply cost (a cut reply may not have said), for the
-        access log and `floorguard_tokens_total`. Counted once the reply is over, however
-        it ended: a client that reads a stream to its end and leaves at once cancels the
-        handler before it returns, and the tokens were still spent (the access log then
-        lacked them: a flake of tests/integration/test_usage.py)."""
-        if usage is not None:
-            request[USAGE] = usage
-            tenant = decision.request.tenant
-            self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
+    def _count_usage(self, request: web.Request, decision: Dispatch, tap: UsageTap | None) -> None:
+        """What the reply cost, for the access log and `floorguard_tokens_total`: as the
+        backend said, or the guard's estimate where it did not (usage.py). Counted once the
+        reply is over, however it ended: a client that reads a stream to its end and leaves
+        at once cancels the handler before it returns, and the tokens were still spent."""
+        usage = tap.usage if tap is not None else request.get(USAGE)
+        if usage is None:
+            usage = self._estimate(decision, tap)
+        request[USAGE] = usage
+        tenant = decision.request.tenant
+        self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
+
+    def _estimate(self, decision: Dispatch, tap: UsageTap | None) -> Usage:
+        """A reply without usage billed from what the guard knows: the metered prompt, and
+        the events read (a stream) or the metered cap (a whole reply). A backend that
+        finished without usage is warned about, once per pool."""
+        whole = tap.ended if tap is not None else True
+        if whole and not self._warned_usage:
+            self._warned_usage = True
+            log.warning(
+                "a backend of %s finished a reply without usage: billed the guard's estimate "
+                "(floorguard_usage_estimated_total; docs/http.md, Usage)",
+                self.label,
+            )
+        request = decision.request
+        completion = tap.events if tap is not None else request.num_output_tokens
+        return Usage(
+            request.num_prompt_tokens or 0,
+            completion,
+            "unreported" if whole else "cut",
+        )
 
     def _upstream_headers(
         self, decision: Dispatch, request_id: str, trace: dict[str, str] | None
@@ -240,7 +261,9 @@ class Forwarding:
             self._end(rid, "fail", reason)
             box.finish((reason, "the backend reply failed mid-way"))
             return
-        rest = tap.flush() if tap is not None else b""
+        rest = b""
+        if tap is not None:
+            rest, tap.ended = tap.flush(), True
         if rest and not box.put(rest):
             return
         self._end(rid, "complete")

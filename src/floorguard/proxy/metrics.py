@@ -114,6 +114,8 @@ class GuardMetrics:
         self.tokens: Tally[tuple[str, str, str, str]] = Tally()
         """(model, tenant, class, kind) → tokens the backend reported (`prompt`,
         `completion`: its `usage`)."""
+        self.usage_estimated: Tally[tuple[str, str]] = Tally()
+        """(model, why: `cut` | `unreported`) → replies billed the guard's estimate."""
         self.refused: Tally[tuple[str, str]] = Tally()
         """(status, reason) → requests refused before admission: identity, the body, its
         fields, routing, no healthy backend — before any guard decided (issue 26)."""
@@ -150,6 +152,8 @@ class GuardMetrics:
         label = _LABEL[cls]
         self.tokens[model, tenant, label, "prompt"] += usage.prompt_tokens
         self.tokens[model, tenant, label, "completion"] += usage.completion_tokens
+        if usage.estimated is not None:
+            self.usage_estimated[model, usage.estimated] += 1
 
     def on_refused(self, status: int, reason: str | None) -> None:
         """A request the edge refused before any guard saw it."""
@@ -302,9 +306,17 @@ class _GuardCollector(Collector):
         )
         yield _counter(
             "floorguard_tokens",
-            "Tokens the backends reported (their usage), by model, tenant, class and kind",
+            "Tokens the backends reported (their usage; the guard's estimate where a reply "
+            "ended without it), by model, tenant, class and kind",
             ["model", "tenant", "cls", "kind"],
             m.tokens,
+        )
+        yield _counter(
+            "floorguard_usage_estimated",
+            "Replies billed the guard's estimate: cut before their usage, or a backend that "
+            "reported none",
+            ["model", "why"],
+            m.usage_estimated,
         )
         yield _counter(
             "floorguard_refused_before_admission",

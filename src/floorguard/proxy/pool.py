@@ -150,6 +150,8 @@ class Pool(Forwarding):
         """By position: a reload appends new backends and keeps removed ones (draining)."""
         self.removed: frozenset[int] = frozenset()
         """Positions a reload removed: they get no new request."""
+        self._warned_usage = False
+        """A backend finished a reply without usage: said once (forward.py)."""
 
     def _create_leases(self, store: StoreSpec | None) -> SlotLeases | None:
         if store is None or store.slots != "leased":

@@ -5,6 +5,13 @@ A JSON reply carries `usage`. A stream carries it only when asked: the guard ask
 backend for it on every stream (`stream_options.include_usage`, normalize.py) and, where the
 client did not ask, takes the usage-only event out of the client's stream (`UsageTap`), so
 a client sees the stream it asked for and the operator still counts what it cost.
+
+A reply that ends without usage still cost tokens, and is billed an **estimate**, marked as
+one (`Usage.estimated`): a stream that ended before its usage event (the client left, the
+backend broke, the guard cut it) is billed the prompt as metered and one completion token
+per event read from the backend (vLLM sends one a token; a chat stream's opening role
+event counts too); a backend that finishes a reply without usage (`unreported`) the same,
+or the metered cap `ℓ` for a whole JSON reply — and the guard warns about that backend.
 """
 
 from __future__ import annotations
@@ -21,6 +28,19 @@ __all__ = ["USAGE", "Usage", "UsageTap", "usage_of", "usage_of_reply"]
 class Usage(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
+    estimated: str | None = None
+    """None: the backend reported it; `cut` (the reply ended before its usage) or
+    `unreported` (the backend finished without one): the guard's estimate."""
+
+    def as_line(self) -> dict[str, Any]:
+        """For the access log: the reported counts, and `estimated` only where it is one."""
+        line: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+        if self.estimated is not None:
+            line["estimated"] = self.estimated
+        return line
 
 
 USAGE: web.RequestKey[Usage] = web.RequestKey("floorguard.usage", Usage)
@@ -58,18 +78,24 @@ class UsageTap:
     ones the guard asked for on the client's behalf. Whole events are passed on (a partial
     one waits for its end); a chunk of whole events without usage passes as it came."""
 
-    __slots__ = ("_pending", "strip", "usage")
+    __slots__ = ("_pending", "ended", "events", "strip", "usage")
 
     def __init__(self, *, strip: bool) -> None:
         self.strip = strip
         self.usage: Usage | None = None
+        self.events = 0
+        """Whole events read from the backend (the estimate's completion tokens)."""
+        self.ended = False
+        """The backend finished the stream (set by its reader)."""
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
         """What of `chunk` (and what was held before it) goes to the client now."""
         if not self._pending and chunk.endswith(_EVENT_END) and _MARK not in chunk:
+            self.events += chunk.count(_EVENT_END)  # JSON data holds no raw newline
             return chunk  # the common case: whole events, no usage
         data = self._pending + chunk
+        self.events += data.count(_EVENT_END)  # what is held has no event end
         cut = data.rfind(_EVENT_END)
         if cut < 0:
             self._pending = data
@@ -112,7 +138,8 @@ def usage_report(
     since: float | None = None,
 ) -> list[dict[str, Any]]:
     """The access log's lines (decoded) summed per group of `by`: requests, requests the
-    backend reported usage for, prompt and completion tokens; lines before `since` (a
+    backend reported usage for, requests billed an estimate (module docstring), prompt and
+    completion tokens (estimates included); lines before `since` (a
     Unix time) left out. Sorted by the most tokens first."""
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     for line in lines:
@@ -125,6 +152,7 @@ def usage_report(
                 **dict(zip(by, key, strict=True)),
                 "requests": 0,
                 "reported": 0,
+                "estimated": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
             },
@@ -132,7 +160,7 @@ def usage_report(
         row["requests"] += 1
         usage = line.get("usage")
         if isinstance(usage, dict):
-            row["reported"] += 1
+            row["estimated" if usage.get("estimated") else "reported"] += 1
             row["prompt_tokens"] += int(usage.get("prompt_tokens", 0))
             row["completion_tokens"] += int(usage.get("completion_tokens", 0))
     return sorted(groups.values(), key=lambda r: -(r["prompt_tokens"] + r["completion_tokens"]))
