@@ -318,16 +318,28 @@ class GuardServer:
 
     async def drained(self, timeout_s: float) -> None:
         """Wait until nothing is working or `timeout_s` has passed; then cut what is left
-        (`drain_deadline`): a stream ends with the SSE error event, a whole reply is a 503,
-        a queued request is aborted as it is cancelled."""
+        (`drain_deadline`): a queued request is answered 503 `draining`, a stream ends with
+        the SSE error event, a whole reply is a 503 — and wait (up to `_CUT_WAIT_S`) for
+        their handlers to write those answers before anything closes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.num_working() and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        if not self.num_working():
+            return
+        self.cutting = True
+        for pool in self.pools.values():
+            pool.pump.cut_waiting()
+        self.replies.stop_all("drain_deadline", "the guard is shutting down; retry")
+        deadline = loop.time() + _CUT_WAIT_S
+        while self.num_working() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         if self.num_working():
-            self.cutting = True
-            self.replies.stop_all("drain_deadline", "the guard is shutting down; retry")
-            await asyncio.sleep(0.05)  # the writers end their streams
+            log.warning(
+                "%d request(s) still working %g s after the drain deadline's cut: closed",
+                self.num_working(),
+                _CUT_WAIT_S,
+            )
 
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
@@ -605,6 +617,10 @@ _LARGE_BODY_BYTES = 65_536
 """A body larger than this is parsed and counted off the event loop, one at a time per
 tenant: one tenant's megabyte bodies cannot delay another's arrivals (issue 28)."""
 
+
+_CUT_WAIT_S = 2.0
+"""After the drain deadline's cut: how long the handlers get to write their last answers
+(a queued request's 503, a stream's error event) before the listener closes them."""
 
 _LOGGED_CHARS = 200
 """A client-controlled string (the body's `model`) is clipped to this in the logs."""

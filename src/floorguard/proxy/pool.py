@@ -47,7 +47,7 @@ from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.forward import Forwarding, PoolHost, UnreachableError
 from floorguard.proxy.health import BackendHealth, backend_report
 from floorguard.proxy.normalize import Work
-from floorguard.proxy.pump import Pump
+from floorguard.proxy.pump import Cut, Pump
 from floorguard.proxy.ratelimit import rate_limit_headers
 from floorguard.proxy.refusals import doomed, refusal
 from floorguard.proxy.replies import (
@@ -540,7 +540,16 @@ class Pool(Forwarding):
             headers["x-floorguard-window"] = str(admission.window_index)
         unreachable, admitted_at = 0, self.clock.now()
         while True:
-            decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
+            try:
+                decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
+            except Cut:  # the drain deadline, still queued: an answer, not a dropped line
+                self._end(rid, "abort", "drain_deadline")
+                return json_error(
+                    503,
+                    "draining",
+                    "this guard is shutting down; retry",
+                    {**headers, "Connection": "close", "Retry-After": "1"},
+                )
             if (span := request.get(SPAN)) is not None:
                 span.set("floorguard.queue_s", decision.at - admitted_at)
                 if isinstance(decision, Dispatch):

@@ -173,6 +173,10 @@ def reload_on_signal(server: GuardServer) -> None:
         log.error("reload refused, the running configuration goes on: %s", exc)
 
 
+def _sighup_while_draining() -> None:
+    log.warning("SIGHUP ignored: the guard is draining (nothing is reloaded)")
+
+
 async def serve_guard(
     config: GuardServerConfig,
     stop: asyncio.Event,
@@ -217,8 +221,8 @@ async def serve_guard(
         on_listening(f"{scheme}://{config.host}:{config.port}")
     try:
         await stop.wait()
-        if config_path is not None:
-            loop.remove_signal_handler(signal.SIGHUP)
+        # never removed: SIGHUP's default action would kill the draining guard
+        loop.add_signal_handler(signal.SIGHUP, _sighup_while_draining)
         # SPEC §14: drain while still listening (new requests 503 `draining`, /readyz 503),
         # then cut what the deadline leaves, then close.
         await app[SERVER].drain()
