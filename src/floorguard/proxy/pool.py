@@ -47,7 +47,7 @@ from floorguard.proxy.config import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.forward import Forwarding, PoolHost, UnreachableError
 from floorguard.proxy.health import BackendHealth, backend_report
 from floorguard.proxy.normalize import Work
-from floorguard.proxy.pump import Cut, Pump
+from floorguard.proxy.pump import CutError, Pump
 from floorguard.proxy.ratelimit import rate_limit_headers
 from floorguard.proxy.refusals import doomed, refusal
 from floorguard.proxy.replies import (
@@ -542,7 +542,7 @@ class Pool(Forwarding):
         while True:
             try:
                 decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
-            except Cut:  # the drain deadline, still queued: an answer, not a dropped line
+            except CutError:  # the drain deadline, still queued: an answer, not a dropped line
                 self._end(rid, "abort", "drain_deadline")
                 return json_error(
                     503,

@@ -18,13 +18,13 @@ from floorguard.clock import Clock, Timer
 from floorguard.core.request import RequestId
 from floorguard.core.surface import Dispatch, Drop, Stack
 
-__all__ = ["Cut", "Pump"]
+__all__ = ["CutError", "Pump"]
 
 _PAST_DOOM_S = 1e-4
 """How long after `D − L` the timer fires: just past it, so `now + L > D` holds."""
 
 
-class Cut(Exception):
+class CutError(Exception):
     """Raised in a request still waiting for its turn when the drain deadline cuts the
     queue (`Pump.cut_waiting`): its handler answers it (503 `draining`)."""
 
@@ -59,11 +59,11 @@ class Pump:
         self._arm()
 
     def cut_waiting(self) -> int:
-        """The drain deadline: every request still waiting for its turn gets `Cut` (its
+        """The drain deadline: every request still waiting for its turn gets `CutError` (its
         handler ends it and answers); how many there were."""
         waiters = [w for w in self._waiters.values() if not w.done()]
         for waiter in waiters:
-            waiter.set_exception(Cut())
+            waiter.set_exception(CutError())
         return len(waiters)
 
     def close(self) -> None:
