@@ -18,7 +18,8 @@ class ScriptedBackend:
         self.mode = "ok"
         """ok | stall (stream: one chunk, then silence) | slow-stream (a chunk every 0.2 s
         for 2 s) | error (500 with an internal detail) | redirect | reject (404 for the
-        model) | big (a 5 MB reply) | cookie (answers ok with a `Set-Cookie`).
+        model) | big (a 5 MB reply) | cookie (answers ok with a `Set-Cookie`) | garbage (a 200
+        whose body is no completion: HTML for a whole reply, plain text for a stream).
         Whatever the mode, a prompt `huge:N` is answered with N MB (`_huge`)."""
         self.bodies: list[dict[str, Any]] = []
         self.request_ids: list[str | None] = []
@@ -63,16 +64,9 @@ class ScriptedBackend:
         self.objectives.append(request.headers.get("x-gateway-inference-objective"))
         self.traces.append((request.headers.get("traceparent"), request.headers.get("tracestate")))
         self.cookies.append(request.headers.get("Cookie"))
-        if self.mode == "error":
-            return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
-        if self.mode == "reject":  # vLLM's answer to a model it does not serve
-            return web.json_response(
-                {"error": {"message": "The model `mx` does not exist.", "code": 404}}, status=404
-            )
-        if self.mode == "redirect":
-            raise web.HTTPTemporaryRedirect("/elsewhere")
-        if self.mode == "big":
-            return web.Response(body=b'{"x": "' + b"a" * 5_000_000 + b'"}')
+        answer = self._by_mode(body)
+        if answer is not None:
+            return answer
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt.startswith("huge:"):
             return await self._huge(request, body, int(prompt[5:]))
@@ -93,13 +87,32 @@ class ScriptedBackend:
         await response.write_eof()
         return response
 
+    def _by_mode(self, body: dict[str, Any]) -> web.Response | None:
+        """The answer of a mode that does not serve the request (None: one that does)."""
+        if self.mode == "error":
+            return web.Response(status=500, text="Traceback: secret at 10.1.2.3:8000")
+        if self.mode == "reject":  # vLLM's answer to a model it does not serve
+            return web.json_response(
+                {"error": {"message": "The model `mx` does not exist.", "code": 404}}, status=404
+            )
+        if self.mode == "redirect":
+            raise web.HTTPTemporaryRedirect("/elsewhere")
+        if self.mode == "garbage":
+            if body.get("stream"):
+                return web.Response(text="upstream says hi\n\n", content_type="text/event-stream")
+            return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+        if self.mode == "big":
+            return web.Response(body=b'{"x": "' + b"a" * 5_000_000 + b'"}')
+        return None
+
     async def _huge(self, request: web.Request, body: dict[str, Any], megabytes: int):
         """A reply of `megabytes` MB (prompt `huge:N`), as fast as the reader takes it —
         what a large `top_logprobs` at a long `max_tokens` makes — streamed or whole."""
         piece = stream_chunk("x", "m", False, " " + "t" * 65_000)
         count = megabytes * 1_000_000 // len(piece)
         if not body.get("stream"):
-            return web.Response(body=b'{"x": "' + b"a" * (megabytes * 1_000_000) + b'"}')
+            text = "a" * (megabytes * 1_000_000)
+            return web.json_response(completion_body("x", "m", False, text, completion_tokens=1))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for _ in range(count):

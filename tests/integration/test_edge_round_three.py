@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 import pytest
 
+from floorguard.core.events import EventKind, read_jsonl
 from tests.integration.test_attacks import BEARER, guard_process
 
 pytest_plugins = ["tests.integration.test_attacks"]  # its `scripted` and `emulator` fixtures
@@ -118,3 +119,25 @@ def test_a_backend_that_omits_usage_is_billed_an_estimate_and_warned_about(tmp_p
     assert all(x["usage"]["completion_tokens"] >= 2 for x in lines)
     warnings = (tmp_path / "guard.err").read_text().count("finished a reply without usage")
     assert warnings == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_backends_garbage_200_is_a_502_and_a_fail(tmp_path, scripted, stream):
+    """A backend's 200 whose body is not its endpoint's reply (an HTML page, a stream that
+    is no SSE) was passed on as a 200 and logged `complete`: it is a 502 `upstream_malformed`
+    to the client and a `fail` in the decision log."""
+    backend, url = scripted
+    backend.mode = "garbage"
+    try:
+        with guard_process(tmp_path, [url]) as guard:
+            status, payload, _, _ = guard.post(
+                {"model": "m", "prompt": "hi", "max_tokens": 4, "stream": stream}, "free"
+            )
+            assert (status, payload["error"]["code"]) == (502, "upstream_malformed")
+    finally:
+        backend.mode = "ok"
+    (end,) = [
+        e for e in read_jsonl(str(tmp_path / "decisions.jsonl"))
+        if e.kind in (EventKind.COMPLETE, EventKind.FAIL, EventKind.ABORT)
+    ]  # fmt: skip
+    assert (end.kind, end.reason) == (EventKind.FAIL, "upstream_malformed")

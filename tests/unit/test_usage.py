@@ -7,12 +7,13 @@ from __future__ import annotations
 import itertools
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from floorguard.proxy.normalize import EdgeLimits, normalize
 from floorguard.proxy.openai_format import stream_chunk, usage_chunk
-from floorguard.proxy.usage import Usage, UsageTap, usage_of_reply
+from floorguard.proxy.usage import MalformedReplyError, Usage, UsageTap, is_sse, reply_usage
 
 EVENTS = [stream_chunk("r", "m", True, w) for w in ("one", " two", ' "usage" three')]
 USAGE = usage_chunk("r", "m", True, prompt_tokens=7, completion_tokens=3)
@@ -25,12 +26,28 @@ def _through(tap: UsageTap, chunks: list[bytes]) -> bytes:
 
 
 def test_a_json_reply_gives_its_usage_and_a_bad_one_none():
-    body = orjson.dumps({"usage": {"prompt_tokens": 4, "completion_tokens": 9}})
-    assert usage_of_reply(body) == Usage(4, 9)
-    for bad in (b"{}", b"not json", b'{"usage": {"prompt_tokens": -1, "completion_tokens": 2}}',
-                b'{"usage": {"prompt_tokens": 1.5, "completion_tokens": 2}}',
-                b'{"usage": null}', b'["usage"]'):  # fmt: skip
-        assert usage_of_reply(bad) is None
+    def reply(usage: object) -> bytes:
+        return orjson.dumps({"choices": [], "usage": usage})
+
+    assert reply_usage(reply({"prompt_tokens": 4, "completion_tokens": 9})) == Usage(4, 9)
+    assert reply_usage(b'{"choices": []}') is None
+    for bad in ({"prompt_tokens": -1, "completion_tokens": 2},
+                {"prompt_tokens": 1.5, "completion_tokens": 2}, None):  # fmt: skip
+        assert reply_usage(reply(bad)) is None
+
+
+@pytest.mark.parametrize(
+    "body", [b"not json", b'["usage"]', b"{}", b'{"choices": "x"}', b"<html>502</html>"]
+)
+def test_a_reply_that_is_no_completion_is_malformed(body):
+    """A 200 whose body is not a JSON object with a `choices` list is no reply to relay."""
+    with pytest.raises(MalformedReplyError):
+        reply_usage(body)
+
+
+def test_a_stream_must_open_as_server_sent_events():
+    assert is_sse(b"data: {}\n\n") and is_sse(b"\n: keep-alive\n\n") and is_sse(b"event: x\n")
+    assert not is_sse(b"<html>") and not is_sse(b"upstream says hi\n\n") and not is_sse(b"")
 
 
 @given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=12))

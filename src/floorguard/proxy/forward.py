@@ -35,7 +35,7 @@ from floorguard.proxy.replies import (
     next_chunk,
 )
 from floorguard.proxy.tracing import TRACE_CONTEXT, Tracing
-from floorguard.proxy.usage import USAGE, Usage, UsageTap, usage_of_reply
+from floorguard.proxy.usage import USAGE, MalformedReplyError, Usage, UsageTap, is_sse, reply_usage
 
 __all__ = ["Forwarding", "PoolHost", "UnreachableError"]
 
@@ -224,11 +224,13 @@ class Forwarding:
         box: ReplyBox,
         first: bytes = b"",
         tap: UsageTap | None = None,
-    ) -> None:
+    ) -> Usage | None:
         """Read the backend's reply at the backend's pace into `box`, bounded by
         `limits.max_response_bytes`, and end the request in the guard when the backend has
         finished (its slot goes on then, whatever the client does). A failure ends the box
-        with it; a cut box stops the reading (the request is aborted by the writer)."""
+        with it; a cut box stops the reading (the request is aborted by the writer). A
+        whole reply (no `tap`) must be a completion (else `upstream_malformed`): its usage
+        is returned."""
         cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
         metrics, cls = self.edge.metrics, self._class_of(rid)
         size, last, chunk = 0, self.clock.now(), first
@@ -240,10 +242,10 @@ class Forwarding:
                 if size > cap:
                     self._end(rid, "fail", "upstream_reply_too_large")
                     box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
-                    return
+                    return None
                 passed = tap.feed(chunk) if tap is not None else chunk
                 if passed and not box.put(passed):
-                    return
+                    return None
                 await self.edge.checkpoint("stream")
                 chunk = await self._read_chunk(upstream, idle)
                 if chunk and first:
@@ -260,14 +262,22 @@ class Forwarding:
             )
             self._end(rid, "fail", reason)
             box.finish((reason, "the backend reply failed mid-way"))
-            return
-        rest = b""
+            return None
+        usage = None
         if tap is not None:
             rest, tap.ended = tap.flush(), True
-        if rest and not box.put(rest):
-            return
+            if rest and not box.put(rest):
+                return None
+        else:
+            try:
+                usage = reply_usage(box.whole())
+            except MalformedReplyError:
+                self._end(rid, "fail", "upstream_malformed")
+                box.finish(("upstream_malformed", "the backend's reply is not a completion"))
+                return None
         self._end(rid, "complete")
         box.finish()
+        return usage
 
     async def _reply(
         self,
@@ -280,7 +290,7 @@ class Forwarding:
         ended in the guard, then written to the client within `client_write_timeout_s`."""
         box = self._box(request, self.config.limits.max_response_bytes)
         try:
-            await self._from_backend(rid, upstream, box)
+            usage = await self._from_backend(rid, upstream, box)
             if box.cut_reason is not None:
                 self._end(rid, "abort", box.cut_reason)
                 return json_error(503, box.cut_reason, "the guard holds too many replies")
@@ -290,7 +300,6 @@ class Forwarding:
                 status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
                 return json_error(status, code, message, headers)
             body = box.take_all()
-            usage = usage_of_reply(body)
             if usage is not None:
                 request[USAGE] = usage
             # A `Response`, not a `StreamResponse`: its headers go out with the body in one
@@ -345,6 +354,11 @@ class Forwarding:
             first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._upstream_failed(rid, exc, headers)
+        if not is_sse(first):  # an error page or plain text behind a 200
+            self._end(rid, "fail", "upstream_malformed")
+            return json_error(
+                502, "upstream_malformed", "the backend's reply is not an event stream", headers
+            )
         response = web.StreamResponse(
             status=200,
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["HeldReplies", "ReplyBox"]
 
@@ -108,7 +109,7 @@ class ReplyBox:
         self._finished = True
         self._ready.set()
 
-    def finish_with(self, reading: asyncio.Future[None]) -> None:
+    def finish_with(self, reading: asyncio.Future[Any]) -> None:
         """The reading task's done callback: end the box if the reading ended without
         saying so (a fault inside it; the writer re-raises it)."""
         if not self._finished:
@@ -125,6 +126,15 @@ class ReplyBox:
         self.held_bytes -= len(chunk)
         self._owner.held_bytes -= len(chunk)
         return chunk
+
+    def whole(self) -> bytes:
+        """Everything held, joined once and kept as one chunk (`take_all` then costs
+        nothing more)."""
+        if len(self._chunks) > 1:
+            joined = b"".join(self._chunks)
+            self._chunks.clear()
+            self._chunks.append(joined)
+        return self._chunks[0] if self._chunks else b""
 
     def take_all(self) -> bytes:
         """Everything held, at once (a non-streamed reply, read whole); still counted

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 from aiohttp import web
 
-__all__ = ["USAGE", "Usage", "UsageTap", "usage_of", "usage_of_reply"]
+__all__ = ["USAGE", "MalformedReplyError", "Usage", "UsageTap", "is_sse", "reply_usage", "usage_of"]
 
 
 class Usage(NamedTuple):
@@ -62,14 +62,30 @@ def usage_of(data: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def usage_of_reply(body: bytes) -> Usage | None:
-    """The usage of a whole JSON reply."""
-    if _MARK not in body:
-        return None
+class MalformedReplyError(ValueError):
+    """A backend's 200 whose body is not its endpoint's reply (a 502 to the client)."""
+
+
+def reply_usage(body: bytes) -> Usage | None:
+    """A whole reply's usage (None where it reports none, or a malformed one);
+    `MalformedReplyError` where the body is not a completion at all: a JSON object with a
+    `choices` list, as both OpenAI endpoints answer."""
     try:
-        return usage_of(orjson.loads(body))
+        data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        raise MalformedReplyError("not JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise MalformedReplyError("no choices")
+    return usage_of(data)
+
+
+_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def is_sse(first: bytes) -> bool:
+    """Whether a stream's first chunk opens a server-sent event stream (its first line a
+    field or a comment), not an error page or plain text."""
+    return first.lstrip(b"\r\n").startswith(_SSE_FIELDS)
 
 
 class UsageTap:
