@@ -62,3 +62,45 @@ def test_a_polite_tenant_is_served_in_its_turn_not_behind_the_flood(tmp_path, em
     )  # one order for all: behind the flood
     for results in (fair, learner):  # the floor first, whatever the surplus order
         assert max(_latencies(results, "acme")) < statistics.median(_latencies(results, "free"))
+
+
+async def _shapes(url):
+    """A flood of 48-token requests queued at once, then six polite ones of 8 output
+    tokens behind 1,000-byte prompts."""
+
+    async def one(session, tenant, body, delay_s):
+        await asyncio.sleep(delay_s)
+        started = time.monotonic()
+        headers = {"Authorization": f"Bearer {token(tenant)}"}
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+            await r.read()
+            return tenant, r.status, time.monotonic() - started
+
+    flood = {"model": "m", "prompt": "hi", "max_tokens": 48}
+    polite = {"model": "m", "prompt": "x" * 1000, "max_tokens": 8}
+    async with aiohttp.ClientSession() as session:
+        sent = [one(session, "free", flood, 0.0) for _ in range(16)]
+        sent += [one(session, "polite", polite, 0.3) for _ in range(6)]
+        return await asyncio.gather(*sent)
+
+
+def test_long_prompts_and_short_outputs_are_charged_the_slot_time_they_hold(tmp_path, emulator):
+    """Issue 47.3: a polite tenant of 1,000-byte prompts and short outputs was charged a
+    prompt byte like an output token, and waited behind a flooder of long outputs. Charged
+    the slot time it holds (`fair`), its requests run before most of the flood; charged
+    tokens (`fair-tokens`, the old charge) they wait behind it."""
+    contracts = [
+        {"tenant": "free", "class": "opportunistic", "deadline_ms": 60000},
+        {"tenant": "polite", "class": "opportunistic", "deadline_ms": 60000},
+    ]
+    seen = {}
+    for order in ("fair", "fair-tokens"):
+        with guard_process(
+            tmp_path / order, [emulator], contracts=contracts, surplus=order, window_s=60.0
+        ) as guard:
+            seen[order] = asyncio.run(_shapes(guard.url))
+    by_slot, by_tokens = (statistics.median(_latencies(seen[o], "polite")) for o in seen)
+    assert max(_latencies(seen["fair"], "polite")) < statistics.median(
+        _latencies(seen["fair"], "free")
+    )
+    assert by_slot * 2 < by_tokens, (by_slot, by_tokens)

@@ -1,6 +1,6 @@
 """The fair surplus (SPEC §15, issue 26.4): below the floor, dispatch is fair across the
-tenants competing for the surplus — a virtual-time fair queue weighted by metered tokens —
-within a tenant in the learner's order, and the floor's assured-first order untouched."""
+tenants competing for the surplus — a virtual-time fair queue charging the slot time each
+request holds (issue 47.3) — within a tenant in the learner's order, and the floor's assured-first order untouched."""
 
 from __future__ import annotations
 
@@ -9,16 +9,29 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from floorguard.core.contract import Contract, ContractClass
-from floorguard.core.dispatcher import AssuredFirstDispatcher, FairSurplusDispatcher, Ticket
+from floorguard.core.contract import (
+    AffineEnvelope,
+    Contract,
+    ContractClass,
+    DispatchOrder,
+    SurplusOrder,
+)
+from floorguard.core.dispatcher import (
+    TOKEN_CHARGE,
+    AssuredFirstDispatcher,
+    FairSurplusDispatcher,
+    Ticket,
+    create_dispatcher,
+    slot_charge,
+)
 from tests.helpers import make_request
 
 ASSURED = Contract("a95", ContractClass.ASSURED, 1.0, floor=4)
 
 
-def ticket(seq, tenant, *, entitled=False, tokens=16, rank=1, hint=0.0):
+def ticket(seq, tenant, *, entitled=False, tokens=16, rank=1, hint=0.0, prompt=0):
     contract = ASSURED if entitled else Contract(tenant, ContractClass.OPPORTUNISTIC, 1.0)
-    request = make_request(tenant=tenant, tokens=tokens, request_id=seq)
+    request = make_request(tenant=tenant, tokens=tokens, request_id=seq, prompt=prompt)
     return Ticket(request, contract, 1.0, entitled, 0, seq, rank, hint)
 
 
@@ -113,3 +126,41 @@ def test_one_tenant_runs_as_before_and_every_ticket_starts_once_floor_first(entr
         if tenant != "a95":
             lone.push(ticket(seq, "o1", tokens=tokens, rank=rank, hint=hint))
     assert [t.seq for t in drain(only_one)] == [t.seq for t in drain(lone)]
+
+
+V100_CEILING = AffineEnvelope(0.287, 0.0233, 0.0001)
+"""A service ceiling's shape: 287 ms base, 23 ms an output token, 0.1 ms a prompt token."""
+
+
+def _slot_shares(dispatcher, starts=200):
+    """Each tenant's share of the slot time (by `V100_CEILING`) of the first `starts`."""
+    held = Counter()
+    for t in drain(dispatcher, starts):
+        held[t.request.tenant] += V100_CEILING.at(t.request.num_output_tokens,
+                                                  t.request.num_prompt_tokens)  # fmt: skip
+    total = sum(held.values())
+    return {tenant: s / total for tenant, s in held.items()}
+
+
+def test_a_long_prompt_short_output_tenant_gets_half_the_slot_time():
+    """Issue 47.3: a polite tenant of 1,000-token prompts and 16-token outputs beside a
+    160-token flooder got 6.4 % of the slot time when a prompt token was charged like an
+    output token. Charged the slot time it holds, it gets half; the token charge is kept
+    (`fair-tokens`) and still shows the skew."""
+    shares = {}
+    for order in (SurplusOrder.FAIR, SurplusOrder.FAIR_TOKENS):
+        fair = create_dispatcher(DispatchOrder.ASSURED_FIRST, order, V100_CEILING)
+        for seq in range(400):
+            fair.push(ticket(seq, "flood", tokens=160, prompt=8))
+            fair.push(ticket(1000 + seq, "polite", tokens=16, prompt=1000))
+        shares[order] = _slot_shares(fair)["polite"]
+    assert 0.45 <= shares[SurplusOrder.FAIR] <= 0.55
+    assert shares[SurplusOrder.FAIR_TOKENS] < 0.15
+
+
+def test_without_a_per_token_cost_the_charge_is_the_output_cap():
+    """A flat envelope (no service model) charges what holds a slot: the output cap."""
+    flat = slot_charge(AffineEnvelope(60.0, 0.0))
+    assert flat.at(16, 1000) == 16 and slot_charge(None).at(160, 8) == 160
+    assert slot_charge(V100_CEILING) is V100_CEILING
+    assert TOKEN_CHARGE.at(16, 1000) == 1016

@@ -70,8 +70,14 @@ class SurplusOrder(StrEnum):
     """How the surplus (what is not floor-entitled) is ordered below the floor (SPEC §15)."""
 
     FAIR = "fair"
-    """Fair across the tenants competing for it: a virtual-time fair queue weighted by
-    metered tokens; within a tenant, the learner's order (arrival order without hints)."""
+    """Fair across the tenants competing for it: a virtual-time fair queue charging each
+    request the slot time it holds (the service envelope `s_max(ℓ, p)`: decode tokens at
+    the per-token cost, plus prefill); within a tenant, the learner's order (arrival order
+    without hints)."""
+    FAIR_TOKENS = "fair-tokens"
+    """The same fair queue charging metered tokens (prompt + output cap) instead: a prompt
+    token weighs as much as an output token, though a slot's time is mostly decode. The
+    earlier charge, kept as the comparison (E20)."""
     LEARNER = "learner"
     """One order for all: the learner's relabel and hint, then arrival (the published
     guard's)."""

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from heapq import heappop, heappush, heapreplace
 
-from floorguard.core.contract import Contract, DispatchOrder, SurplusOrder
+from floorguard.core.contract import AffineEnvelope, Contract, DispatchOrder, SurplusOrder
 from floorguard.core.request import Request
 
 __all__ = [
@@ -23,7 +23,26 @@ __all__ = [
     "SlotPool",
     "Ticket",
     "create_dispatcher",
+    "slot_charge",
 ]
+
+TOKEN_CHARGE = AffineEnvelope(0.0, 1.0, 1.0)
+"""`fair-tokens`: one unit per metered token, prompt or output."""
+
+DECODE_CHARGE = AffineEnvelope(0.0, 1.0, 0.0)
+"""`fair` without a service model (an envelope with no per-token cost): the output cap,
+what holds a slot."""
+
+_LEAST_CHARGE = 1e-9
+
+
+def slot_charge(envelope: AffineEnvelope | None) -> AffineEnvelope:
+    """`fair`'s charge: the slot time a request holds, `s_max(ℓ, p)` (the service ceiling:
+    its base, decode tokens at the per-token cost, prefill per prompt token); without a
+    per-token cost in it, the output cap (`DECODE_CHARGE`)."""
+    if envelope is None or envelope.per_token_s <= 0:
+        return DECODE_CHARGE
+    return envelope
 
 
 class Ticket:
@@ -189,15 +208,19 @@ class _Share:
 
 class FairSurplusDispatcher(AssuredFirstDispatcher):
     """Assured-first, and below the floor fair across tenants (SPEC §15): a virtual-time
-    fair queue weighted by metered tokens. Each tenant with surplus waiting has a virtual
-    time; the one with the least goes next (the oldest head on a tie), and is charged its
-    ticket's metered tokens (prompt + output cap). A tenant that comes back from idle starts
-    at the virtual time of the last start, so idleness banks nothing. Within a tenant the
-    learner's order holds (relabel, hint, arrival), so one tenant's surplus runs exactly as
-    under `AssuredFirstDispatcher`. The floor-entitled queue is untouched."""
+    fair queue. Each tenant with surplus waiting has a virtual time; the one with the least
+    goes next (the oldest head on a tie), and is charged its ticket's `charge.at(ℓ, p)`:
+    by default the slot time the request holds (`slot_charge`: the service envelope, decode
+    tokens at the per-token cost plus prefill), so a tenant of long prompts and short
+    outputs is not charged a prompt token like an output token. A tenant that comes back
+    from idle starts at the virtual time of the last start, so idleness banks nothing.
+    Within a tenant the learner's order holds (relabel, hint, arrival), so one tenant's
+    surplus runs exactly as under `AssuredFirstDispatcher`. The floor-entitled queue is
+    untouched."""
 
-    def __init__(self) -> None:
+    def __init__(self, charge: AffineEnvelope = DECODE_CHARGE) -> None:
         super().__init__()
+        self._charge = charge
         self._shares: dict[str, _Share] = {}
         self._turns: list[tuple[float, int, _Share]] = []
         """(virtual time, head's arrival, share) for each tenant with surplus waiting; the
@@ -232,7 +255,7 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
             return
         # its start failed: the tenant gets back what it was charged, and its turn
         share = self._share(ticket.request.tenant)
-        share.vtime -= _cost(ticket)
+        share.vtime -= self._cost(ticket.request)
         self.num_queued += 1
         entry = (ticket.relabel_rank, ticket.hint, ticket.seq, ticket)
         if share.queue:
@@ -253,10 +276,7 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
                 if ticket.cancelled:
                     continue
                 self._now = start
-                request = ticket.request
-                share.vtime = vtime = start + (
-                    request.num_prompt_tokens + request.num_output_tokens or 1
-                )
+                share.vtime = vtime = start + self._cost(ticket.request)
                 if queue:  # its next turn, in one sift
                     heapreplace(turns, (vtime, queue[0][2], share))
                 else:
@@ -265,6 +285,13 @@ class FairSurplusDispatcher(AssuredFirstDispatcher):
                 return ticket
             heappop(turns)  # only cancelled tickets were left
         return None
+
+    def _cost(self, request: Request) -> float:
+        """What the fair queue charges a request's tenant (never nothing: every start
+        moves its tenant's virtual time on)."""
+        return max(
+            self._charge.at(request.num_output_tokens, request.num_prompt_tokens), _LEAST_CHARGE
+        )
 
     def ahead(self, tenant: str, rank: int, hint: float) -> Iterator[Ticket]:
         """The floor's queue and the tenant's own earlier surplus: another tenant's turn
@@ -282,12 +309,6 @@ def _before(
     for entry_rank, entry_hint, _, ticket in queue:
         if (entry_rank, entry_hint) <= (rank, hint) and not ticket.cancelled:
             yield ticket
-
-
-def _cost(ticket: Ticket) -> int:
-    """A ticket's metered tokens: what the fair queue charges its tenant."""
-    request = ticket.request
-    return max(1, request.num_prompt_tokens + request.num_output_tokens)
 
 
 class FifoDispatcher(Dispatcher):
@@ -322,13 +343,18 @@ class FifoDispatcher(Dispatcher):
 
 
 def create_dispatcher(
-    order: DispatchOrder, surplus: SurplusOrder = SurplusOrder.FAIR
+    order: DispatchOrder,
+    surplus: SurplusOrder = SurplusOrder.FAIR,
+    envelope: AffineEnvelope | None = None,
 ) -> Dispatcher:
-    """The guard's queue (`GuardConfig.dispatch`, `.surplus`; the screen runs the same)."""
+    """The guard's queue (`GuardConfig.dispatch`, `.surplus`; the screen runs the same);
+    `envelope`: the service ceiling `fair` charges by (`slot_charge`)."""
     if order is DispatchOrder.FIFO:
         return FifoDispatcher()
     if surplus is SurplusOrder.FAIR:
-        return FairSurplusDispatcher()
+        return FairSurplusDispatcher(slot_charge(envelope))
+    if surplus is SurplusOrder.FAIR_TOKENS:
+        return FairSurplusDispatcher(TOKEN_CHARGE)
     return AssuredFirstDispatcher()
 
 

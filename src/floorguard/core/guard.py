@@ -79,7 +79,7 @@ class Guard(Ledger):
             started_at=started_at,
         )
         self._meter = ReservationMeter(config.meter)
-        self._queue = create_dispatcher(config.dispatch, config.surplus)
+        self._queue = create_dispatcher(config.dispatch, config.surplus, config.upper_envelope)
         self._doom_heap: list[tuple[float, int, Ticket]] | None = None
         """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time. Built
         at the first `next_doom_at` / `expire` (a driver that only drops at dispatch, as

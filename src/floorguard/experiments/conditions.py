@@ -131,6 +131,10 @@ class Condition:
     published guard's single order)."""
     polite_rate: float = 2.0
     """`polite`: a second opportunistic tenant's Poisson rate beside the flood (E20)."""
+    polite_prompt_tokens: int = 0
+    """`polite`: the polite tenant's prompt (its output is `tokens`)."""
+    flood_tokens: int = 0
+    """`polite`: the flooder's output cap; 0: `tokens`, as the polite tenant's."""
     kv_blocks: int = 32
     """`kv-pressure` (E21): the simulated backend's KV cache, in `kv_block_tokens` blocks."""
     kv_block_tokens: int = 16
@@ -189,10 +193,19 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
         else ()
     )
     if c.workload == "polite":  # E20: a flooder and a polite tenant beside the floor
+        flood_length = FixedLength(c.flood_tokens or c.tokens)
         return (
             SyntheticStream(ASSURED_TENANT, PacedArrivals(c.assured_rate), short, c.duration_s),
-            *flood,
-            SyntheticStream(POLITE_TENANT, PoissonArrivals(c.polite_rate), short, c.duration_s),
+            SyntheticStream(
+                OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), flood_length, c.duration_s
+            ),
+            SyntheticStream(
+                POLITE_TENANT,
+                PoissonArrivals(c.polite_rate),
+                short,
+                c.duration_s,
+                prompt_tokens=c.polite_prompt_tokens,
+            ),
         )
     if c.workload == "paced-bimodal":
         lengths = BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
@@ -479,6 +492,12 @@ def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
             row[f"{name}_offered"] = len(mine)
             row[f"{name}_admitted"] = sum(r.admitted for r in mine)
             row[f"{name}_on_time"] = sum(bool(r.on_time) for r in mine)
+            done = [r for r in mine if r.outcome == "completed"]
+            row[f"{name}_slot_s"] = sum(  # slot time held while both tenants were sending
+                max(0.0, min(r.ended_at, c.duration_s) - r.dispatched_at) for r in done
+            )
+            waits = sorted(r.sojourn_s - r.service_s for r in done)
+            row[f"{name}_wait_p50_s"] = waits[len(waits) // 2] if waits else None
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

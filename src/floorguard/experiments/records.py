@@ -57,6 +57,8 @@ class ConditionKeys(TypedDict):
     burst_assured: int
     surplus: str
     polite_rate: float
+    polite_prompt_tokens: int
+    flood_tokens: int
     static_caps_at_capacity: bool
     kv_blocks: int
     kv_block_tokens: int
@@ -160,6 +162,12 @@ class RunRow(ConditionKeys, total=False):
     flood_offered: int
     flood_admitted: int
     flood_on_time: int
+    polite_slot_s: float
+    """E20: the slot time each tenant's completed requests held while the tenants were
+    sending (until `duration_s`), and their median queue wait (None: none completed)."""
+    polite_wait_p50_s: float | None
+    flood_slot_s: float
+    flood_wait_p50_s: float | None
     doomed_ids: list[RequestId]
     """`keep_ids`."""
     on_time_ids: list[RequestId]

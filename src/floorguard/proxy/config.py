@@ -220,8 +220,10 @@ class GuardServerConfig(Strict):
     the gated-FIFO baseline of the evaluation, E3)."""
     surplus: SurplusOrder = SurplusOrder.FAIR
     """Below the floor: `fair` across the tenants competing for the surplus (a virtual-time
-    fair queue weighted by metered tokens; within a tenant the learner's order), or
-    `learner` (one order for all, the learner's: a flooder can take all of it)."""
+    fair queue charging each request the slot time it holds, by `profile`'s service
+    ceiling; within a tenant the learner's order), `fair-tokens` (the same queue charging
+    metered tokens, a prompt token like an output token), or `learner` (one order for
+    all, the learner's: a flooder can take all of it)."""
     forward_priority: bool = False
     """Add vLLM's `priority` (assured 0, opportunistic 1) to forwarded bodies."""
     decision_log: Path | None = None
