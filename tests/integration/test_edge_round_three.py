@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import aiohttp
 import orjson
@@ -141,3 +142,38 @@ def test_a_backends_garbage_200_is_a_502_and_a_fail(tmp_path, scripted, stream):
         if e.kind in (EventKind.COMPLETE, EventKind.FAIL, EventKind.ABORT)
     ]  # fmt: skip
     assert (end.kind, end.reason) == (EventKind.FAIL, "upstream_malformed")
+
+
+async def _admin(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url + path, headers=headers, data=b"x") as r,
+    ):
+        return r.status, await r.json(content_type=None)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "code"),
+    [
+        ("POST", "/admin/reload", {"Origin": "http://evil.example", "Content-Type": "text/plain"},
+         "admin_cross_site"),
+        ("POST", "/admin/reload", {"Origin": "null", "Content-Type": "text/plain"},
+         "admin_cross_site"),
+        ("GET", "/admin/status", {"Host": "rebound.example:80"}, "admin_host_not_allowed"),
+        ("POST", "/admin/reload", {"Host": "rebound.example"}, "admin_host_not_allowed"),
+    ],
+    ids=["csrf", "csrf-null-origin", "rebinding-status", "rebinding-reload"],
+)  # fmt: skip
+def test_the_tokenless_admin_api_refuses_other_sites(tmp_path, scripted, method, path, headers,
+                                                     code):  # fmt: skip
+    """Issue 47: with the default admin mode (no token, loopback only) a cross-site
+    `POST /admin/reload` as `text/plain` was executed (CSRF) and a rebound `Host` was
+    answered. Both are 403 naming why, nothing is reloaded, and a plain loopback call
+    still works."""
+    _, url = scripted
+    with guard_process(tmp_path, [url]) as guard:
+        status, payload = asyncio.run(_admin(guard.url, method, path, headers))
+        assert (status, payload["error"]["code"]) == (403, code)
+        status, payload = asyncio.run(_admin(guard.url, "GET", "/admin/status", {}))
+        assert status == 200 and "queues" in payload
+    assert "reload" not in (tmp_path / "guard.err").read_text()

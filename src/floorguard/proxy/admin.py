@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import generate_latest
+from yarl import URL
 
 from floorguard.errors import ConfigError
 from floorguard.proxy.config import GuardServerConfig
@@ -54,7 +55,7 @@ def admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bo
             return json_error(
                 403, "admin_loopback_only", "admin paths answer loopback clients only"
             )
-        return None
+        return _same_site(request)
 
     async def metrics(request: web.Request) -> web.Response:
         refused = allowed(request)
@@ -81,10 +82,14 @@ def admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bo
     async def admin_page(request: web.Request) -> web.Response:
         """The status page: a static shell (no data in it; its script reads `/admin/status`
         and `/admin/history` with the admin token from the URL's `#token=`)."""
-        if server.admin_token is None and loopback_only and not _is_loopback(request.remote):
-            return json_error(
-                403, "admin_loopback_only", "admin paths answer loopback clients only"
-            )
+        if server.admin_token is None:
+            if loopback_only and not _is_loopback(request.remote):
+                return json_error(
+                    403, "admin_loopback_only", "admin paths answer loopback clients only"
+                )
+            refused = _same_site(request)
+            if refused is not None:
+                return refused
         return web.Response(body=page, content_type="text/html", headers=_PAGE_HEADERS)
 
     async def admin_reload(request: web.Request) -> web.Response:
@@ -114,6 +119,48 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a `Host` (or an origin's host), port and brackets aside, names this machine
+    over loopback: `localhost` or a loopback address."""
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:8080
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name in _LOOPBACK_NAMES or _is_loopback(name)
+
+
+def _same_site(request: web.Request) -> web.Response | None:
+    """Without a token an admin path trusts the loopback peer, so it must also be asked for
+    by a loopback name and not from another site: a `Host` that is not loopback is a DNS
+    rebinding (a page of another origin resolved to 127.0.0.1), and an `Origin` that is
+    not loopback a cross-site request (a page's form posting to `/admin/reload`)."""
+    if not _loopback_host(request.host):
+        return json_error(
+            403,
+            "admin_host_not_allowed",
+            "without admin.token, admin paths answer requests for localhost only",
+        )
+    origin = request.headers.get("Origin")
+    if origin is not None and not _loopback_host(_origin_host(origin)):
+        return json_error(
+            403, "admin_cross_site", "admin paths do not answer requests from other sites"
+        )
+    return None
+
+
+def _origin_host(origin: str) -> str:
+    """The host of an `Origin` header (`null` and anything unparsable: no host)."""
+    try:
+        url = URL(origin)
+    except ValueError:
+        return ""
+    return url.raw_host or ""
 
 
 def _is_loopback(remote: str | None) -> bool:
