@@ -177,3 +177,24 @@ def test_the_tokenless_admin_api_refuses_other_sites(tmp_path, scripted, method,
         status, payload = asyncio.run(_admin(guard.url, "GET", "/admin/status", {}))
         assert status == 200 and "queues" in payload
     assert "reload" not in (tmp_path / "guard.err").read_text()
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["authorization=Bearer%20{jwt}", "x-api-key={jwt}", "X_Auth_Token=abc", "q={jwt}"],
+    ids=["authorization", "x-api-key", "auth-token", "jwt-under-any-name"],
+)
+def test_a_key_under_a_query_name_the_guard_did_not_list_is_refused(tmp_path, scripted, query):
+    """Issue 47: a key under `?authorization=`, `?x-api-key=` … was accepted silently (it
+    never authenticated, but a key in a URL is a leak). Any query name that may hold a
+    credential, and a JWT under any name, is a 400 `credentials_in_url`."""
+    backend, url = scripted
+    backend.mode, before = "ok", len(backend.bodies)
+    jwt = BEARER["free"]["Authorization"].removeprefix("Bearer ")
+    with guard_process(tmp_path, [url]) as guard:
+        status, payload, _, _ = guard.post(
+            {"model": "m", "prompt": "hi", "max_tokens": 4}, "free",
+            "/v1/completions?" + query.format(jwt=jwt),
+        )  # fmt: skip
+        assert (status, payload["error"]["code"]) == (400, "credentials_in_url")
+    assert len(backend.bodies) == before

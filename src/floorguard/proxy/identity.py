@@ -54,9 +54,29 @@ class AuthError(Exception):
         self.kind = kind
 
 
-CREDENTIAL_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token"})
-"""Query parameters a client may put a credential in: refused, never read (a URL ends up
-in proxies' and servers' logs)."""
+CREDENTIAL_WORDS = (
+    "key", "token", "auth", "secret", "passw", "credential", "bearer", "jwt", "session",
+    "signature",
+)  # fmt: skip
+"""A query parameter whose name holds one of these (case, `-` and `_` aside) may carry a
+credential: `api_key`, `?authorization=`, `?x-api-key=`, `access_token`, … — refused, never
+read (a URL ends up in proxies' and servers' logs)."""
+
+
+def credential_in_query(query: Mapping[str, str]) -> bool:
+    """Whether a URL's query names a credential or carries what looks like one (a guard
+    key, a bearer header, a JWT) under any name."""
+    for name, value in query.items():
+        folded = name.lower().replace("-", "").replace("_", "")
+        if any(word in folded for word in CREDENTIAL_WORDS):
+            return True
+        if looks_like_key(value) or value.lower().startswith("bearer") or _is_jwt(value):
+            return True
+    return False
+
+
+def _is_jwt(value: str) -> bool:
+    return value.startswith("eyJ") and value.count(".") == 2
 
 
 class Identity:
@@ -85,7 +105,7 @@ class Identity:
         """The tenant of a request, from its headers or its verified client certificate
         (`ssl.SSLSocket.getpeercert()`); `peer`: its source address; `query`: its URL's
         parameters (a credential there is refused). AuthError if none."""
-        if query and any(name.lower() in CREDENTIAL_PARAMS for name in query):
+        if query and credential_in_query(query):
             raise AuthError(
                 400,
                 "credentials_in_url",
