@@ -198,3 +198,43 @@ def test_a_key_under_a_query_name_the_guard_did_not_list_is_refused(tmp_path, sc
         )  # fmt: skip
         assert (status, payload["error"]["code"]) == (400, "credentials_in_url")
     assert len(backend.bodies) == before
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_traceparent_w3c_forbids_is_not_forwarded(tmp_path, scripted):
+    """Issue 47: a `traceparent` of version `ff` was forwarded (W3C forbids it). It is
+    dropped, as is a version-00 one with fields after its four; a later version's first
+    four fields are forwarded as version 00."""
+    backend, url = scripted
+    backend.mode = "ok"
+    sent = [f"ff-{TRACE}", f"00-{TRACE}-extra", f"01-{TRACE}-extra", f"00-{TRACE}"]
+    with guard_process(tmp_path, [url]) as guard:
+        for parent in sent:
+            body = {"model": "m", "prompt": "hi", "max_tokens": 4}
+            assert guard.post(body, headers={"traceparent": parent})[0] == 200
+    assert [t for t, _ in backend.traces[-4:]] == [None, None, f"00-{TRACE}", f"00-{TRACE}"]
+
+
+def test_a_clients_sampled_flag_cannot_force_spans_past_the_ceiling(tmp_path, scripted, live):
+    """Issue 47: with `sample_ratio: 0`, a client's sampled flag forced a span on every
+    request (600 requests: 224 KB of spans). `client_sample_ratio` caps it: at 0 none of
+    40 sampled requests makes a span; at 0.5 about half do."""
+    from tests.integration.test_tracing import Receiver  # noqa: PLC0415
+
+    backend, url = scripted
+    backend.mode = "ok"
+    counts = {}
+    for ceiling in (0.0, 0.5):
+        receiver = Receiver()
+        endpoint, _ = live.serve(receiver.app)
+        tracing = {"otlp_endpoint": endpoint + "/v1/traces", "sample_ratio": 0.0,
+                   "client_sample_ratio": ceiling}  # fmt: skip
+        with guard_process(tmp_path / str(ceiling), [url], tracing=tracing) as guard:
+            for _ in range(40):
+                body = {"model": "m", "prompt": "hi", "max_tokens": 4}
+                assert guard.post(body, "free", headers={"traceparent": f"00-{TRACE}"})[0] == 200
+        counts[ceiling] = sum(s.name == "floorguard.request" for s in receiver.spans)
+    assert counts[0.0] == 0
+    assert 8 <= counts[0.5] <= 32  # binomial(40, 0.5): outside this once in 10⁴ runs

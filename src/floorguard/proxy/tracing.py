@@ -16,6 +16,7 @@ OpenTelemetry is an extra (`pip install 'floorguard[otel]'`), imported only when
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +29,11 @@ from floorguard.proxy.config_identity import Strict
 
 __all__ = ["SPAN", "TRACE_CONTEXT", "RequestSpan", "Tracing", "TracingSpec", "client_trace_context"]
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT = re.compile(
+    r"^(?!ff)([0-9a-f]{2})-((?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2})(-.*)?$"
+)
+"""W3C Trace Context: version `ff` is forbidden; version `00` is exactly the four fields; a
+later version may add fields after them, and is read as `00` (its first four fields)."""
 MAX_TRACESTATE = 512
 """The longest `tracestate` forwarded (W3C's 32 members fit; a longer one is dropped)."""
 
@@ -39,8 +44,12 @@ class TracingSpec(Strict):
     service_name: str = "floorguard"
     """The spans' `service.name`."""
     sample_ratio: float = Field(default=1.0, ge=0, le=1)
-    """The share of new traces sampled; a client's sampled `traceparent` is always
-    followed (parent-based)."""
+    """The share of new traces sampled (a client's trace that it did not mark sampled is
+    not)."""
+    client_sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    """The ceiling on what a client's sampled flag can force: of the requests whose
+    `traceparent` says sampled, at most this share is sampled (never fewer than
+    `sample_ratio`), drawn at random — not from the trace id, which the client chose."""
     export_timeout_s: float = Field(default=5.0, gt=0, le=60)
     """How long one export may take (it runs off the request path, in a batch)."""
 
@@ -53,11 +62,15 @@ class TracingSpec(Strict):
 
 
 def client_trace_context(headers: Mapping[str, str]) -> dict[str, str]:
-    """The client's trace context, where it is well-formed: what to forward upstream."""
-    parent = headers.get("traceparent", "")
-    if not _TRACEPARENT.match(parent):
+    """The client's trace context, where it is well-formed (W3C): what to forward upstream,
+    as version `00`."""
+    match = _TRACEPARENT.match(headers.get("traceparent", ""))
+    if match is None:
         return {}
-    out = {"traceparent": parent}
+    version, fields, extra = match.groups()
+    if version == "00" and extra is not None:
+        return {}
+    out = {"traceparent": "00-" + fields}
     state = headers.get("tracestate", "")
     if state and len(state) <= MAX_TRACESTATE and state.isascii():
         out["tracestate"] = state
@@ -126,9 +139,11 @@ class Tracing:
         resource = Resource.create(
             {"service.name": spec.service_name, "service.instance.id": replica}
         )
-        self._provider = TracerProvider(
-            resource=resource, sampler=ParentBased(TraceIdRatioBased(spec.sample_ratio))
+        sampler = ParentBased(
+            TraceIdRatioBased(spec.sample_ratio),
+            remote_parent_sampled=_client_ceiling(max(spec.sample_ratio, spec.client_sample_ratio)),
         )
+        self._provider = TracerProvider(resource=resource, sampler=sampler)
         exporter = OTLPSpanExporter(
             endpoint=spec.otlp_endpoint, timeout=int(max(1, spec.export_timeout_s))
         )
@@ -149,3 +164,33 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is still batched (at the guard's stop)."""
         self._provider.shutdown()
+
+
+def _client_ceiling(ratio: float) -> Any:
+    """A sampler for a client's sampled trace: sampled with probability `ratio`, drawn here
+    (OpenTelemetry's ratio sampler reads the trace id, which a client picks to pass it)."""
+    from opentelemetry.sdk.trace.sampling import (  # noqa: PLC0415 (the extra)
+        ALWAYS_OFF,
+        ALWAYS_ON,
+        Decision,
+        Sampler,
+        SamplingResult,
+    )
+
+    if ratio >= 1:
+        return ALWAYS_ON
+    if ratio <= 0:
+        return ALWAYS_OFF
+    draw = random.Random()
+
+    class ClientCeiling(Sampler):
+        def should_sample(self, *_: Any, trace_state: Any = None, **__: Any) -> SamplingResult:
+            sampled = draw.random() < ratio
+            return SamplingResult(
+                Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP, trace_state=trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"ClientCeiling{{{ratio}}}"
+
+    return ClientCeiling()
