@@ -42,18 +42,23 @@ def test_prompt_hidden_where_the_meter_did_not_look_is_refused(tmp_path, scripte
     """A 20,000-byte role was metered as 19 tokens and forty of them as 448 (vLLM renders
     ≈ 800,000); a token-id prompt's 20,000-byte suffix as 3. Each is refused before the
     backend (a role outside `limits.chat_roles`, or a prompt counted past
-    `max_prompt_tokens` = 4,096 here), and the assured tenant is served after."""
+    `max_prompt_tokens` = 4,096 here), and with the KV budget on (1,024 tokens) the
+    assured tenant is served on time after."""
     backend, url = scripted
     backend.mode, before = "ok", len(backend.bodies)
-    with guard_process(tmp_path, [url], limits={"max_prompt_tokens": 4096}) as guard:
+    budgeted = [{"url": url, "slots": 4, "kv_tokens": 1024}]
+    with guard_process(
+        tmp_path, [url], backends=budgeted, limits={"max_prompt_tokens": 4096}
+    ) as guard:
         status, payload, _, _ = guard.post({"model": "m", "max_tokens": 4, **body}, "free", path)
         assert (status, payload["error"]["code"]) == (400, code)
         assert len(backend.bodies) == before
-        status, _, headers, _ = guard.post(
+        status, _, headers, elapsed = guard.post(
             {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
             path=CHAT,
         )
         assert (status, headers["x-floorguard-decision"]) == (200, "entitled")
+        assert elapsed < 1.82
 
 
 def _access_lines(path) -> list[dict]:
@@ -238,3 +243,20 @@ def test_a_clients_sampled_flag_cannot_force_spans_past_the_ceiling(tmp_path, sc
         counts[ceiling] = sum(s.name == "floorguard.request" for s in receiver.spans)
     assert counts[0.0] == 0
     assert 8 <= counts[0.5] <= 32  # binomial(40, 0.5): outside this once in 10⁴ runs
+
+
+def test_log_lines_hold_for_any_line_splitter(tmp_path, scripted):
+    """Issue 47: U+2028 in a model name split an access-log line for readers that use
+    `splitlines`. Every line of both logs is one line to `splitlines` and decodes to the
+    same model name."""
+    backend, url = scripted
+    backend.mode = "ok"
+    access = tmp_path / "access.jsonl"
+    model = "m\u2028injected\u2029x\x85y"
+    with guard_process(tmp_path, [url], access_log=str(access)) as guard:
+        assert guard.post({"model": model, "prompt": "hi", "max_tokens": 4}, "free")[0] == 200
+    for path in (access, tmp_path / "decisions.jsonl"):
+        text = path.read_text(encoding="utf-8")
+        assert text.splitlines() == text.split("\n")[:-1], path.name
+    (line,) = [orjson.loads(x) for x in access.read_text().splitlines() if "free" in x]
+    assert line["model"] == model

@@ -57,6 +57,7 @@ def test_an_opportunistic_tenant_is_told_nothing_is_reserved_for_it():
     pending = _decided(guard, make_request(assured=False, at=0.5), 0.5)
     headers = rate_limit_headers(pending, MeterKind.TOKEN, guard.config.schedule, 0.5)
     assert headers == {
+        "x-floorguard-window": "0",  # the window it arrived in, though counted in none
         "x-ratelimit-limit-tokens": "0",
         "x-ratelimit-remaining-tokens": "0",
         "x-ratelimit-reset-tokens": "500ms",
@@ -69,4 +70,8 @@ def test_a_cost_excess_refusal_names_the_floor_but_no_remaining_it_never_asked_f
     pending = _decided(guard, make_request(at=0.0), 0.0)  # 16 output tokens > B = 3
     assert not pending.admission.admitted
     headers = rate_limit_headers(pending, MeterKind.TOKEN, config.schedule, 0.0)
-    assert headers == {"x-ratelimit-limit-tokens": "3", "x-ratelimit-reset-tokens": "1s"}
+    assert headers == {
+        "x-floorguard-window": "0",
+        "x-ratelimit-limit-tokens": "3",
+        "x-ratelimit-reset-tokens": "1s",
+    }

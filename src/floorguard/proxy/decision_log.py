@@ -25,6 +25,19 @@ from floorguard.core.events import TraceEvent, to_json
 __all__ = ["DecisionLog", "LineLog", "rotated_segments"]
 
 
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+"""What `str.splitlines` (and JavaScript) break a line at beyond `\\n` and the control
+characters JSON escapes anyway, written as JSON escapes: same strings, one line each."""
+
+
+def _line_safe(text: str) -> str:
+    """JSON lines safe for any line splitter: a client's U+2028 in a model name split a
+    line for readers that use `splitlines` (issue 47). One scan of the batch when absent."""
+    if "\u2028" in text or "\u2029" in text or "\x85" in text:
+        return text.translate(_LINE_BREAKS)
+    return text
+
+
 class LineLog:
     """Lines to a file (appended) or to stdout (`-`), in batches, optionally rotated."""
 
@@ -59,7 +72,7 @@ class LineLog:
     def flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            self._file.write("".join(line + "\n" for line in pending))
+            self._file.write(_line_safe("".join(line + "\n" for line in pending)))
         self._file.flush()
         if self._path is not None and self._due():
             self._rotate()

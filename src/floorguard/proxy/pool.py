@@ -536,8 +536,6 @@ class Pool(Forwarding):
             "x-floorguard-class": str(admission.cls),
             **limits,
         }
-        if admission.window_index is not None:  # a surplus request is in no window
-            headers["x-floorguard-window"] = str(admission.window_index)
         unreachable, admitted_at = 0, self.clock.now()
         while True:
             try:

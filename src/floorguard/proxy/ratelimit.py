@@ -38,7 +38,9 @@ def duration(seconds: float) -> str:
 def rate_limit_headers(
     pending: Pending, meter: MeterKind, schedule: WindowSchedule, now: float
 ) -> dict[str, str]:
-    """The headers for the arrival `pending` (decided), at `now` on the guard's clock."""
+    """The headers for the arrival `pending` (decided), at `now` on the guard's clock: the
+    window it was counted in (`x-floorguard-window`; a surplus request, counted in none,
+    the window it arrived in) and the tenant's floor in it."""
     contract = pending.contract
     if contract is None:  # no contract: nothing reserved to speak of
         return {}
@@ -48,7 +50,7 @@ def rate_limit_headers(
         window = schedule.index_at(now)
     reset_s = min(max(0.0, schedule.start_of(window + 1) - now), schedule.window_s)
     reset, limit, remaining = _NAMES[meter]
-    out = {reset: duration(reset_s)}
+    out = {"x-floorguard-window": str(window), reset: duration(reset_s)}
     if not contract.assured:
         out[limit] = "0"
         out[remaining] = "0"

@@ -18,8 +18,8 @@ def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Res
     """429 (or 403 for a tenant a reload removed) for an arrival the guard refused, with
     `Retry-After`, the class, the window and the rate-limit headers (SPEC §17)."""
     reason = admission.reason or "rejected"
-    retry_s = 1
-    if admission.retry_at is not None:
+    retry_s = 1  # `busy`: when a slot frees is other tenants' business, never said
+    if admission.retry_at is not None and reason != RejectReason.BUSY:
         retry_s = max(1, math.ceil(admission.retry_at - now))
     if reason == RejectReason.UNKNOWN_TENANT:  # removed by a reload since it passed the edge
         return json_error(403, reason, "refused: this tenant has no contract (any more)")
@@ -29,8 +29,6 @@ def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Res
         "Retry-After": str(retry_s),
         **limits,
     }
-    if admission.window_index is not None:
-        headers["x-floorguard-window"] = str(admission.window_index)
     if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
         headers |= NO_RETRY
     if reason in WINDOW_BOUND:
@@ -45,7 +43,7 @@ def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Res
     elif reason == RejectReason.BUSY:
         message = (
             "refused: busy; the requests ahead of this one leave no slot for it before "
-            f"its deadline. Retry in {retry_s} s"
+            "its deadline. Retry later"
         )
     else:
         message = f"refused: {reason}"
