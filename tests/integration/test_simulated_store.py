@@ -3,7 +3,8 @@ random sequences of takes, peeks, carried hand-backs and re-forces, stale and fr
 generations, callers with different floors, and restarts without data, run side by side
 against both (the real store on the caller's clock), must answer alike call for call —
 granted, window, what is left, the pinned floor, the credits re-forced, the window
-closed, and the same pattern of generations."""
+closed, a call id's replayed first answer or an unsure retry, and the same pattern of
+generations."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ _calls = st.fixed_dictionaries(
         "carry_back": st.sampled_from([None, 0, 0, 1]),
         "shared": st.integers(0, 3),
         "local": st.integers(0, 3),
+        "id": st.sampled_from(["", "", "x", "y"]),
+        "retry_of": st.sampled_from([None, None, 0, 1]),
     }
 )
 
@@ -93,12 +96,16 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
                     seen=token,
                     carry=carry,
                     floor=floor,
+                    op=call["id"],
+                    retry_of=None if call["retry_of"] is None else index - call["retry_of"],
                 )
                 seen[side, call["caller"], call["key"]] = reply.generation
                 answers[side] = (
                     reply.grant,
                     reply.restored,
                     reply.closed,
+                    reply.replayed,
+                    reply.unsure,
                     _pattern(patterns[side], reply.generation),
                 )
             assert answers["sim"] == answers["real"], call

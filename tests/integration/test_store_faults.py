@@ -344,3 +344,70 @@ def test_leases_keep_the_slots_held_while_redis_is_down_and_restore_them(server,
         assert sorted(stored) == [b"A|a1", b"A|a3", b"A|a5"]  # a1 and a3 restored
     finally:
         run(store.aclose())
+
+
+class LateReplies:
+    """A TCP proxy in front of Redis on the test's loop that holds back the next
+    `hold` replies by `delay_s`: Redis has run the call when the caller gives up on it."""
+
+    def __init__(self, upstream_port: int, delay_s: float) -> None:
+        self.upstream_port = upstream_port
+        self.delay_s = delay_s
+        self.hold = 0
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> LateReplies:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _pipe(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers += [writer, up_writer]
+
+        async def copy(src, dst, late: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if late and self.hold > 0:
+                        self.hold -= 1
+                        await asyncio.sleep(self.delay_s)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(copy(reader, up_writer, False), copy(up_reader, writer, True))
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for w in self._writers), return_exceptions=True)
+        await self._server.wait_closed()
+
+
+def test_a_take_whose_reply_came_too_late_is_charged_once(server, floors, loop):
+    """Issue 46: a floor take that timed out (50 ms) after Redis had run it was retried and
+    charged again, so an assured request inside its floor was refused. Through a proxy that
+    holds Redis's replies 120 ms, each of B = 4 takes times out once after Redis ran it; the
+    retries get their first answers: all four granted, Redis counts 4, a fifth is refused."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    proxy = loop.run_until_complete(LateReplies(port, 0.12).start())
+    floor = floors(f"redis://127.0.0.1:{proxy.port}", replicas=1)
+    schedule = mid_window(server.url)
+    assert take(loop, floor, "warm", 1, schedule) == [True]  # connected, script loaded
+    granted = []
+    for _ in range(4):
+        proxy.hold = 1
+        granted += take(loop, floor, "acme", 1, schedule, capacity=4)
+    assert granted == [True] * 4
+    assert floor.calls["replayed"] == 4 and not floor.degraded
+    assert used(server.url, "acme") == 4
+    assert take(loop, floor, "acme", 1, schedule, capacity=4) == [False]
+    loop.run_until_complete(floor.store.aclose())
+    loop.run_until_complete(proxy.close())

@@ -12,6 +12,7 @@ import pytest
 from floorguard.store.base import Grant, StoreUnavailable
 from floorguard.store.redis_store import NO_CARRY, Carry, Reply
 from floorguard.store.shared import SharedFloor, Unavailable
+from floorguard.store.simulated import SimulatedRedis
 from floorguard.windows import WindowSchedule
 
 
@@ -40,6 +41,7 @@ class Scripted:
         seen="",
         carry=NO_CARRY,
         floor=None,
+        **_ids,  # op, retry_of: this store never times out after running a call
     ):
         if self.down or self.fail_next:
             self.fail_next = max(0, self.fail_next - 1)
@@ -178,3 +180,47 @@ def test_congested_retries_are_bounded():
     shared = floor(Pooled(size=8), congested_retries=0)
     _burst(shared, 40)
     assert shared.degraded and shared.calls["congested"] == 0
+
+
+class RunThenTimeOut:
+    """A store over the simulated Redis whose calls listed in `lost` run and then time out
+    (the caller never hears the answer): a slow Redis behind a 50 ms call timeout."""
+
+    def __init__(self, lost: set[int]) -> None:
+        self.client = SimulatedRedis().client("replica")
+        self.url = self.client.url
+        self.lost = lost
+        self.calls = 0
+
+    def call(self, *args, **kwargs):
+        self.calls += 1
+        reply = self.client.call(*args, **kwargs)
+        if self.calls in self.lost:
+            raise StoreUnavailable("timed out after Redis ran it")
+        return reply
+
+
+def test_a_take_that_timed_out_after_redis_ran_it_is_charged_once():
+    """Issue 46: a floor take that timed out after Redis had run it was retried and charged
+    again, so with B = 4 the fourth request inside the floor was refused. With one call id
+    for every attempt, the retry gets the first answer: all four are granted, and the fifth
+    (past B) is not."""
+    store = RunThenTimeOut(lost={1, 3, 5})
+    shared = SharedFloor(store, policy=Unavailable.FAIL_STATIC, replicas=1, retry_s=1.0,
+                         clock=lambda: 0.0, backoff_s=0.0)  # fmt: skip
+    grants = [shared.acquire("t", 1, 4, WindowSchedule(1.0), 10.0 + i / 100) for i in range(5)]
+    assert [g.granted for g in grants] == [True, True, True, True, False]
+    assert shared.calls["replayed"] == 3 and not shared.degraded
+
+
+def test_a_retry_that_cannot_know_is_granted_uncharged():
+    """A retry whose first attempt was sent in a window that has closed cannot tell whether
+    it was charged: granted without a charge (the floor's side), counted and warned."""
+    sim = SimulatedRedis()
+    client = sim.client("r")
+    schedule = WindowSchedule(1.0)
+    for _ in range(4):
+        client.call("t", 1, 4, schedule, 10.5)  # window 10 full
+    reply = client.call("t", 1, 4, schedule, 11.01, op="late", retry_of=10)
+    assert reply.unsure and reply.grant.granted
+    assert client.call("t", 4, 4, schedule, 11.02).grant.granted  # window 11 was not charged

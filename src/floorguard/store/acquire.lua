@@ -20,9 +20,21 @@
 --             `r:<id>` of the counter), however many of its calls carried the old generation
 --          13 the caller's floor: the contract's B (capacity is less while its floor is
 --             lowered)
+--          14 the call's id ("" = none): a take carrying an id is applied once; the same
+--             id again (a retry after a timeout that Redis had already run) gets the first
+--             answer, nothing charged or carried twice
+--          15 a retry of that id: the window its first attempt was sent in, as the caller
+--             reckoned it ("" = not a retry)
 -- returns  {granted (0/1), window index, what is left, generation, the clock used (a
 --          string, seconds), credits re-forced for a lost state, closed (0/1), the
---          window's floor}
+--          window's floor, replayed (0/1: the id's first answer), unsure (0/1)}
+--
+-- The counter holds one window: a call in a later window starts it afresh (every field of
+-- the hash — the ids applied, the marks, `lost` — belongs to its window).
+--
+-- A retry whose id is not in the window, when the caller's first attempt was in an earlier
+-- window (ARGV 15) that is gone, cannot know whether that attempt was charged: it is
+-- granted without a charge (`unsure`), the side that keeps the tenant's floor.
 --
 -- The first take in a window *pins* its floor (field `floor`): every later call in that
 -- window is judged against it, whatever floor its caller has, so replicas that a reload
@@ -65,12 +77,29 @@ local used, floor = 0, nil
 if stored[1] and tonumber(stored[1]) == index then
   used = tonumber(stored[2])
   floor = tonumber(stored[3])
+elseif stored[1] then
+  redis.call('DEL', KEYS[1])  -- another window's: none of it holds now
 end
 local pinned = floor ~= nil
 floor = floor or own_floor
 local limit = floor
 if capacity < own_floor then
   limit = math.min(capacity, floor)
+end
+
+local op = ARGV[14]
+if mode == 'take' and op ~= '' then
+  local first = redis.call('HGET', KEYS[1], 'op:' .. op)
+  local closed_now = tonumber(redis.call('HGET', KEYS[1], 'lost')) == index
+  if first then
+    return {tonumber(first), index, limit - used, generation, tostring(now), 0,
+            closed_now and 1 or 0, floor, 1, 0}
+  end
+  local first_window = tonumber(ARGV[15])
+  if first_window ~= nil and first_window < index then
+    return {1, index, limit - used, generation, tostring(now), 0, closed_now and 1 or 0,
+            floor, 0, 1}
+  end
 end
 
 local carried = tonumber(ARGV[9]) == index
@@ -99,10 +128,14 @@ if mode == 'take' or restored + handed > 0 or closed then
   redis.call('HSET', KEYS[1], 'w', index, 'used', used)
   if mode == 'take' then
     redis.call('HSET', KEYS[1], 'floor', floor)
+    if op ~= '' then
+      redis.call('HSET', KEYS[1], 'op:' .. op, granted)
+    end
   elseif not pinned then
     redis.call('HDEL', KEYS[1], 'floor')
   end
   local left_ms = math.ceil((origin + (index + 1) * window_s - now) * 1000)
   redis.call('PEXPIRE', KEYS[1], left_ms + 1000)
 end
-return {granted, index, limit - used, generation, tostring(now), restored, closed and 1 or 0, floor}
+return {granted, index, limit - used, generation, tostring(now), restored, closed and 1 or 0,
+        floor, 0, 0}

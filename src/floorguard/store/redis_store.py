@@ -104,6 +104,8 @@ class RedisCreditStore(ScriptStore):
         seen: str,
         carry: Carry,
         floor: int | None,
+        op: str,
+        retry_of: int | None,
     ) -> list[str | int]:
         at = repr(now) if self.clock == "caller" else ""
         token = f"{self._token_base}:{next(self._tokens)}"
@@ -119,6 +121,8 @@ class RedisCreditStore(ScriptStore):
             *carry,
             self._token_base,
             capacity if floor is None else floor,
+            op,
+            "" if retry_of is None else retry_of,
         ]
 
     def call(
@@ -133,9 +137,11 @@ class RedisCreditStore(ScriptStore):
         seen: str = "",
         carry: Carry = NO_CARRY,
         floor: int | None = None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
         """One EVALSHA (blocking); `StoreUnavailable` when Redis cannot answer."""
-        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor, op, retry_of)
         try:
             return _reply(self._script(keys=self.keys(key), args=args))
         except _UNREACHABLE as exc:
@@ -153,9 +159,11 @@ class RedisCreditStore(ScriptStore):
         seen: str = "",
         carry: Carry = NO_CARRY,
         floor: int | None = None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
         """One EVALSHA on the asyncio client; `StoreUnavailable` when Redis cannot answer."""
-        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor)
+        args = self._args(weight, capacity, schedule, mode, now, seen, carry, floor, op, retry_of)
         try:
             return _reply(await self._async_script(keys=self.keys(key), args=args))
         except _UNREACHABLE as exc:
@@ -239,11 +247,15 @@ def _text(value: Any) -> str:
 
 
 def _reply(reply: Any) -> Reply:
-    granted, index, remaining, generation, clock_s, restored, closed, floor = reply
+    granted, index, remaining, generation, clock_s, restored, closed, floor, replayed, unsure = (
+        reply
+    )
     return Reply(
         Grant(bool(granted), int(index), int(remaining), int(floor)),
         _text(generation),
         float(_text(clock_s)),
         int(restored),
         bool(closed),
+        bool(replayed),
+        bool(unsure),
     )

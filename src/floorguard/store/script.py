@@ -41,6 +41,11 @@ class Reply(NamedTuple):
     """Credits re-forced because the generation had changed."""
     closed: bool
     """The window is closed to fresh takes: Redis lost the tenant's state in it."""
+    replayed: bool = False
+    """The call's id was applied before (a retry after a timeout Redis had run): this is
+    that first answer, nothing charged again."""
+    unsure: bool = False
+    """A retry whose first attempt fell in a window that is gone: granted uncharged."""
 
 
 class ScriptStore(CreditStore):
@@ -62,8 +67,13 @@ class ScriptStore(CreditStore):
         seen: str = "",
         carry: Carry = NO_CARRY,
         floor: int | None = None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
-        """One call, blocking; `StoreUnavailable` when the store cannot answer."""
+        """One call, blocking; `StoreUnavailable` when the store cannot answer. `op`: the
+        call's id (a take with one is applied once: the same id again gets its first
+        answer); `retry_of`: for a retry of `op`, the window its first attempt was sent in
+        (`acquire.lua`)."""
 
     async def call_async(
         self,
@@ -77,10 +87,22 @@ class ScriptStore(CreditStore):
         seen: str = "",
         carry: Carry = NO_CARRY,
         floor: int | None = None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
         """One call, awaited; a store with no I/O of its own answers as `call` does."""
         return self.call(
-            key, weight, capacity, schedule, now, mode=mode, seen=seen, carry=carry, floor=floor
+            key,
+            weight,
+            capacity,
+            schedule,
+            now,
+            mode=mode,
+            seen=seen,
+            carry=carry,
+            floor=floor,
+            op=op,
+            retry_of=retry_of,
         )
 
     def acquire(

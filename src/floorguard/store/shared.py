@@ -6,8 +6,12 @@ that fails is retried (`attempts`, with a short backoff): one refused or slow ca
 outage. Nor is a call that failed while Redis answered another of this replica's calls:
 that is this replica's own congestion (a burst that waits for the connection pool, an
 event loop too busy to read a reply in time), and it is retried without counting as an
-attempt, up to `congested_retries` times. When every attempt fails the floor is *degraded*
-and follows `on_unavailable`:
+attempt, up to `congested_retries` times. Every attempt of one decision carries the same
+call id: a call that timed out after Redis ran it is answered, when retried, with its first
+answer and charged once (a double charge refused an assured request inside its floor); a
+retry whose first attempt fell in a window that has since closed cannot know, and is
+granted uncharged — the floor's side — with a warning. When every attempt fails the floor
+is *degraded* and follows `on_unavailable`:
 
 * `fail-static` (default): each of the `N` live replicas (the count last heard from the
   store's membership, `members.py`; `replicas` here) grants from a local floor of
@@ -40,6 +44,9 @@ a window.
 
 from __future__ import annotations
 
+import itertools
+import logging
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
@@ -52,6 +59,8 @@ from floorguard.store.script import Carry, Reply, ScriptStore
 from floorguard.windows import WindowSchedule
 
 __all__ = ["SharedFloor", "Unavailable"]
+
+log = logging.getLogger("floorguard.store")
 
 
 _Call = tuple[str, int, int, dict[str, Any]]
@@ -103,7 +112,8 @@ class SharedFloor(CreditStore):
         because Redis answered another call meanwhile), `redis_error` (a decision whose
         every attempt failed), `local`
         (answered by the fallback); `restored`: credits re-forced after Redis lost its
-        state."""
+        state; `replayed`: a retry answered with its timed-out first attempt's answer (not
+        charged twice); `retry_unsure`: a retry that could not know, granted uncharged."""
         self._heard = 0
         """Answers Redis gave this replica so far: a call that failed while another was
         answered met this replica's own congestion, not an outage."""
@@ -117,6 +127,10 @@ class SharedFloor(CreditStore):
         """Each tenant's (window, credits this replica took through Redis in it)."""
         self._owed: dict[str, tuple[int, int]] = {}
         """Each tenant's (window, credits granted locally not yet handed back)."""
+        self._op_base = uuid.uuid4().hex[:12]
+        self._ops = itertools.count()
+        """Each decision's store call id (`_op_base:n`): its retries carry the same id, so
+        a take Redis ran before its answer timed out is not charged again."""
 
     @property
     def degraded(self) -> bool:
@@ -207,17 +221,16 @@ class SharedFloor(CreditStore):
         I/O it asks for."""
         if self._should_try(now):
             carry = self._carry(key, schedule, now)
+            op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
             failed = congested = 0
             while failed < self._attempts():
+                retry_of = None
                 if failed or congested:
                     yield self.backoff_s * 2 ** max(0, failed - 1)
+                    retry_of = carry.window  # an attempt may have been run: not twice
                 heard = self._heard
-                reply = yield (
-                    key,
-                    weight,
-                    capacity,
-                    {"seen": self._seen.get(key, ""), "carry": carry, "floor": floor},
-                )
+                options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": floor}
+                reply = yield (key, weight, capacity, {**options, "op": op, "retry_of": retry_of})
                 if isinstance(reply, BaseException) or reply is None:
                     self.calls["failed_attempt"] += 1
                     if self._heard > heard and congested < self.congested_retries:
@@ -276,6 +289,15 @@ class SharedFloor(CreditStore):
         grant = reply.grant
         self.calls["redis"] += 1
         self._heard += 1
+        if reply.replayed:
+            self.calls["replayed"] += 1  # a timed-out attempt Redis had run: charged once
+        if reply.unsure:
+            self.calls["retry_unsure"] += 1
+            log.warning(
+                "a retried floor take for %s could not tell whether its first attempt, in a "
+                "window now gone, was charged: granted without a charge (the floor's side)",
+                key,
+            )
         if reply.restored:
             self.calls["restored"] += reply.restored
         if reply.closed and (key, grant.window_index) not in self._closed:

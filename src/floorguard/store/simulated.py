@@ -31,13 +31,15 @@ _Entry = tuple[int, float, int]
 
 @dataclass
 class _Counter:
-    """A tenant's counter hash: `w`, `used`, `floor`, `lost`, and `r:<caller>` marks."""
+    """A tenant's counter hash for one window: `w`, `used`, `floor`, `lost`, `r:<caller>`
+    marks and `op:<id>` answers (a call in a later window starts it afresh)."""
 
     window: int | None = None
     used: int = 0
     floor: int | None = None
     lost: int | None = None
     reforced: dict[str, int] = field(default_factory=dict)
+    ops: dict[str, bool] = field(default_factory=dict)
 
 
 class SimulatedRedis:
@@ -85,6 +87,8 @@ class SimulatedRedis:
         seen: str,
         carry: Carry,
         floor: int | None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
         """One run of `acquire.lua`, step for step."""
         if self._unreachable(now):
@@ -93,11 +97,23 @@ class SimulatedRedis:
         index = schedule.index_at(now)
         generation = self._generations.setdefault(key, f"sim:{next(self._tokens)}")
         counter = self._counters.setdefault(key, _Counter())
+        if counter.window is not None and counter.window != index:
+            counter = self._counters[key] = _Counter()  # another window's: none of it holds
         current = counter.window == index
         used = counter.used if current else 0
         pinned = counter.floor if current else None
         window_floor = own_floor if pinned is None else pinned
         limit = min(capacity, window_floor) if capacity < own_floor else window_floor
+
+        if mode == "take" and op:
+            closed_now = counter.lost == index
+            first = counter.ops.get(op)
+            if first is not None:
+                grant = Grant(first, index, limit - used, window_floor)
+                return Reply(grant, generation, now, 0, closed_now, replayed=True)
+            if retry_of is not None and retry_of < index:
+                grant = Grant(True, index, limit - used, window_floor)
+                return Reply(grant, generation, now, 0, closed_now, unsure=True)
 
         carried = carry.window == index
         restored = 0
@@ -117,6 +133,8 @@ class SimulatedRedis:
             counter.window, counter.used = index, used
             if mode == "take":
                 counter.floor = window_floor
+                if op:
+                    counter.ops[op] = granted
             elif pinned is None:
                 counter.floor = None
         grant = Grant(granted, index, limit - used, window_floor)
@@ -218,9 +236,22 @@ class SimulatedClient(ScriptStore):
         seen: str = "",
         carry: Carry = NO_CARRY,
         floor: int | None = None,
+        op: str = "",
+        retry_of: int | None = None,
     ) -> Reply:
         return self.server.call(
-            self.caller, key, weight, capacity, schedule, now, mode, seen, carry, floor
+            self.caller,
+            key,
+            weight,
+            capacity,
+            schedule,
+            now,
+            mode,
+            seen,
+            carry,
+            floor,
+            op,
+            retry_of,
         )
 
     def lease(self, call: LeaseCall) -> LeaseReply:
