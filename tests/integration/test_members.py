@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from floorguard.store.members import Membership, View, others_settled, parse_members
 from floorguard.store.redis_store import RedisCreditStore
@@ -118,8 +119,60 @@ def test_without_redis_the_count_stays_what_it_last_was(fleet, loop, redis_serve
 
 
 def test_the_reply_parses_into_views():
-    views = parse_members([b"12.5", b"a", b"3|1", b"b", b"2|0"])
+    roll = parse_members([b"12.5", [b"a", b"3|1|13.1", b"b", b"2|0|13.0"], [b"c"]])
+    views = roll.views
     assert views == {"a": View(3, True), "b": View(2, False)}
+    assert roll.expiries == {"a": 13.1, "b": 13.0} and roll.left == {"c"} and roll.now == 12.5
     assert not others_settled(views, "a", 3)  # b applies 2 and is over its share
     assert others_settled(views, "b", 3)  # a applies 3 and fits
     assert others_settled({"me": View(1, False)}, "me", 5)  # alone: nothing to wait for
+
+
+def _three(fleet, loop, ttl_s=0.6):
+    run = loop.run_until_complete
+    members = [fleet(name, ttl_s=ttl_s)[0] for name in "abc"]
+    for _ in range(2):
+        for member in members:
+            assert run(member.beat())
+    assert [m.count for m in members] == [3, 3, 3]
+    return members
+
+
+@pytest.mark.parametrize("fault", ["restart", "flush", "evict"])
+def test_a_store_that_forgets_the_fleet_is_not_a_fleet_of_one(fleet, loop, redis_server,
+                                                              fault):  # fmt: skip
+    """Issue 46: after a Redis restart without persistence, a FLUSHALL or an evicted
+    member key, each of three replicas counted "1 replica(s) live" and took a whole
+    backend. A member missing before its time ran out is one the store forgot: still
+    counted, and back in the roll once it beats again."""
+    run = loop.run_until_complete
+    a, b, c = _three(fleet, loop)
+    with redis.Redis.from_url(redis_server.url) as admin:
+        if fault == "restart":
+            redis_server.kill()
+            redis_server.start()
+        elif fault == "flush":
+            admin.flushall()
+        else:
+            admin.delete(*admin.keys("floorguard:fleet:*"))
+    assert run(a.beat()) or run(a.beat())  # a pooled connection a restart broke fails once
+    assert a.count == 3 and a.kept == {"b", "c"}
+    assert run(b.beat()) and run(c.beat()) and run(a.beat())
+    assert a.count == 3 and a.kept == frozenset() and sorted(a.members) == ["a", "b", "c"]
+
+
+def test_a_paused_store_is_not_a_fleet_of_one(fleet, loop, redis_server):
+    """Redis paused past every member's expiry (SIGSTOP, CLIENT PAUSE): when it answers
+    again the others' entries are out of time, but they have not had a `ttl_s` to beat:
+    they stay counted, and drop out only if they stay silent a `ttl_s` more."""
+    run = loop.run_until_complete
+    a, b, _ = _three(fleet, loop)
+    with redis.Redis.from_url(redis_server.url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 900)
+    assert run(a.beat()) is False  # timed out in the pause
+    run(asyncio.sleep(0.8))
+    assert run(a.beat()) and a.count == 3 and a.kept == {"b", "c"}
+    assert run(b.beat())  # b is alive; c died in the pause
+    run(asyncio.sleep(0.7))
+    assert run(a.beat()) and run(b.beat())
+    assert run(a.beat()) and a.count == 2 and sorted(a.members) == ["a", "b"]

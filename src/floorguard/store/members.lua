@@ -4,13 +4,18 @@
 --          its entry expires unless it beats again
 -- KEYS[2]  what each member applies: a hash, field = replica, value = "<count>|<settled>":
 --          the replica count its shares follow, and 1 once its requests in flight fit them
---          (both keys share one hash tag: one Redis Cluster slot)
+-- KEYS[3]  the members that left (after their drain): a sorted set, score = when the
+--          record of their leaving expires (ttl_s after it)
+--          (the keys share one hash tag: one Redis Cluster slot)
 -- ARGV     1 op: "beat" or "leave", 2 replica, 3 ttl_s, 4 count, 5 settled (0/1)
--- returns  {now (a string), replica, "<count>|<settled>", replica, …}: every live member,
---          after this call
+-- returns  {now (a string), {replica, "<count>|<settled>|<expires at>", replica, …},
+--          {replica that left, …}}: every live member after this call, and those that
+--          left within the last ttl_s
 --
 -- A beat (re)announces the caller until now + ttl_s; entries not renewed by then are
--- gone, with what they applied. A replica that leaves (after its drain) is gone at once.
+-- gone, with what they applied. A replica that leaves (after its drain) is gone at once,
+-- and says so: a member missing without having left is one the store forgot (a restart, a
+-- flush, an eviction) unless its time ran out, which the callers tell apart.
 
 local op, replica, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local t = redis.call('TIME')
@@ -21,20 +26,28 @@ for _, member in ipairs(expired) do
   redis.call('HDEL', KEYS[2], member)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 
 if op == 'beat' then
   redis.call('ZADD', KEYS[1], now + ttl, replica)
   redis.call('HSET', KEYS[2], replica, ARGV[4] .. '|' .. ARGV[5])
+  redis.call('ZREM', KEYS[3], replica)
 else
   redis.call('ZREM', KEYS[1], replica)
   redis.call('HDEL', KEYS[2], replica)
+  redis.call('ZADD', KEYS[3], now + ttl, replica)
 end
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
-redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+for i = 1, 3 do
+  redis.call('PEXPIRE', KEYS[i], math.ceil(ttl * 1000) + 1000)
+end
 
-local reply = {tostring(now)}
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  reply[#reply + 1] = member
-  reply[#reply + 1] = redis.call('HGET', KEYS[2], member) or '0|0'
+local live = {}
+for _, entry in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')) do
+  live[#live + 1] = entry
 end
-return reply
+local members = {}
+for i = 1, #live, 2 do
+  members[#members + 1] = live[i]
+  members[#members + 1] = (redis.call('HGET', KEYS[2], live[i]) or '0|0') .. '|' .. live[i + 1]
+end
+return {tostring(now), members, redis.call('ZRANGE', KEYS[3], 0, -1)}

@@ -14,6 +14,17 @@ every other member applies a count at least as large and has settled to it, so t
 of a grown fleet never sum past a backend's slots. While Redis cannot be reached the count
 stays what it last was (nothing can be learned; a replica that starts then uses the
 configured `store.replicas`).
+
+**A shrinking count is believed only when it is known.** A member that left says so (the
+script keeps a record of its leaving for `ttl_s`); one missing without having left is gone
+only once its own expiry, as last seen, has passed *and* the store has answered this
+replica for a whole `ttl_s` since it last could not (or since it last forgot a member):
+then a live member would have beaten again. A member missing before its expiry is one the
+store forgot — restarted without persistence, flushed, an entry evicted — and stays
+counted; so does every member after Redis was paused or unreachable past their expiries,
+until they have had a `ttl_s` to announce themselves again. Before this, each replica of
+three read a Redis restart or a pause as "1 replica(s) live" and took a whole backend
+(21 requests in flight on a 12-slot backend).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from typing import Any
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.redis_store import RedisCreditStore
 
-__all__ = ["Membership", "View", "parse_members"]
+__all__ = ["Membership", "Roll", "View", "parse_members"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("members.lua").read_text()
 log = logging.getLogger("floorguard.members")
@@ -44,17 +55,31 @@ class View:
     settled: bool
 
 
-def parse_members(reply: list[Any]) -> dict[str, View]:
-    """The script's reply → every live member's view."""
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
 
+@dataclass(frozen=True, slots=True)
+class Roll:
+    """One answer of the script: the Redis clock, every live member's view and expiry,
+    and the members that left within the last `ttl_s`."""
+
+    now: float
+    views: dict[str, View]
+    expiries: dict[str, float]
+    left: frozenset[str]
+
+
+def parse_members(reply: list[Any]) -> Roll:
+    """The script's reply → the roll."""
+    now, flat, left = reply
     views: dict[str, View] = {}
-    for member, value in zip(reply[1::2], reply[2::2], strict=True):
-        count, _, settled = text(value).partition("|")
-        views[text(member)] = View(int(count), settled == "1")
-    return views
+    expiries: dict[str, float] = {}
+    for member, value in zip(flat[0::2], flat[1::2], strict=True):
+        count, settled, expiry = _text(value).split("|")
+        views[_text(member)] = View(int(count), settled == "1")
+        expiries[_text(member)] = float(expiry)
+    return Roll(float(_text(now)), views, expiries, frozenset(_text(m) for m in left))
 
 
 def others_settled(views: dict[str, View], me: str, count: int) -> bool:
@@ -88,11 +113,18 @@ class Membership:
         self.heard_at: float | None = None
         """When the fleet last answered (wall clock); None: never."""
         self.failures = 0
+        self.kept: frozenset[str] = frozenset()
+        """Members missing from the store that are still counted (module docstring)."""
+        self._expiries: dict[str, float] = {}
+        """Each member's expiry as last seen (Redis clock)."""
+        self._answering_since: float | None = None
+        """Since when (Redis clock) the store has answered every beat and forgotten no
+        member; None: its last beat failed."""
         self._on_count = on_count
         self._settled = settled
         self._script = store.register_async(SCRIPT)
         key = f"{store.prefix}:fleet:{{{group}}}"
-        self._keys = [key, f"{key}:view"]
+        self._keys = [key, f"{key}:view", f"{key}:left"]
 
     @property
     def warning(self) -> str | None:
@@ -103,7 +135,7 @@ class Membership:
             )
         return None
 
-    async def _call(self, op: str) -> dict[str, View]:
+    async def _call(self, op: str) -> Roll:
         args = [op, self.replica, repr(self.ttl_s), self.count, int(self._settled())]
         reply: list[Any] = await self._script(keys=self._keys, args=args)
         return parse_members(reply)
@@ -112,14 +144,43 @@ class Membership:
         """Announce this replica and follow the live count; False if Redis did not answer
         (the count stays)."""
         try:
-            self.members = await self._call("beat")
+            roll = await self._call("beat")
         except StoreUnavailable as exc:
             self.failures += 1
+            self._answering_since = None
             log.warning("membership: heartbeat failed: %s", exc)
             return False
         self.heard_at = time.time()
-        self._follow(max(1, len(self.members)))
+        self.members = roll.views
+        self.kept = self._still_counted(roll)
+        self._follow(max(1, len(roll.views) + len(self.kept)))
         return True
+
+    def _still_counted(self, roll: Roll) -> frozenset[str]:
+        """The members missing from `roll` that are not known to be gone (module
+        docstring), and the expiries remembered for the next beat."""
+        now = roll.now
+        missing = {
+            m: at
+            for m, at in self._expiries.items()
+            if m not in roll.views and m not in roll.left and m != self.replica
+        }
+        forgotten = sorted(m for m, at in missing.items() if at > now)
+        if self._answering_since is None or forgotten:
+            self._answering_since = now
+        if forgotten:
+            log.warning(
+                "membership: the store forgot %d replica(s) before their time ran out (%s: "
+                "restarted, flushed or evicted): they stay counted until they announce "
+                "themselves again or %.1f s pass",
+                len(forgotten),
+                ", ".join(forgotten),
+                self.ttl_s,
+            )
+        settled = now - self._answering_since >= self.ttl_s
+        kept = {m: at for m, at in missing.items() if at > now or not settled}
+        self._expiries = {**kept, **roll.expiries}
+        return frozenset(kept)
 
     def _follow(self, count: int) -> None:
         if count == self.count:
@@ -177,5 +238,6 @@ class Membership:
             "ttl_s": self.ttl_s,
             "heard_at": self.heard_at,
             "failed_beats": self.failures,
+            "kept": sorted(self.kept),
             "warning": self.warning,
         }
