@@ -238,8 +238,12 @@ class GuardServer:
         self._side_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2), cookie_jar=aiohttp.DummyCookieJar()
         )
-        for pool in self.pools.values():
-            self._background += await pool.start(self._session)
+        try:
+            for pool in self.pools.values():
+                self._background += await pool.start(self._session)
+        except BaseException:  # refused at start (a ConfigError): nothing left open
+            await self._close_sessions()
+            raise
         if self._log is not None or self._access is not None:
             self._background.append(asyncio.create_task(self._flush_every()))
         self._background.append(asyncio.create_task(self._sample_every()))
@@ -341,14 +345,17 @@ class GuardServer:
                 _CUT_WAIT_S,
             )
 
+    async def _close_sessions(self) -> None:
+        for session in (self._session, self._side_session):
+            if session is not None:
+                await session.close()
+
     async def stop(self, _: web.Application) -> None:
         for task in self._background:
             task.cancel()
         for pool in self.pools.values():
             await pool.stop()
-        for session in (self._session, self._side_session):
-            if session is not None:
-                await session.close()
+        await self._close_sessions()
         for lines in (self._log, self._access):
             if lines is not None:
                 lines.close()

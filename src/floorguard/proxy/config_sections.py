@@ -55,6 +55,11 @@ class StoreSpec(Strict):
     membership_ttl_s: float = Field(default=3.0, ge=0.3, le=300)
     """A replica that has not announced itself for this long is no longer live (it beats
     every `membership_ttl_s / 3`; one that drains leaves at once)."""
+    eviction: Literal["refuse", "warn"] = "refuse"
+    """A Redis that can evict the floor's keys (a `maxmemory-policy` other than
+    `noeviction` under a `maxmemory` limit: an evicted counter re-grants its window's
+    floor): `refuse` to start, or `warn` and serve (docs/deploy.md, Redis). Checked at
+    start and each time Redis answers again after an outage."""
     lease_ttl_s: float = Field(default=2.0, ge=0.2, le=60)
     """A lease not renewed for this long expires: a dead replica's slots come back within
     it (renewed every `lease_ttl_s / 4`)."""

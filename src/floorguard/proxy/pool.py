@@ -58,6 +58,7 @@ from floorguard.proxy.replies import (
 from floorguard.proxy.shares import Reload, capacities, merge_backends, slot_shares
 from floorguard.proxy.status import guard_status
 from floorguard.proxy.tracing import SPAN, TRACE_CONTEXT, client_trace_context
+from floorguard.store.base import StoreUnavailable
 from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
@@ -194,9 +195,34 @@ class Pool(Forwarding):
 
     def _on_store_change(self, state: str, now: float) -> None:
         """The decision log marks the shared floor's degraded periods (`verify` judges AF
-        in them as conditional on the store)."""
+        in them as conditional on the store); a Redis answering again is checked again."""
         self.guard.store_changed(now, state)
         log.warning("shared floor%s: %s", self._of(), state)
+        if state == "shared":
+            self._in_background(self._check_eviction(at_start=False))
+
+    async def _check_eviction(self, *, at_start: bool) -> None:
+        """The store's eviction policy (`RedisCreditStore.eviction_risk`): at start a risk
+        refuses to serve unless `store.eviction: warn`; later it is an error in the log."""
+        store = self.config.store
+        if self.redis is None or store is None:
+            return
+        try:
+            risk = await self.redis.eviction_risk()
+        except StoreUnavailable:
+            return  # unreachable: checked again when it answers
+        if risk is None:
+            return
+        known = not risk.startswith("unknown")
+        if at_start and known and store.eviction == "refuse":
+            raise ConfigError(
+                "store.eviction",
+                store.eviction,
+                f"{store.url.split('@')[-1]} has {risk}; set maxmemory-policy noeviction "
+                "there (docs/deploy.md, Redis) or store.eviction: warn",
+            )
+        level = logging.ERROR if known else logging.WARNING
+        log.log(level, "shared floor%s: Redis %s (docs/deploy.md, Redis)", self._of(), risk)
 
     def _on_lost_state(self, tenant: str, window: int, now: float) -> None:
         """Redis lost `tenant`'s count in `window` (it restarted empty): the window is
@@ -210,9 +236,11 @@ class Pool(Forwarding):
         return f" (model {self.name})" if self.name is not None else ""
 
     async def start(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
-        """Probe the backends, check the partition; the pool's background tasks."""
+        """Probe the backends, check the partition and the store; the pool's background
+        tasks."""
         await self.health.probe_all(session)
         await self._check_partition(session)
+        await self._check_eviction(at_start=True)
         tasks = [
             asyncio.create_task(self.health.probe_every(session, self.config.health_interval_s))
         ]

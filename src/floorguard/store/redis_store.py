@@ -169,6 +169,28 @@ class RedisCreditStore(ScriptStore):
         except _UNREACHABLE as exc:
             raise StoreUnavailable(str(exc)) from exc
 
+    async def eviction_risk(self) -> str | None:
+        """Why the floor's keys could vanish from this Redis while it runs (its
+        `maxmemory-policy` evicts keys under a `maxmemory` limit), or None where they
+        cannot. Every key the floor writes has a TTL, so `volatile-*` policies evict them
+        as surely as `allkeys-*`; only `noeviction` (or no limit) keeps them. A Redis that
+        refuses `CONFIG GET` (a managed one may) says so, and is taken as unknown."""
+        try:
+            policy = await self._async_client.config_get("maxmemory-policy")
+            limit = await self._async_client.config_get("maxmemory")
+        except redis.ResponseError as exc:
+            return f"unknown: CONFIG GET is refused here ({exc}); set maxmemory-policy noeviction"
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        name = _text(_first(policy.get("maxmemory-policy", "noeviction")))
+        maxmemory = int(_text(_first(limit.get("maxmemory", "0"))) or 0)
+        if name == "noeviction" or maxmemory == 0:
+            return None
+        return (
+            f"maxmemory-policy {name} with maxmemory {maxmemory}: Redis evicts keys under "
+            "memory pressure, and an evicted floor counter re-grants a window's floor"
+        )
+
     def close(self) -> None:
         """Close the blocking client (a store never used asynchronously needs no more)."""
         self._client.close()
@@ -240,6 +262,11 @@ def _clients(
         ),
         (),
     )
+
+
+def _first(value: Any) -> Any:
+    """A cluster client's `CONFIG GET` may answer per node (a list): the first one's."""
+    return value[0] if isinstance(value, list) and value else value
 
 
 def _text(value: Any) -> str:
