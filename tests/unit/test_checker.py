@@ -320,3 +320,59 @@ def test_a_log_of_two_pools_is_checked_pool_by_pool(marquee_events):
     assert (report.violations[0].prop, report.violations[0].index) == ("AF", i)
     fleet = check_fleet([_two_pools(marquee_events), _two_pools(marquee_events)])
     assert fleet.num_requests == 4 * check_trace(marquee_events).num_requests
+
+
+def _died_and_restarted(log):
+    """`log` cut after its first two dispatches (the replica died with them in flight)
+    and followed by a new life: its config again, and one request served to the end."""
+    dispatches = [i for i, e in enumerate(log) if e.kind is EventKind.DISPATCH]
+    config = log[0]
+    died_at = log[dispatches[1]].at
+    life = [
+        config._replace(at=died_at + 0.5),
+        TraceEvent(died_at + 0.6, EventKind.ARRIVE, "new-1", "a95", None),
+    ]
+    return log[: dispatches[1] + 1] + life
+
+
+def test_a_replica_that_died_with_requests_in_flight_verifies_beside_the_others():
+    """Issue 46: a killed replica's log beside the survivors' never verified. Its requests
+    still open when its log starts a new life are counted (`num_died_open`), not TERMINAL
+    violations, and fleet SLOTS releases them where the new life starts."""
+    logs = _two_replicas_on_one_backend(slots=2)
+    logs[1] = _died_and_restarted(logs[1])
+    report = check_fleet(logs, allow_open=True)
+    assert report.ok(), report.violations[:3]
+    assert report.num_died_open == 2
+    assert report.fleet_peak_in_flight == {"http://vllm:8000": 4}
+
+
+def test_a_log_that_ends_with_requests_open_still_fails_without_allow_open():
+    """A life that ends open at the end of the file (no restart): TERMINAL, as before."""
+    log = _two_replicas_on_one_backend(slots=2)[0]
+    cut = [i for i, e in enumerate(log) if e.kind is EventKind.DISPATCH][1]
+    assert "TERMINAL" in props(check_trace(log[: cut + 1]))
+
+
+def test_a_half_written_line_a_dying_writer_left_is_skipped(tmp_path):
+    """A SIGKILL mid-write leaves half a line: the file's last, or (once a new writer ended
+    it) the line before the new life's config. Each is skipped and counted; half a line
+    anywhere else is still an error naming its line."""
+    from floorguard.core.events import TraceError, read_jsonl, to_json  # noqa: PLC0415
+    from floorguard.proxy.decision_log import LineLog  # noqa: PLC0415
+
+    log = _two_replicas_on_one_backend(slots=2)[0]
+    lines = [to_json(e) for e in log]
+    path = tmp_path / "decisions.jsonl"
+    path.write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])  # killed mid-line
+    torn: list[int] = []
+    assert len(list(read_jsonl(path, torn))) == 5 and torn == [6]
+    writer = LineLog(path)  # the restarted replica appends its own life
+    writer.append_line(lines[0])
+    writer.close()
+    torn.clear()
+    events = list(read_jsonl(path, torn))
+    assert len(events) == 6 and torn == [6] and events[-1].kind is EventKind.CONFIG
+    path.write_text("\n".join([*lines[:3], lines[3][:17], *lines[4:]]) + "\n")
+    with pytest.raises(TraceError, match="trace line 4"):
+        list(read_jsonl(path))

@@ -432,15 +432,7 @@ def _check_one(
     for index, event in enumerate(events):
         report.num_events += 1
         if event.kind is EventKind.CONFIG:
-            if event.data is None:
-                raise TraceError("config event without a configuration")
-            config = config_from_dict(event.data)
-            known = checkers.get(event.pool)
-            if known is not None and event.window is not None:
-                known.index = index
-                known.reload(event, config)
-            else:
-                checkers[event.pool] = _Checker(config, report, shared_floor=shared_floor)
+            _on_config(event, index, checkers, report, shared_floor)
             continue
         checker = checkers.get(event.pool)
         if checker is None:
@@ -461,6 +453,28 @@ def _check_one(
                 if not state.ended:
                     checker.violate("TERMINAL", rid, "no terminal outcome by the end of the log")
     return next(iter(checkers.values()))
+
+
+def _on_config(
+    event: TraceEvent,
+    index: int,
+    checkers: dict[str | None, _Checker],
+    report: CheckReport,
+    shared_floor: bool,
+) -> None:
+    """A `config` event: a reload (it names the window it governs from), else the log's
+    first life or a new one (the replica died and restarted: what it held is counted)."""
+    if event.data is None:
+        raise TraceError("config event without a configuration")
+    config = config_from_dict(event.data)
+    known = checkers.get(event.pool)
+    if known is not None and event.window is not None:
+        known.index = index
+        known.reload(event, config)
+        return
+    if known is not None:
+        report.num_died_open += sum(not s.ended for s in known.requests.values())
+    checkers[event.pool] = _Checker(config, report, shared_floor=shared_floor)
 
 
 def format_prefix(events: Sequence[TraceEvent], violation: Violation, context: int = 8) -> str:

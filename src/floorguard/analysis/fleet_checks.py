@@ -115,14 +115,23 @@ def _slot_changes(
     number: int, events: Sequence[TraceEvent], config: GuardConfig
 ) -> list[_Change | None]:
     """+1 at each start (the `lease` event with fleet-wide leases, else `dispatch`), −1 at
-    each end or requeue, per backend id; a dispatch the fleet gave no lease (`no_lease`
-    requeue) is voided (None): it never reached the backend."""
+    each end or requeue, per backend id, and for what a replica held when it died, where
+    its log starts a new life; a dispatch the fleet gave no lease (`no_lease` requeue) is
+    voided (None): it never reached the backend."""
     backend_ids = config.backend_ids
     start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
     changes: list[_Change | None] = []
     at_backend: dict[RequestId, tuple[str, int]] = {}
     unleased: dict[RequestId, int] = {}
     for index, e in enumerate(events):
+        if e.kind is EventKind.CONFIG and e.window is None and index > 0:
+            # a new life: the replica died with these in flight; they are counted until it
+            # starts again (a backend may run them a little longer: docs/replicas.md)
+            for rid, (backend, _) in at_backend.items():
+                changes.append((e.at, -1, backend, number, index, rid))
+            at_backend.clear()
+            unleased.clear()
+            continue
         if e.request_id is None:
             continue
         if config.slot_leases and e.kind is EventKind.DISPATCH:
@@ -287,10 +296,13 @@ def fleet_af(
     floors: Sequence[Floors],
     report: CheckReport,
 ) -> None:
-    """AF across replicas, per (tenant, window the store reported). A (tenant, window) in
-    which some replica decided while its store was degraded (between `store` events) is
-    judged conditionally: its findings go to `report.conditional`. Where a reload reached
-    the replicas at different times, the store pins each window's floor at its first take:
+    """AF across replicas, per (tenant, window the store reported). More than `B` granted
+    from a window's floor is a violation whatever the store did (a fault is not a
+    condition). A refusal inside the floor, or floors that disagree, in a (tenant, window)
+    in which some replica decided while its store was degraded (between `store` events) or
+    lost its state is judged conditionally: its findings go to `report.conditional`. Where
+    a reload reached the replicas at different times, the store pins each window's floor at
+    its first take:
     every replica's decisions there must be judged against that one floor (one
     configuration per window), none granted beyond it, none refused below it."""
     fleet = _FleetFloor()
@@ -323,9 +335,8 @@ def fleet_af(
             )
     for (tenant, window), total in sorted(fleet.granted.items()):
         limit = max(fleet.judged[tenant, window])
-        if total > limit:
-            conditional = (tenant, window) in fleet.local
-            (report.conditional if conditional else report.violations).append(
+        if total > limit:  # a fault is not a condition: past B is a violation, whatever
+            report.violations.append(  # the store did
                 Violation(
                     "AF",
                     0,
@@ -334,7 +345,7 @@ def fleet_af(
                     f"floor in window {window}"
                     + (
                         " (the store's fallback or a lost state decided there)"
-                        if conditional
+                        if (tenant, window) in fleet.local
                         else ""
                     ),
                 )

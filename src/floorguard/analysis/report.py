@@ -52,6 +52,13 @@ class CheckReport:
     """Per backend with a recorded capacity (`check_fleet`): the most requests the fleet
     had in flight there at once."""
     counts: Counter[str] = field(default_factory=Counter)
+    num_died_open: int = 0
+    """Requests a replica still held when it died: its log starts a new life (a `config`
+    event that is no reload) with them open. Their clients lost the connection; counted
+    here, not as TERMINAL violations, and their slots end where the new life starts."""
+    num_torn_lines: int = 0
+    """Lines a writer left half-written as it died (the file's last, or the one before a
+    new life's `config`): skipped."""
 
     def failed(self, strict_sf: bool = False) -> list[Violation]:
         return [v for v in self.violations if strict_sf or v.prop != "SF"]

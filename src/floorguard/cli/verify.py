@@ -52,18 +52,21 @@ def register(commands: Any) -> None:
     verify.set_defaults(run=run)
 
 
-def _read(path: Path, rotated: bool) -> list[TraceEvent]:
-    """One log; `rotated`: its segments in order, then the file itself."""
+def _read(path: Path, rotated: bool, torn: list[int]) -> list[TraceEvent]:
+    """One log; `rotated`: its segments in order, then the file itself. Lines a dying
+    writer left half-written are skipped and counted in `torn`."""
     segments = rotated_segments(path) if rotated else [path]
-    return [e for segment in segments for e in read_jsonl(str(segment))]
+    return [e for segment in segments for e in read_jsonl(str(segment), torn)]
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    logs = [_read(path, args.rotated) for path in args.trace]
+    torn: list[int] = []
+    logs = [_read(path, args.rotated, torn) for path in args.trace]
     if args.fleet or len(logs) > 1:
         report = check_fleet(logs, allow_open=args.allow_open)
     else:
         report = check_trace(logs[0], allow_open=args.allow_open)
+    report.num_torn_lines = len(torn)
     failed = report.failed(args.strict_sf)
     if args.json:
         print(
@@ -80,6 +83,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     "conditional": [asdict(v) for v in report.conditional[:100]],
                     "store_degraded_s": report.degraded_s,
                     "fleet_peak_in_flight": report.fleet_peak_in_flight,
+                    "num_died_open": report.num_died_open,
+                    "num_torn_lines": report.num_torn_lines,
                 },
                 indent=2,
             )
@@ -103,6 +108,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
             )
         for backend, peak in report.fleet_peak_in_flight.items():
             console.print(f"fleet: at most {peak} in flight at {backend}", markup=False)
+        if report.num_died_open or report.num_torn_lines:
+            console.print(
+                f"restarts: {report.num_died_open} request(s) were in flight at a replica "
+                f"that died (its log starts again); {report.num_torn_lines} half-written "
+                "line(s) a dying writer left, skipped",
+                markup=False,
+            )
         if report.conditional:
             console.print(
                 f"AF conditional on the store: {len(report.conditional)} finding(s) in windows "

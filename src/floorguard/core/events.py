@@ -223,11 +223,31 @@ def write_jsonl(events: Iterable[TraceEvent], path: str | PathLike[str]) -> int:
     return count
 
 
-def read_jsonl(path: str | PathLike[str]) -> Iterator[TraceEvent]:
+def read_jsonl(path: str | PathLike[str], torn: list[int] | None = None) -> Iterator[TraceEvent]:
+    """A decision log's events. A line a writer left half-written as it died — the file's
+    last, or the one just before a new life's `config` line — is skipped (its number added
+    to `torn`, where given); any other unreadable line is a `TraceError`."""
     with open(path, encoding="utf-8") as f:
+        pending: tuple[int, str, TraceError] | None = None
         for line_no, line in enumerate(f, start=1):
-            if line.strip():
-                yield from_json(line, line_no)
+            if not line.strip():
+                continue
+            try:
+                event = from_json(line, line_no)
+            except TraceError as exc:
+                if pending is not None:
+                    raise pending[2] from None
+                pending = (line_no, line, exc)
+                continue
+            if pending is not None:
+                if event.kind is not EventKind.CONFIG or event.window is not None:
+                    raise pending[2]
+                if torn is not None:
+                    torn.append(pending[0])
+                pending = None
+            yield event
+        if pending is not None and torn is not None:
+            torn.append(pending[0])
 
 
 def config_to_dict(config: GuardConfig) -> dict[str, Any]:

@@ -38,6 +38,19 @@ def _line_safe(text: str) -> str:
     return text
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether the file's last line lacks its newline (its writer died mid-write)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 class LineLog:
     """Lines to a file (appended) or to stdout (`-`), in batches, optionally rotated."""
 
@@ -61,7 +74,10 @@ class LineLog:
 
     def _open(self) -> None:
         if self._path is not None:
+            torn = _ends_torn(self._path)
             self._file = self._path.open("a", encoding="utf-8")
+            if torn:  # a writer killed mid-line: end its line, so ours start on their own
+                self._file.write("\n")
         self._opened_at = time.time()
 
     def append_line(self, line: str) -> None:
