@@ -4,13 +4,20 @@ error in the log), because an evicted counter re-grants its window's floor."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
 import subprocess
+import sys
 
+import aiohttp
 import pytest
 import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.live import ISSUER, SECRET
+from tests.integration.live import ISSUER, SECRET, token
 from tests.integration.processes import emulate, floorguard, serve, stop
 from tests.redis_server import RedisServer, free_port
 
@@ -69,3 +76,108 @@ def test_with_eviction_warn_it_serves_and_says_so(tmp_path, evicting):
     stop(process)
     said = (tmp_path / "guard.err").read_text()
     assert "maxmemory-policy volatile-lru" in said and "ERROR" in said
+
+
+BACKEND_SLOTS, REPLICAS, TTL_S = 6, 3, 0.6
+
+
+def _replica(backend: str, redis_url: str, n: int, log) -> dict:
+    config = _config({"url": redis_url, "replicas": REPLICAS, "membership_ttl_s": TTL_S},
+                     backend)  # fmt: skip
+    config["replica"] = f"r{n}"
+    config["backends"] = [{"url": backend, "slots": BACKEND_SLOTS}]
+    config["decision_log"] = str(log)
+    config["contracts"] = [
+        {"tenant": "acme", "class": "assured", "floor": 3, "deadline_ms": 20_000},
+        {"tenant": "free", "class": "opportunistic", "deadline_ms": 20_000},
+    ]
+    return config
+
+
+async def _sustained(urls: list[str], seconds: float, per_replica: int) -> list[int]:
+    """`per_replica` clients per replica, each sending one request after another for
+    `seconds`: every status (0 for a connection that failed)."""
+    statuses: list[int] = []
+    stop_at = asyncio.get_running_loop().time() + seconds
+
+    async def client(session: aiohttp.ClientSession, url: str, tenant: str) -> None:
+        body = {"model": "m", "prompt": "x", "max_tokens": 24}
+        headers = {"Authorization": f"Bearer {token(tenant)}"}
+        while asyncio.get_running_loop().time() < stop_at:
+            try:
+                async with session.post(url + "/v1/completions", json=body,
+                                        headers=headers) as r:  # fmt: skip
+                    await r.read()
+                    statuses.append(r.status)
+            except aiohttp.ClientError:
+                statuses.append(0)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(
+            client(session, url, ("acme", "free")[i % 2])
+            for url in urls for i in range(per_replica)
+        ))  # fmt: skip
+    return statuses
+
+
+async def _in_flight_max(url: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as r:
+        text = await r.text()
+    return next(
+        f.samples[0].value
+        for f in text_string_to_metric_families(text)
+        if f.name == "floorguard_backend_in_flight_max"
+    )
+
+
+@pytest.mark.parametrize("fault", ["restart", "pause"])
+def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fault):
+    """Issue 46's chaos: three replicas partition a 6-slot backend (2 each) under a steady
+    flood; Redis restarts without persistence, or is paused (SIGSTOP) past the membership
+    TTL. Each replica read that as "1 replica(s) live" and took the whole backend (21 in
+    flight on 12 slots). Now the backend never holds more than its 6, every replica serves
+    on, and the three logs pass `verify`."""
+    server = RedisServer().start()
+    backend, emulator = emulate(slots=BACKEND_SLOTS)
+    processes = [emulator]
+    logs = [tmp_path / f"r{n}.jsonl" for n in range(REPLICAS)]
+    try:
+        urls = []
+        for n in range(REPLICAS):
+            url, process = serve(_replica(backend, server.url, n, logs[n]),
+                                 tmp_path / f"r{n}.yaml")  # fmt: skip
+            urls.append(url)
+            processes.append(process)
+
+        async def scenario() -> list[int]:
+            load = asyncio.ensure_future(_sustained(urls, 6.0, 8))
+            await asyncio.sleep(1.5)
+            if fault == "restart":
+                server.kill()
+                server.start()
+            else:
+                os.kill(server.pid, signal.SIGSTOP)
+                await asyncio.sleep(3 * TTL_S)
+                os.kill(server.pid, signal.SIGCONT)
+            return await load
+
+        statuses = asyncio.run(scenario())
+        assert statuses.count(200) > 30 and 0 not in statuses
+        peak = asyncio.run(_in_flight_max(backend))
+        assert peak <= BACKEND_SLOTS, f"the backend held {peak} > its {BACKEND_SLOTS} slots"
+        for process in processes[1:]:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+    finally:
+        stop(*processes)
+        server.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, report["violations"][:3]
+    assert (
+        report["fleet_peak_in_flight"] == {}
+        or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
+    )
