@@ -81,8 +81,8 @@ def test_fcfs_ignores_priority(live):
 
 def test_the_emulator_reads_the_fields_vllm_reads(live):
     """The official client against the emulator: chat's `max_completion_tokens` is the cap,
-    `prompt_tokens` is the prompt's count (the guard's byte bound: 5 + 2 per text, + 8 per
-    message, + 8 for the template), and `include_usage` ends a stream with a usage chunk
+    `prompt_tokens` is the prompt's count (the guard's byte bound: 5 + 2 per text, the role
+    4 + 2, + 8 per message, + 8 for the template), and `include_usage` ends a stream with a usage chunk
     that has no choices."""
     url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -91,7 +91,7 @@ def test_the_emulator_reads_the_fields_vllm_reads(live):
         model="m", messages=messages, max_completion_tokens=5, max_tokens=40
     )
     assert chat.usage.completion_tokens == 5 and chat.choices[0].message.content.count("tok") == 5
-    assert chat.usage.prompt_tokens == 5 + 2 + 8 + 8
+    assert chat.usage.prompt_tokens == 5 + 2 + (4 + 2) + 8 + 8
     chunks = list(
         client.completions.create(
             model="m",
