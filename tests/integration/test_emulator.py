@@ -82,8 +82,8 @@ def test_fcfs_ignores_priority(live):
 def test_the_emulator_reads_the_fields_vllm_reads(live):
     """The official client against the emulator: chat's `max_completion_tokens` is the cap,
     `prompt_tokens` is the prompt's count (the guard's byte bound: 5 + 2 per text, the role
-    4 + 2, + 8 per message, + 8 for the template), and `include_usage` ends a stream with a usage chunk
-    that has no choices."""
+    4 + 2, + 8 per message, + 8 for the template), and `include_usage` ends a stream with a
+    usage chunk that has no choices."""
     url, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     messages = [{"role": "user", "content": "hello"}]

@@ -3,14 +3,14 @@ continuous-batching model in real time (no GPU, no weights).
 
 Each request needs `max_tokens` output tokens (for chat, `max_completion_tokens` first, as
 vLLM reads it; at least `min_tokens`; the emulated model never stops early, as with
-`ignore_eos: true`). Its prompt is counted as the guard meters it without a tokenizer (UTF-8
-bytes + 2 per text — a chat message's role among them —, + 8 per chat message): that is the `prompt_tokens` it reports and what
-a profile's per-prompt-token prefill charges. `stream_options.include_usage` ends a stream
-with a usage chunk, as vLLM does. `C` slots run in the `BatchingBackend`; the
-rest wait, FIFO or — with `--scheduling-policy priority` — by vLLM's `(priority, arrival)`,
-and a running request is never preempted. A streamed response sends one chunk per token as
-the batch produces it (the first when prefill ends). `/metrics` has vLLM-style
-running/waiting gauges.
+`ignore_eos: true`). Its prompt is counted as the guard meters it without a tokenizer
+(UTF-8 bytes + 2 per text, a chat message's role among them, + 8 per chat message): that is
+the `prompt_tokens` it reports and what a profile's per-prompt-token prefill charges.
+`stream_options.include_usage` ends a stream with a usage chunk, as vLLM does. `C` slots
+run in the `BatchingBackend`; the rest wait, FIFO or — with `--scheduling-policy priority`
+— by vLLM's `(priority, arrival)`, and a running request is never preempted. A streamed
+response sends one chunk per token as the batch produces it (the first when prefill ends).
+`/metrics` has vLLM-style running/waiting gauges.
 """
 
 from __future__ import annotations
