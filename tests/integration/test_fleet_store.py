@@ -144,8 +144,9 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
     try:
         urls = []
         for n in range(REPLICAS):
-            url, process = serve(_replica(backend, server.url, n, logs[n]),
-                                 tmp_path / f"r{n}.yaml")  # fmt: skip
+            with (tmp_path / f"r{n}.err").open("wb") as err:
+                url, process = serve(_replica(backend, server.url, n, logs[n]),
+                                     tmp_path / f"r{n}.yaml", err)  # fmt: skip
             urls.append(url)
             processes.append(process)
 

@@ -115,8 +115,29 @@ def test_local_grants_are_carried_back_once_before_the_take():
     assert shared.acquire("acme", 1, 6, schedule, 1.7).granted
     assert store.carries[-1] == Carry(1, 0, 2)  # the 2 local grants, in the same call
     assert store.used["acme", 1] == 3
-    assert shared.acquire("acme", 1, 6, schedule, 1.8).granted
+    shared.acquire("acme", 1, 6, schedule, 1.8)  # (held down while the fleet recovers)
     assert store.carries[-1].local == 0  # handed back once
+
+
+def test_while_the_fleet_recovers_the_shared_count_leaves_the_others_shares_aside():
+    """Issue 46: Redis paused past the membership TTL; replicas came back at different
+    instants, and one that took through Redis filled B while another still granted its
+    fail-static share locally: 4 > B = 3 in a window. For `retry_s` and a window after it
+    saw Redis return, a replica takes through Redis only up to B − (N − 1)·⌊B/N⌋; then the
+    whole floor again. Its state says `recovering` meanwhile (the log marks it)."""
+    store = Scripted()
+    changes = []
+    shared = floor(store, replicas=3, on_change=lambda state, now: changes.append(state))
+    schedule = WindowSchedule(1.0)
+    store.down = True
+    shared.acquire("acme", 1, 3, schedule, 0.2)  # degraded
+    store.down = False
+    granted = [shared.acquire("acme", 1, 3, schedule, 0.9 + i / 100).granted for i in range(3)]
+    assert granted == [True, False, False]  # 3 − 2 · 1: the other two may still grant 1 each
+    assert shared.state == "recovering"
+    late = [shared.acquire("acme", 1, 3, schedule, 2.5 + i / 100).granted for i in range(4)]
+    assert late == [True, True, True, False]  # 0.9 + 0.5 + 1.0 has passed: B again
+    assert changes == ["fail-static", "recovering", "shared"]
 
 
 class Pooled(Scripted):
@@ -224,3 +245,18 @@ def test_a_retry_that_cannot_know_is_granted_uncharged():
     reply = client.call("t", 1, 4, schedule, 11.01, op="late", retry_of=10)
     assert reply.unsure and reply.grant.granted
     assert client.call("t", 4, 4, schedule, 11.02).grant.granted  # window 11 was not charged
+
+
+def test_a_fallback_answered_out_of_order_across_a_window_never_grants_twice():
+    """A degraded replica answers its callers with their arrival's `now`; concurrent ones
+    can cross a window boundary out of order (one that arrived in window 295 answered after
+    one in 296). The local store kept only the latest window and restarted it for the late
+    caller, so the next caller in 296 was granted again: 2 of a share of 1 (a chaos run)."""
+    store = Scripted()
+    store.down = True
+    shared = floor(store, replicas=3)
+    schedule = WindowSchedule(1.0)
+    assert not shared.acquire("acme", 1, 3, schedule, 295.94).granted  # the onset window
+    assert shared.acquire("acme", 1, 3, schedule, 296.12).granted  # ⌊3/3⌋
+    assert not shared.acquire("acme", 1, 3, schedule, 295.95).granted  # late, for 295
+    assert not shared.acquire("acme", 1, 3, schedule, 296.13).granted  # still one in 296

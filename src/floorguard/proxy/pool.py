@@ -181,7 +181,14 @@ class Pool(Forwarding):
             explicit="replicas" in store.model_fields_set,
             on_count=self._follow_fleet,
             settled=self._settled,
+            on_return=self._store_returned,
         )
+
+    def _store_returned(self) -> None:
+        """Redis answers this replica's beats again after it could not: the others may still
+        grant from their fail-static shares (`SharedFloor.outage_seen`)."""
+        if self.shared_floor is not None:
+            self.shared_floor.outage_seen(self.clock.now())
 
     @property
     def label(self) -> str:

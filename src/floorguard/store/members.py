@@ -99,6 +99,7 @@ class Membership:
         explicit: bool,
         on_count: Callable[[int], None],
         settled: Callable[[], bool],
+        on_return: Callable[[], None] | None = None,
     ) -> None:
         """`group`: the fleet's name in the store (one per pool: `members`, `members:<model>`)."""
         self.replica = replica
@@ -122,6 +123,8 @@ class Membership:
         member; None: its last beat failed."""
         self._on_count = on_count
         self._settled = settled
+        self._on_return = on_return
+        """Called when a beat succeeds after one failed: Redis is back."""
         self._script = store.register_async(SCRIPT)
         key = f"{store.prefix}:fleet:{{{group}}}"
         self._keys = [key, f"{key}:view", f"{key}:left"]
@@ -151,6 +154,8 @@ class Membership:
             log.warning("membership: heartbeat failed: %s", exc)
             return False
         self.heard_at = time.time()
+        if self._answering_since is None and self.failures and self._on_return is not None:
+            self._on_return()
         self.members = roll.views
         self.kept = self._still_counted(roll)
         self._follow(max(1, len(roll.views) + len(self.kept)))

@@ -11,7 +11,10 @@ __all__ = ["MemoryCreditStore"]
 
 class MemoryCreditStore(CreditStore):
     """Keeps only each key's current window: `key -> (window_index, used, floor)`, the
-    window's floor pinned at its first take, as `acquire.lua` pins it."""
+    window's floor pinned at its first take, as `acquire.lua` pins it. A call for an earlier
+    window than the key's latest (concurrent callers whose `now`s cross a boundary out of
+    order: a degraded replica's fallback) is denied, never counted afresh: three replicas
+    paused out of Redis each granted 2 of a fail-static share of 1 that way."""
 
     def __init__(self) -> None:
         self._windows: dict[str, tuple[int, int, int]] = {}
@@ -29,6 +32,8 @@ class MemoryCreditStore(CreditStore):
         index = schedule.index_at(now)
         own = capacity if floor is None else floor
         window, used, pinned = self._windows.get(key, (index, 0, own))
+        if index < window:  # a call for a window already left (calls answered out of order)
+            return Grant(False, index, 0, own)  # its count is gone: never grant it afresh
         if window != index:
             used, pinned = 0, own
         limit = min(capacity, pinned) if capacity < own else pinned

@@ -127,6 +127,9 @@ class SharedFloor(CreditStore):
         """Each tenant's (window, credits this replica took through Redis in it)."""
         self._owed: dict[str, tuple[int, int]] = {}
         """Each tenant's (window, credits granted locally not yet handed back)."""
+        self._recovering_from: float | None = None
+        """When this replica saw Redis return after an outage (None: no recovery under
+        way): the shared count is held down for a while (`_recovery_capacity`)."""
         self._op_base = uuid.uuid4().hex[:12]
         self._ops = itertools.count()
         """Each decision's store call id (`_op_base:n`): its retries carry the same id, so
@@ -149,7 +152,34 @@ class SharedFloor(CreditStore):
 
     @property
     def state(self) -> str:
-        return self.policy.value if self.degraded else "shared"
+        if self.degraded:
+            return self.policy.value
+        return "recovering" if self._recovering_from is not None else "shared"
+
+    def outage_seen(self, now: float) -> None:
+        """Redis was unreachable and answers again, as this replica saw it elsewhere (its
+        membership beats): the fleet is recovering, as if its floor had been degraded."""
+        if not self.degraded:
+            self._recovering_from = now
+            if self.on_change is not None:
+                self.on_change(self.state, now)
+
+    def _recovery_capacity(self, capacity: int, schedule: WindowSchedule, now: float) -> int:
+        """While others may still grant from their fail-static shares (for `retry_s` and a
+        window after this replica saw Redis return), the shared count leaves their
+        `(N − 1)·⌊B/N⌋` aside, so the fleet never grants more than `B` in a window; then
+        the floor is shared whole again."""
+        since = self._recovering_from
+        if since is None:
+            return capacity
+        if now >= since + self.retry_s + schedule.window_s:
+            self._recovering_from = None
+            if self.on_change is not None:
+                self.on_change(self.state, now)
+            return capacity
+        if self.policy is not Unavailable.FAIL_STATIC:
+            return capacity
+        return capacity - (self.replicas - 1) * (capacity // self.replicas)
 
     # -- two thin shells over one policy (`_plan`): the async one (the server's request
     # -- path) and the synchronous `CreditStore` interface (the core's own calls) ----------
@@ -220,6 +250,7 @@ class SharedFloor(CreditStore):
         weight, capacity, options`; it returns the grant. The two shells above only run the
         I/O it asks for."""
         if self._should_try(now):
+            shared_capacity = self._recovery_capacity(capacity, schedule, now)
             carry = self._carry(key, schedule, now)
             op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
             failed = congested = 0
@@ -229,8 +260,14 @@ class SharedFloor(CreditStore):
                     yield self.backoff_s * 2 ** max(0, failed - 1)
                     retry_of = carry.window  # an attempt may have been run: not twice
                 heard = self._heard
-                options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": floor}
-                reply = yield (key, weight, capacity, {**options, "op": op, "retry_of": retry_of})
+                own_floor = capacity if floor is None else floor  # pinned as B, not as held down
+                options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": own_floor}
+                reply = yield (
+                    key,
+                    weight,
+                    shared_capacity,
+                    {**options, "op": op, "retry_of": retry_of},
+                )
                 if isinstance(reply, BaseException) or reply is None:
                     self.calls["failed_attempt"] += 1
                     if self._heard > heard and congested < self.congested_retries:
@@ -329,6 +366,7 @@ class SharedFloor(CreditStore):
 
     def _recovered(self, now: float) -> None:
         self.degraded_since = None
+        self._recovering_from = now
         self._local = MemoryCreditStore()
         if self.on_change is not None:
             self.on_change(self.state, now)
