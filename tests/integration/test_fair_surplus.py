@@ -20,11 +20,11 @@ pytest_plugins = ["tests.integration.test_attacks"]  # its `emulator` backend fi
 BODY = {"model": "m", "prompt": "hi", "max_tokens": 16}
 
 
-async def _one(session, url, tenant, delay_s):
+async def _one(session, url, tenant, delay_s, body=BODY):
     await asyncio.sleep(delay_s)
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {token(tenant)}"}
-    async with session.post(url + "/v1/completions", json=BODY, headers=headers) as r:
+    async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
         await r.read()
         return tenant, r.status, time.monotonic() - started
 
@@ -35,6 +35,17 @@ async def _beside_a_flood(url):
         sent += [_one(session, url, "polite", 0.5 + 0.4 * i) for i in range(4)]
         sent += [_one(session, url, "acme", 1.0 + 0.3 * i) for i in range(3)]
         return await asyncio.gather(*sent)
+
+
+def _by_order(tmp_path, emulator, contracts, orders, drive):
+    """`drive(url)` against a guard with each surplus order: its results by order."""
+    seen = {}
+    for order in orders:
+        with guard_process(
+            tmp_path / order, [emulator], contracts=contracts, surplus=order, window_s=60.0
+        ) as guard:
+            seen[order] = asyncio.run(drive(guard.url))
+    return seen
 
 
 def _latencies(results, tenant):
@@ -48,12 +59,7 @@ def test_a_polite_tenant_is_served_in_its_turn_not_behind_the_flood(tmp_path, em
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 60000},
         {"tenant": "polite", "class": "opportunistic", "deadline_ms": 60000},
     ]
-    seen = {}
-    for order in ("fair", "learner"):
-        with guard_process(
-            tmp_path / order, [emulator], contracts=contracts, surplus=order, window_s=60.0
-        ) as guard:
-            seen[order] = asyncio.run(_beside_a_flood(guard.url))
+    seen = _by_order(tmp_path, emulator, contracts, ("fair", "learner"), _beside_a_flood)
     fair, learner = seen["fair"], seen["learner"]
     flood = statistics.median(_latencies(fair, "free"))
     assert max(_latencies(fair, "polite")) < flood  # in its turn: before most of the flood
@@ -68,19 +74,11 @@ async def _shapes(url):
     """A flood of 48-token requests queued at once, then six polite ones of 8 output
     tokens behind 1,000-byte prompts."""
 
-    async def one(session, tenant, body, delay_s):
-        await asyncio.sleep(delay_s)
-        started = time.monotonic()
-        headers = {"Authorization": f"Bearer {token(tenant)}"}
-        async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
-            await r.read()
-            return tenant, r.status, time.monotonic() - started
-
     flood = {"model": "m", "prompt": "hi", "max_tokens": 48}
     polite = {"model": "m", "prompt": "x" * 1000, "max_tokens": 8}
     async with aiohttp.ClientSession() as session:
-        sent = [one(session, "free", flood, 0.0) for _ in range(16)]
-        sent += [one(session, "polite", polite, 0.3) for _ in range(6)]
+        sent = [_one(session, url, "free", 0.0, flood) for _ in range(16)]
+        sent += [_one(session, url, "polite", 0.3, polite) for _ in range(6)]
         return await asyncio.gather(*sent)
 
 
@@ -93,12 +91,7 @@ def test_long_prompts_and_short_outputs_are_charged_the_slot_time_they_hold(tmp_
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 60000},
         {"tenant": "polite", "class": "opportunistic", "deadline_ms": 60000},
     ]
-    seen = {}
-    for order in ("fair", "fair-tokens"):
-        with guard_process(
-            tmp_path / order, [emulator], contracts=contracts, surplus=order, window_s=60.0
-        ) as guard:
-            seen[order] = asyncio.run(_shapes(guard.url))
+    seen = _by_order(tmp_path, emulator, contracts, ("fair", "fair-tokens"), _shapes)
     by_slot, by_tokens = (statistics.median(_latencies(seen[o], "polite")) for o in seen)
     assert max(_latencies(seen["fair"], "polite")) < statistics.median(
         _latencies(seen["fair"], "free")
