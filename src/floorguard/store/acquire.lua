@@ -34,7 +34,8 @@
 --
 -- A retry whose id is not in the window, when the caller's first attempt was in an earlier
 -- window (ARGV 15) that is gone, cannot know whether that attempt was charged: it is
--- granted without a charge (`unsure`), the side that keeps the tenant's floor.
+-- granted without a charge (`unsure`), the side that keeps the tenant's floor, in that
+-- earlier window (the one the request arrived in and was, or was not, charged in).
 --
 -- The first take in a window *pins* its floor (field `floor`): every later call in that
 -- window is judged against it, whatever floor its caller has, so replicas that a reload
@@ -97,7 +98,7 @@ if mode == 'take' and op ~= '' then
   end
   local first_window = tonumber(ARGV[15])
   if first_window ~= nil and first_window < index then
-    return {1, index, limit - used, generation, tostring(now), 0, closed_now and 1 or 0,
+    return {1, first_window, 0, generation, tostring(now), 0, closed_now and 1 or 0,
             floor, 0, 1}
   end
 end

@@ -23,6 +23,13 @@ class StoreUnavailable(Exception):  # noqa: N818  # a state, as the policies nam
     fallback policy decides. The only store error the rest of floorguard catches; the
     Redis store turns its client's errors into it."""
 
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
+        """The call may have reached the store and run (a reply that timed out, a
+        connection lost after sending); False where it certainly did not (no connection
+        could be had)."""
+
 
 class Grant(NamedTuple):
     granted: bool

@@ -9,8 +9,9 @@
 --          (the keys share one hash tag: one Redis Cluster slot)
 -- ARGV     1 op: "beat" or "leave", 2 replica, 3 ttl_s, 4 count, 5 settled (0/1)
 -- returns  {now (a string), {replica, "<count>|<settled>|<expires at>", replica, …},
---          {replica that left, …}}: every live member after this call, and those that
---          left within the last ttl_s
+--          {replica that left, …}, 1 if the caller was a live member before this call
+--          else 0}: every live member after this call, and those that left within the
+--          last ttl_s
 --
 -- A beat (re)announces the caller until now + ttl_s; entries not renewed by then are
 -- gone, with what they applied. A replica that leaves (after its drain) is gone at once,
@@ -27,6 +28,7 @@ for _, member in ipairs(expired) do
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local was_member = redis.call('ZSCORE', KEYS[1], replica) and 1 or 0
 
 if op == 'beat' then
   redis.call('ZADD', KEYS[1], now + ttl, replica)
@@ -50,4 +52,4 @@ for i = 1, #live, 2 do
   members[#members + 1] = live[i]
   members[#members + 1] = (redis.call('HGET', KEYS[2], live[i]) or '0|0') .. '|' .. live[i + 1]
 end
-return {tostring(now), members, redis.call('ZRANGE', KEYS[3], 0, -1)}
+return {tostring(now), members, redis.call('ZRANGE', KEYS[3], 0, -1), was_member}

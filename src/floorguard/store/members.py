@@ -18,7 +18,8 @@ configured `store.replicas`).
 **A shrinking count is believed only when it is known.** A member that left says so (the
 script keeps a record of its leaving for `ttl_s`); one missing without having left is gone
 only once its own expiry, as last seen, has passed *and* the store has answered this
-replica for a whole `ttl_s` since it last could not (or since it last forgot a member):
+replica for a whole `ttl_s` since it last could not (or since it last forgot a member, or
+this replica's own entry, however long the store was away):
 then a live member would have beaten again. A member missing before its expiry is one the
 store forgot — restarted without persistence, flushed, an entry evicted — and stays
 counted; so does every member after Redis was paused or unreachable past their expiries,
@@ -68,18 +69,26 @@ class Roll:
     views: dict[str, View]
     expiries: dict[str, float]
     left: frozenset[str]
+    was_member: bool = True
+    """The caller was live in the store before this call."""
 
 
 def parse_members(reply: list[Any]) -> Roll:
     """The script's reply → the roll."""
-    now, flat, left = reply
+    now, flat, left, was_member = reply
     views: dict[str, View] = {}
     expiries: dict[str, float] = {}
     for member, value in zip(flat[0::2], flat[1::2], strict=True):
         count, settled, expiry = _text(value).split("|")
         views[_text(member)] = View(int(count), settled == "1")
         expiries[_text(member)] = float(expiry)
-    return Roll(float(_text(now)), views, expiries, frozenset(_text(m) for m in left))
+    return Roll(
+        float(_text(now)),
+        views,
+        expiries,
+        frozenset(_text(m) for m in left),
+        int(was_member) == 1,
+    )
 
 
 def others_settled(views: dict[str, View], me: str, count: int) -> bool:
@@ -171,7 +180,10 @@ class Membership:
             if m not in roll.views and m not in roll.left and m != self.replica
         }
         forgotten = sorted(m for m, at in missing.items() if at > now)
-        if self._answering_since is None or forgotten:
+        # this replica's own entry gone (it had one): the store forgot it, or this replica
+        # was away past its own expiry — either way, it has not been watching the others
+        lost_self = self.replica in self._expiries and not roll.was_member
+        if self._answering_since is None or forgotten or lost_self:
             self._answering_since = now
         if forgotten:
             log.warning(

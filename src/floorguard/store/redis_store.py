@@ -86,7 +86,7 @@ class RedisCreditStore(ScriptStore):
             try:
                 return await registered(keys=keys, args=args)
             except _UNREACHABLE as exc:
-                raise StoreUnavailable(str(exc)) from exc
+                raise _unavailable(exc) from exc
 
         return run
 
@@ -145,7 +145,7 @@ class RedisCreditStore(ScriptStore):
         try:
             return _reply(self._script(keys=self.keys(key), args=args))
         except _UNREACHABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise _unavailable(exc) from exc
 
     async def call_async(
         self,
@@ -167,7 +167,7 @@ class RedisCreditStore(ScriptStore):
         try:
             return _reply(await self._async_script(keys=self.keys(key), args=args))
         except _UNREACHABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise _unavailable(exc) from exc
 
     async def eviction_risk(self) -> str | None:
         """Why the floor's keys could vanish from this Redis while it runs (its
@@ -181,7 +181,7 @@ class RedisCreditStore(ScriptStore):
         except redis.ResponseError as exc:
             return f"unknown: CONFIG GET is refused here ({exc}); set maxmemory-policy noeviction"
         except _UNREACHABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise _unavailable(exc) from exc
         name = _text(_first(policy.get("maxmemory-policy", "noeviction")))
         maxmemory = int(_text(_first(limit.get("maxmemory", "0"))) or 0)
         if name == "noeviction" or maxmemory == 0:
@@ -262,6 +262,17 @@ def _clients(
         ),
         (),
     )
+
+
+_NOT_SENT = ("connecting", "No connection available", "Connection refused")
+"""What redis-py says when a call never reached Redis: no connection could be opened or
+taken from the pool (its messages; the only module that reads them)."""
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    """The client's error as `StoreUnavailable`, saying whether the call may have run."""
+    text = str(exc)
+    return StoreUnavailable(text, sent=not any(mark in text for mark in _NOT_SENT))
 
 
 def _first(value: Any) -> Any:

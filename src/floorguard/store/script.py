@@ -45,7 +45,8 @@ class Reply(NamedTuple):
     """The call's id was applied before (a retry after a timeout Redis had run): this is
     that first answer, nothing charged again."""
     unsure: bool = False
-    """A retry whose first attempt fell in a window that is gone: granted uncharged."""
+    """A retry whose first attempt fell in a window that is gone: granted uncharged, in
+    that window (the grant's `window_index`)."""
 
 
 class ScriptStore(CreditStore):

@@ -10,7 +10,9 @@ attempt, up to `congested_retries` times. Every attempt of one decision carries 
 call id: a call that timed out after Redis ran it is answered, when retried, with its first
 answer and charged once (a double charge refused an assured request inside its floor); a
 retry whose first attempt fell in a window that has since closed cannot know, and is
-granted uncharged — the floor's side — with a warning. When every attempt fails the floor
+granted uncharged — the floor's side — with a warning, where the window had room as the
+replica last heard and Redis kept the tenant's state (else refused). A call that never
+reached Redis (no connection) is retried as a plain take. When every attempt fails the floor
 is *degraded* and follows `on_unavailable`:
 
 * `fail-static` (default): each of the `N` live replicas (the count last heard from the
@@ -165,17 +167,18 @@ class SharedFloor(CreditStore):
                 self.on_change(self.state, now)
 
     def _recovery_capacity(self, capacity: int, schedule: WindowSchedule, now: float) -> int:
-        """While others may still grant from their fail-static shares (for `retry_s` and a
-        window after this replica saw Redis return), the shared count leaves their
-        `(N − 1)·⌊B/N⌋` aside, so the fleet never grants more than `B` in a window; then
-        the floor is shared whole again."""
+        """While others may still grant from their fail-static shares — for `retry_s` and a
+        window after this replica saw Redis return, and in the very call that finds it back
+        (a degraded replica's probe) — the shared count leaves their `(N − 1)·⌊B/N⌋` aside,
+        so the fleet never grants more than `B` in a window; then the floor is shared whole
+        again."""
         since = self._recovering_from
-        if since is None:
-            return capacity
-        if now >= since + self.retry_s + schedule.window_s:
+        if since is not None and now >= since + self.retry_s + schedule.window_s:
             self._recovering_from = None
             if self.on_change is not None:
                 self.on_change(self.state, now)
+            since = None
+        if since is None and not self.degraded:
             return capacity
         if self.policy is not Unavailable.FAIL_STATIC:
             return capacity
@@ -254,11 +257,11 @@ class SharedFloor(CreditStore):
             carry = self._carry(key, schedule, now)
             op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
             failed = congested = 0
+            maybe_ran = False  # an attempt that failed may have run in Redis all the same
             while failed < self._attempts():
-                retry_of = None
                 if failed or congested:
                     yield self.backoff_s * 2 ** max(0, failed - 1)
-                    retry_of = carry.window  # an attempt may have been run: not twice
+                retry_of = carry.window if maybe_ran else None  # answered once, never twice
                 heard = self._heard
                 own_floor = capacity if floor is None else floor  # pinned as B, not as held down
                 options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": own_floor}
@@ -269,6 +272,7 @@ class SharedFloor(CreditStore):
                     {**options, "op": op, "retry_of": retry_of},
                 )
                 if isinstance(reply, BaseException) or reply is None:
+                    maybe_ran |= getattr(reply, "sent", True)
                     self.calls["failed_attempt"] += 1
                     if self._heard > heard and congested < self.congested_retries:
                         congested += 1  # Redis answered another call meanwhile: alive
@@ -322,13 +326,26 @@ class SharedFloor(CreditStore):
         """Every other tenant's local grants still owed (after the first success)."""
         return [(key, self._carry(key, schedule, now)) for key in list(self._owed)]
 
+    def _unsure_stands(self, key: str, reply: Reply) -> bool:
+        """An unsure retry (`Reply.unsure`) is granted only where its first attempt could
+        have been: Redis kept the tenant's state (the generation this replica saw), and the
+        window had room as this replica last heard of it. Else it is refused: the window
+        was full, or its count is gone (refusals there are conditional on the store)."""
+        seen = self._seen.get(key, "")
+        if seen and reply.generation != seen:
+            return False
+        last = self._last.get(key)
+        return last is None or last.window_index != reply.grant.window_index or last.remaining > 0
+
     def _answered(self, key: str, weight: int, reply: Reply, now: float) -> Grant:
+        if reply.unsure and not self._unsure_stands(key, reply):
+            reply = reply._replace(grant=reply.grant._replace(granted=False))
         grant = reply.grant
         self.calls["redis"] += 1
         self._heard += 1
         if reply.replayed:
             self.calls["replayed"] += 1  # a timed-out attempt Redis had run: charged once
-        if reply.unsure:
+        if reply.unsure and grant.granted:
             self.calls["retry_unsure"] += 1
             log.warning(
                 "a retried floor take for %s could not tell whether its first attempt, in a "

@@ -92,7 +92,7 @@ class SimulatedRedis:
     ) -> Reply:
         """One run of `acquire.lua`, step for step."""
         if self._unreachable(now):
-            raise StoreUnavailable("simulated outage")
+            raise StoreUnavailable("simulated outage", sent=False)
         own_floor = capacity if floor is None else floor
         index = schedule.index_at(now)
         generation = self._generations.setdefault(key, f"sim:{next(self._tokens)}")
@@ -112,7 +112,7 @@ class SimulatedRedis:
                 grant = Grant(first, index, limit - used, window_floor)
                 return Reply(grant, generation, now, 0, closed_now, replayed=True)
             if retry_of is not None and retry_of < index:
-                grant = Grant(True, index, limit - used, window_floor)
+                grant = Grant(True, retry_of, 0, window_floor)
                 return Reply(grant, generation, now, 0, closed_now, unsure=True)
 
         carried = carry.window == index
@@ -161,7 +161,7 @@ class SimulatedRedis:
         """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
         `order`, leases in use)."""
         if self._unreachable(now):
-            raise StoreUnavailable("simulated outage")
+            raise StoreUnavailable("simulated outage", sent=False)
         leases = self._leases.setdefault(backend, {})
         board = self._boards.setdefault(backend, {})
         for member in [m for m, expiry in leases.items() if expiry <= now]:
