@@ -376,3 +376,22 @@ def test_a_half_written_line_a_dying_writer_left_is_skipped(tmp_path):
     path.write_text("\n".join([*lines[:3], lines[3][:17], *lines[4:]]) + "\n")
     with pytest.raises(TraceError, match="trace line 4"):
         list(read_jsonl(path))
+
+
+def test_a_refusal_in_a_window_a_replica_died_in_is_conditional():
+    """A replica that died took credits whose grants never reached its log (written in
+    batches): in the windows between its last line and its new life's config, a survivor's
+    refusal that the logged grants leave room for is conditional, not an AF violation."""
+    logs = _fleet(shared=True)
+    lost = first(logs[1], EventKind.ADMIT, entitled=True)  # never written: the replica died
+    window, rid = logs[1][lost].window, logs[1][lost].request_id
+    dead = [x for x in logs[1][:lost] if x.request_id != rid]
+    after = [x for x in logs[1][lost:] if x.request_id != rid]
+    logs[1] = [*dead, logs[1][0]._replace(at=logs[1][lost].at + 0.01), *after]
+    assert not check_fleet([logs[0], logs[1][: len(dead)] + after, logs[2]]).ok()
+    report = check_fleet(logs, allow_open=True)
+    assert report.ok(), report.violations[:3]
+    assert any(
+        f"window {window}" in v.message and "a replica died" in v.message
+        for v in report.conditional
+    )

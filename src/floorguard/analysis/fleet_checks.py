@@ -4,6 +4,7 @@ shared store reported it."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -217,6 +218,9 @@ class _FleetFloor:
     """The floors the replicas' decisions were judged against (the store pins one)."""
     local: set[tuple[str, int]] = field(default_factory=set)
     """Decided by some replica on its store's fallback."""
+    dark: set[int] = field(default_factory=set)
+    """Windows in which a replica died: its last decisions there may never have reached
+    its log (written in batches), so the fleet's grants there are not all known."""
     refused: list[tuple[str, int, int, int, RequestId | None, int, int, str]] = field(
         default_factory=list
     )
@@ -231,6 +235,17 @@ def _store_event(e: TraceEvent, state: str, since: float, fleet: _FleetFloor) ->
             fleet.local.add((e.tenant, e.window))
         return 0.0
     return e.at - since if state != "shared" and e.reason == "shared" else 0.0
+
+
+def _dark_windows(events: Sequence[TraceEvent], config: GuardConfig) -> set[int]:
+    """The windows between a dead life's last line and the config line of the new life
+    that follows it: the dead one's unwritten decisions fall there."""
+    dark: set[int] = set()
+    for before, e in itertools.pairwise(events):
+        if e.kind is EventKind.CONFIG and e.window is None:
+            first, last = (config.schedule.index_at(t) for t in (before.at, e.at))
+            dark.update(range(first, last + 1))
+    return dark
 
 
 def _scan_log(
@@ -248,6 +263,7 @@ def _scan_log(
     weights: dict[RequestId, int] = {}
     arrived: dict[RequestId, int] = {}
     state, since, degraded_s = "shared", 0.0, 0.0
+    fleet.dark.update(_dark_windows(events, config))
     for index, e in enumerate(events):
         if e.kind is EventKind.STORE:
             degraded_s += _store_event(e, state, since, fleet)
@@ -352,10 +368,13 @@ def fleet_af(
             )
     for tenant, window, weight, floor, rid, number, index, state in fleet.refused:
         if fleet.granted[tenant, window] + weight <= floor:
-            conditional = (tenant, window) in fleet.local
+            dark = window in fleet.dark
+            conditional = (tenant, window) in fleet.local or dark
             why = (
                 f" (store {state}: the documented fallback)"
                 if state != "shared"
+                else " (a replica died in that window: its last grants never reached its log)"
+                if dark
                 else " (the store's fallback or a lost state decided in that window)"
                 if conditional
                 else ""
