@@ -32,7 +32,7 @@ characters JSON escapes anyway, written as JSON escapes: same strings, one line 
 
 def _line_safe(text: str) -> str:
     """JSON lines safe for any line splitter: a client's U+2028 in a model name split a
-    line for readers that use `splitlines` (issue 47). One scan of the batch when absent."""
+    line for readers that use `splitlines`. One scan of the batch when absent."""
     if "\u2028" in text or "\u2029" in text or "\x85" in text:
         return text.translate(_LINE_BREAKS)
     return text

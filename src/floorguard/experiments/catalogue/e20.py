@@ -212,12 +212,12 @@ E20 = Experiment(
     "The marquee's assured tenant (B = 6, paced), an opportunistic flooder at 40 req/s "
     "and a polite opportunistic tenant at 1 or 2 req/s (Poisson), ℓ = 16, C = 4, v100-moe, "
     "d = 1820 ms, 12 s; the guard with its surplus in one order (the learner's, then "
-    "arrival: the published guard) or fair across tenants (SPEC §15: a virtual-time fair "
+    "arrival: the published guard) or fair across tenants (docs/http.md: a virtual-time fair "
     "queue charging the slot time each request holds, within a tenant the learner's "
     "order); learners always-admit and the shedding predictor. Shapes cells: the polite "
     "tenant's 1,000-token prompts with ℓ = 16 beside a flooder of ℓ = 160, the fair queue "
     "charging slot time or metered tokens (`fair-tokens`). Reps 5. Not a published "
-    "experiment: SPEC §15's new requirement, measured.",
+    "experiment: the fair surplus (docs/http.md), measured.",
     _e20,
     reps=5,
     shown=("polite_rate", "learner", "surplus"),
