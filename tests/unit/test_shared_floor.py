@@ -121,6 +121,54 @@ def test_local_grants_are_carried_back_once_before_the_take():
     assert store.carries[-1].local == 0  # handed back once
 
 
+def test_a_take_waits_for_a_concurrent_hand_back_of_its_tenants_local_grants():
+    """Two takes in flight at recovery: the first carries the 2 local grants. Had the
+    second reached Redis first, Redis would have granted it (0 + 1 ≤ the held-down 2) and
+    then counted the 2: 3 where this replica may hold 2 while the others still grant their
+    shares locally. It waits for that hand-back, then is counted after it."""
+    store = Scripted()
+    shared = floor(store, replicas=3)
+    schedule = WindowSchedule(1.0)
+    store.down = True
+    shared.acquire("acme", 1, 6, schedule, 0.2)  # onset window: degraded
+    assert shared.acquire("acme", 1, 6, schedule, 1.1).granted
+    assert shared.acquire("acme", 1, 6, schedule, 1.1).granted
+    store.down = False
+    carrying = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
+    step = carrying.send(None)
+    assert step[3]["carry"] == Carry(1, 0, 2)  # in flight, not yet answered
+    waiting = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
+    assert isinstance(waiting.send(None), float)  # a backoff, not a store call
+    assert isinstance(waiting.send(None), float)  # still waiting
+    answer = store.call(step[0], step[1], step[2], schedule, 1.7, **step[3])
+    with pytest.raises(StopIteration) as first:
+        carrying.send(answer)
+    assert not first.value.value.granted  # 2 handed back fill the held-down 2
+    step = waiting.send(None)
+    assert step[3]["carry"].local == 0  # the hand-back is not carried twice
+    answer = store.call(step[0], step[1], step[2], schedule, 1.7, **step[3])
+    with pytest.raises(StopIteration) as second:
+        waiting.send(answer)
+    assert not second.value.value.granted
+    assert store.used["acme", 1] == 2
+
+
+def test_a_hand_back_that_ends_mid_call_releases_its_waiters():
+    store = Scripted()
+    shared = floor(store, replicas=3)
+    schedule = WindowSchedule(1.0)
+    store.down = True
+    shared.acquire("acme", 1, 6, schedule, 0.2)
+    assert shared.acquire("acme", 1, 6, schedule, 1.1).granted
+    store.down = False
+    carrying = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
+    carrying.send(None)
+    carrying.close()  # e.g. the process stops mid-call: the mark must not outlive it
+    waiting = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
+    step = waiting.send(None)
+    assert isinstance(step, tuple)  # no wait left behind
+
+
 def test_while_the_fleet_recovers_the_shared_count_leaves_the_others_shares_aside():
     """Issue 46: Redis paused past the membership TTL; replicas came back at different
     instants, and one that took through Redis filled B while another still granted its

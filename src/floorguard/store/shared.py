@@ -46,11 +46,12 @@ a window.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -129,6 +130,9 @@ class SharedFloor(CreditStore):
         """Each tenant's (window, credits this replica took through Redis in it)."""
         self._owed: dict[str, tuple[int, int]] = {}
         """Each tenant's (window, credits granted locally not yet handed back)."""
+        self._handing_back: Counter[str] = Counter()
+        """Calls in flight that carry a tenant's local grants back to Redis: another take
+        for that tenant waits for them, or Redis would count it without those grants."""
         self._recovering_from: float | None = None
         """When this replica saw Redis return after an outage (None: no recovery under
         way): the shared count is held down for a while (`_recovery_capacity`)."""
@@ -253,46 +257,93 @@ class SharedFloor(CreditStore):
         weight, capacity, options`; it returns the grant. The two shells above only run the
         I/O it asks for."""
         if self._should_try(now):
+            while self._handing_back[key]:
+                yield float(self.backoff_s)  # its local grants are on their way: count them first
             shared_capacity = self._recovery_capacity(capacity, schedule, now)
             carry = self._carry(key, schedule, now)
-            op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
-            failed = congested = 0
-            maybe_ran = False  # an attempt that failed may have run in Redis all the same
-            while failed < self._attempts():
-                if failed or congested:
-                    yield self.backoff_s * 2 ** max(0, failed - 1)
-                retry_of = carry.window if maybe_ran else None  # answered once, never twice
-                heard = self._heard
-                own_floor = capacity if floor is None else floor  # pinned as B, not as held down
-                options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": own_floor}
-                reply = yield (
+            with self._carrying(key, carry):
+                grant = yield from self._shared_take(
                     key,
                     weight,
-                    shared_capacity,
-                    {**options, "op": op, "retry_of": retry_of},
+                    capacity,
+                    shared_capacity=shared_capacity,
+                    carry=carry,
+                    schedule=schedule,
+                    now=now,
+                    floor=floor,
                 )
-                if isinstance(reply, BaseException) or reply is None:
-                    maybe_ran |= getattr(reply, "sent", True)
-                    self.calls["failed_attempt"] += 1
-                    if self._heard > heard and congested < self.congested_retries:
-                        congested += 1  # Redis answered another call meanwhile: alive
-                        self.calls["congested"] += 1
-                    else:
-                        failed += 1
-                    continue
-                grant = self._answered(key, weight, reply, now)
-                for other, owed in self._hand_backs(schedule, now):
-                    seen = self._seen.get(other, "")
-                    back = yield (other, 0, 0, {"mode": "peek", "seen": seen, "carry": owed})
-                    if isinstance(back, Reply):
-                        self._heard += 1
-                        self._seen[other] = back.generation
-                    else:
-                        self._owe_again(other, owed)
+            if grant is not None:
                 return grant
-            self._owe_again(key, carry)
             self._lost(schedule, now)
         return self._fallback(key, weight, capacity, schedule, now)
+
+    def _shared_take(
+        self,
+        key: str,
+        weight: int,
+        capacity: int,
+        *,
+        shared_capacity: int,
+        carry: Carry,
+        schedule: WindowSchedule,
+        now: float,
+        floor: int | None,
+    ) -> Plan[Grant | None]:
+        """The take through Redis, with its retries; None when every attempt failed (the
+        carried hand-back is owed again)."""
+        op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
+        failed = congested = 0
+        maybe_ran = False  # an attempt that failed may have run in Redis all the same
+        while failed < self._attempts():
+            if failed or congested:
+                yield self.backoff_s * 2 ** max(0, failed - 1)
+            retry_of = carry.window if maybe_ran else None  # answered once, never twice
+            heard = self._heard
+            own_floor = capacity if floor is None else floor  # pinned as B, not as held down
+            options = {"seen": self._seen.get(key, ""), "carry": carry, "floor": own_floor}
+            reply = yield (
+                key,
+                weight,
+                shared_capacity,
+                {**options, "op": op, "retry_of": retry_of},
+            )
+            if isinstance(reply, BaseException) or reply is None:
+                maybe_ran |= getattr(reply, "sent", True)
+                self.calls["failed_attempt"] += 1
+                if self._heard > heard and congested < self.congested_retries:
+                    congested += 1  # Redis answered another call meanwhile: alive
+                    self.calls["congested"] += 1
+                else:
+                    failed += 1
+                continue
+            grant = self._answered(key, weight, reply, now)
+            for other, owed in self._hand_backs(schedule, now):
+                with self._carrying(other, owed):
+                    seen = self._seen.get(other, "")
+                    back = yield (other, 0, 0, {"mode": "peek", "seen": seen, "carry": owed})
+                if isinstance(back, Reply):
+                    self._heard += 1
+                    self._seen[other] = back.generation
+                else:
+                    self._owe_again(other, owed)
+            return grant
+        self._owe_again(key, carry)
+        return None
+
+    @contextlib.contextmanager
+    def _carrying(self, key: str, carry: Carry) -> Iterator[None]:
+        """Marks `key`'s local grants in flight to Redis while the call carrying them runs
+        (however it ends), so a concurrent take for `key` waits for them."""
+        if not carry.local:
+            yield
+            return
+        self._handing_back[key] += 1
+        try:
+            yield
+        finally:
+            self._handing_back[key] -= 1
+            if not self._handing_back[key]:
+                del self._handing_back[key]
 
     def _should_try(self, now: float) -> bool:
         return not self.degraded or now >= self._retry_at
