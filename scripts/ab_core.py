@@ -110,7 +110,9 @@ class Side:
 
 def _decision_us(side: Side) -> float:
     guard = side.guard_cls(side.scenario.guard_config(), learner=side.admit())
-    one_call = not hasattr(guard, "on_complete")  # the tree's own terminal call (issue 25)
+    one_call = not hasattr(
+        guard, "on_complete"
+    )  # the tree's own terminal call (since leases moved into the core)
     started = time.process_time()
     for r in side.requests:
         now = r.arrival_at

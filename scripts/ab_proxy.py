@@ -41,16 +41,18 @@ def _switch_off(feature: str) -> None:
     """Make one of the guard's per-request features free, to count what it costs: a
     measurement patch of the child's modules, never a mode of the guard (the replies stay
     200, the requests are still admitted and dispatched)."""
-    app = importlib.import_module("floorguard.proxy.app")
-    forward = importlib.import_module("floorguard.proxy.forward")
-    pool = importlib.import_module("floorguard.proxy.pool")
+    app = importlib.import_module("floorguard.proxy.process.app")
+    forward = importlib.import_module("floorguard.proxy.pool.forward")
+    pool = importlib.import_module("floorguard.proxy.pool.pool")
     if feature == "log":  # the decision log: appended and serialized
-        importlib.import_module("floorguard.proxy.decision_log").DecisionLog.append = _nothing
+        importlib.import_module(
+            "floorguard.proxy.observe.decision_log"
+        ).DecisionLog.append = _nothing
     elif feature == "metrics":  # the per-event tallies and histograms, the token counts
-        metrics = importlib.import_module("floorguard.proxy.metrics").GuardMetrics
+        metrics = importlib.import_module("floorguard.proxy.observe.metrics").GuardMetrics
         metrics.on_event = metrics.on_usage = _nothing
     elif feature == "identity":  # the bearer token's check (a cache hit after the first)
-        identity = importlib.import_module("floorguard.proxy.identity").Identity
+        identity = importlib.import_module("floorguard.proxy.edge.identity").Identity
         identity.tenant_of = lambda *_, **__: "acme"
     elif feature == "normalize":  # the body's parse, checks and re-serialization: memoized
         real, memo = app.normalize, {}
@@ -86,7 +88,7 @@ def _serve(tree: str, ports: list[int], off: list[str]) -> None:
         _switch_off(feature)
     try:
         bench = importlib.import_module("floorguard.bench.proxy")
-    except ModuleNotFoundError:  # before issue 13: the bench modules sat in the package root
+    except ModuleNotFoundError:  # older trees: the bench modules sat in the package root
         bench = importlib.import_module("floorguard.bench_proxy")
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     bench._serve_forever(ports, os.path.join(tempfile.mkdtemp(), "decisions.jsonl"))

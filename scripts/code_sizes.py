@@ -1,4 +1,4 @@
-"""Module and function size figures for a source tree (issue 13's before/after).
+"""Module and function size figures for a source tree (a redesign's before and after).
 
     python scripts/code_sizes.py [src/floorguard]
 

@@ -1,8 +1,8 @@
-"""Rewrite docs/config.md from the configuration models (floorguard.proxy.config_doc)."""
+"""Rewrite docs/config.md from the configuration models (floorguard.proxy.config.doc)."""
 
 from pathlib import Path
 
-from floorguard.proxy.config_doc import config_reference
+from floorguard.proxy.config.doc import config_reference
 
 page = Path(__file__).parents[1] / "docs" / "config.md"
 page.write_text(config_reference(), encoding="utf-8")

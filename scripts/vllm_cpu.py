@@ -134,7 +134,7 @@ def serve(
     """`kv_blocks`: a KV cache that holds that many of the CPU backend's 128-token blocks
     (vLLM is given one more, `--num-gpu-blocks-override`, for the null block it keeps),
     and `--max-model-len` what it holds: small enough that running sequences outgrow it
-    and vLLM preempts (the memory tests, SPEC §16). vLLM's `cache_config_info` says the
+    and vLLM preempts (the memory tests, docs/design.md §16). vLLM's `cache_config_info` says the
     block size it chose."""
     env = {
         **os.environ,

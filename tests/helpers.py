@@ -1,4 +1,4 @@
-"""Builders with keyword defaults, shared by every test (STYLE §10)."""
+"""Builders with keyword defaults, shared by every test (docs/design.md §18.10)."""
 
 from __future__ import annotations
 

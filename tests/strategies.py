@@ -1,5 +1,5 @@
 """Hypothesis strategies: guard configurations, adversarial learner answers, and driver
-operation sequences (STYLE §11)."""
+operation sequences (docs/design.md §18.11)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Clocks for the drivers. The core never reads one: a driver reads its clock once per step
-and passes `now` down (STYLE §1). A driver's timers are the clock's too (`call_at`), so a
+and passes `now` down (design §18.1). A driver's timers are the clock's too (`call_at`), so a
 test that runs the driver on a `ManualClock` moves its timers with it."""
 
 from __future__ import annotations

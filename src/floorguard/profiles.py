@@ -1,18 +1,18 @@
-"""Calibration profiles for the simulated backend (SPEC §5).
+"""Calibration profiles for the simulated backend (docs/design.md §5).
 
 The model (see `backend.py`): a request's prefill stalls the whole batch for `prefill_s`;
 each decode step of `n` running sequences takes `step(n)`, rising from `step(1)` to
 `step(C_ref)`; a request needs `ℓ · j` decode steps, with `j ≥ 1` a per-request jitter.
 
 `v100-moe` is the least-squares fit of the model's parameters to every published target at
-once (`sim.targets`, `floorguard bench calibration --fit`), with the regimes SPEC §11 names
+once (`sim.targets`, `floorguard bench calibration --fit`), with the regimes design §11 names
 kept apart rather than averaged: the saturating probe whose batches run in step (μ_sat near
 the clean line), sustained desynchronized load (E5's paced cells at ≈ 595 ms), the flood
 under the marquee's learner (≈ 460 ms) and light load. Its dispersion is one-sided: a
 request's steps are stretched by `1 + min(Exp(jitter_mean), jitter_cap)`, never shortened, so
 the batch-1 figure is a floor, and the spread under load comes from the coupling (who joins
 the batch, and when). docs/calibration.md has each target's residual; the ones the model
-cannot meet (the light-load mean, E4's 4/s cell) are SPEC's own figures disagreeing, and
+cannot meet (the light-load mean, E4's 4/s cell) are the published figures disagreeing, and
 that page says why.
 
 The service ceiling `s_max(ℓ)` scales the full-batch line through the published 660 ms at
@@ -66,21 +66,21 @@ class ServiceProfile:
     """Largest `e − 1`."""
     jitter_sigma: float = 0.0
     """σ of the lognormal factor `g = exp(σ·z)` (median 1): the service dispersion of the
-    shipped profiles, fitted to the published spread (SPEC §11)."""
+    shipped profiles, fitted to the published spread (docs/design.md §11)."""
     jitter_z: float = 3.0
     """`z` is a standard normal clipped to `[−jitter_z, jitter_z]`, so `g` is bounded and
     `L(ℓ)` stays the model's exact minimum."""
     stall_per_decoding_s: float = 0.0
     """Sustained-load coupling: a joiner's prefill stalls the batch for `prefill_s` plus this
-    much per sequence already decoding, counted up to `reference_slots − 1` (SPEC §11). A
+    much per sequence already decoding, counted up to `reference_slots − 1` (docs/design.md §11). A
     batch started together has no running decode to stall, so the clean same-batch line is
     unaffected. Past the reference width no figure is published; the assumption is that a
     joiner's stall grows no further while decode stays memory-bound, so a wider batch
-    raises throughput (SPEC §11 "Width") instead of lowering it."""
+    raises throughput (docs/design.md §11 "Width") instead of lowering it."""
     coupled: bool = True
     """False: deterministic slots, service = `L(ℓ)` exactly, no coupling, no jitter."""
     prefill_per_prompt_token_s: float = 0.0
-    """Extra prefill per prompt token. 0 in the shipped profiles: SPEC §5 gives no
+    """Extra prefill per prompt token. 0 in the shipped profiles: docs/design.md §5 gives no
     prompt-length target to calibrate it against."""
     lower_per_prompt_token_s: float = 0.0
     """What `L(ℓ, p)` may count per prompt token: at most the cheapest prefill seen,
@@ -160,7 +160,7 @@ class ServiceProfile:
 
 V100_MOE = ServiceProfile(
     # From `floorguard bench calibration --fit` (`sim.targets.fit_profile`: least squares
-    # over every published target at once, the regimes of SPEC §11 apart, one-sided
+    # over every published target at once, the regimes of docs/design.md §11 apart, one-sided
     # dispersion, 8 seeded starts); residuals in docs/calibration.md.
     name="v100-moe",
     prefill_s=0.04624289265512496,
@@ -174,7 +174,7 @@ V100_MOE = ServiceProfile(
     ceiling=AffineEnvelope(0.183 * 0.660 / 0.4214, 0.0149 * 0.660 / 0.4214),
 )
 ADA_SCALE = 0.8230
-"""Light load 214 ms, SPEC §5's one Ada figure (`fit_scale`, bisection on the fitted v100
+"""Light load 214 ms, docs/design.md §5's one Ada figure (`fit_scale`, bisection on the fitted v100
 shape)."""
 ADA_FP8 = V100_MOE.scaled("ada-fp8", ADA_SCALE)
 DETERMINISTIC = replace(

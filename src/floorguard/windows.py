@@ -1,4 +1,4 @@
-"""Tumbling windows on a shared epoch (SPEC §1, §3): the arithmetic below both the core
+"""Tumbling windows on a shared epoch (docs/design.md §1, §3): the arithmetic below both the core
 (the meter, the monitors) and the credit stores, which share it and import nothing else."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["WindowSchedule"]
 
 @dataclass(frozen=True, slots=True)
 class WindowSchedule:
-    """Tumbling windows `I_k = [origin_at + k·W, origin_at + (k+1)·W)` (SPEC §1, §3)."""
+    """Tumbling windows `I_k = [origin_at + k·W, origin_at + (k+1)·W)` (docs/design.md §1, §3)."""
 
     window_s: float = 1.0
     """Window length `W` in seconds."""

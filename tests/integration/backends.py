@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from floorguard.proxy.openai_format import completion_body, stream_chunk
+from floorguard.proxy.edge.openai_format import completion_body, stream_chunk
 
 
 class ScriptedBackend:

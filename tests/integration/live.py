@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import jwt
 from aiohttp import web
 
-from floorguard.proxy.app import SERVER, FaultHook, GuardRunner, create_app
-from floorguard.proxy.config import GuardServerConfig, server_ssl_context
+from floorguard.proxy.config.guard import GuardServerConfig, server_ssl_context
+from floorguard.proxy.process.app import SERVER, FaultHook, GuardRunner, create_app
 from floorguard.rig.emulator import Emulator, create_emulator_app
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""SPEC §17 through a real `floorguard serve` over the emulator: a surplus request that the
+"""design §17 through a real `floorguard serve` over the emulator: a surplus request that the
 doom gate's envelope proves cannot start in time is refused on arrival, 429 `busy`, with a
 constant `Retry-After` (when the slot frees is another tenant's business: issue 47) and
 no `x-should-retry: false` (a retry may help) — not held until its doom instant. With

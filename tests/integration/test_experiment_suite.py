@@ -11,7 +11,7 @@ import pytest
 
 from floorguard.cli import main
 
-SPEC_IDS = [f"E{i}" for i in range(1, 23)]  # SPEC §10's E1–E19, E20 (§15), E21, E22 (§16)
+SPEC_IDS = [f"E{i}" for i in range(1, 23)]  # docs/design.md §10's E1–E19, E20 (§15), E21, E22 (§16)
 FIGURES = [
     "e1_completion_vs_arrival.png",
     "e3_priority_vs_fifo.png",

@@ -14,7 +14,7 @@ import pytest
 
 from floorguard.analysis.checker import check_fleet, check_trace
 from floorguard.core.events import EventKind, read_jsonl
-from floorguard.proxy.app import SERVER
+from floorguard.proxy.process.app import SERVER
 from tests.integration.live import Bearer, guard_config
 from tests.integration.processes import emulate, serve, stop
 from tests.redis_server import RedisServer

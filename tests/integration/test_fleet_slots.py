@@ -1,4 +1,4 @@
-"""SF across a fleet by an explicit slot partition (SPEC §13, docs/replicas.md): three
+"""SF across a fleet by an explicit slot partition (docs/design.md §13, docs/replicas.md): three
 `floorguard serve` replicas in front of the *same* backend, each keeping its share of the
 backend's slots, a real redis-server for the floor. The backend (the emulator, which
 reports its own slot count and its in-flight high-water mark) never holds more than its

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from floorguard.proxy.app import SERVER
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.process.app import SERVER
 from tests.integration.live import guard_config, token
 
 

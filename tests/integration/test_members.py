@@ -1,4 +1,4 @@
-"""The live fleet (SPEC §14) against a real redis-server: replicas announce themselves, the
+"""The live fleet (design §14) against a real redis-server: replicas announce themselves, the
 count follows joins, departures and expiries, a joiner waits until the others settle to
 the grown count, and a replica without Redis keeps the count it last heard."""
 

@@ -1,4 +1,4 @@
-"""The KV budget (SPEC §16) through a real `floorguard serve` over the emulator: a backend
+"""The KV budget (docs/design.md §16) through a real `floorguard serve` over the emulator: a backend
 with 64 KV tokens takes a 48-token request and holds the next one back until it ends — a
 small surplus request that would fit does not overtake it — and a request no backend can
 hold is refused at once, 429 `kv_excess`, no retry. The decision log passes `verify`, whose
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from floorguard.core.events import EventKind, read_jsonl
-from floorguard.proxy.health import parse_backend_report
+from floorguard.proxy.pool.health import parse_backend_report
 from tests.integration.processes import emulate, floorguard, stop, wait_listening
 from tests.integration.test_attacks import _concurrently, _config, guard_process
 from tests.redis_server import free_port

@@ -1,5 +1,5 @@
 """mTLS identity over real TLS on loopback: the verified client certificate names the tenant
-(SPEC §2); no certificate is a 401, an unknown tenant a 403, a certificate from another CA
+(docs/design.md §2); no certificate is a 401, an unknown tenant a 403, a certificate from another CA
 never gets past the handshake, and the guard keeps serving throughout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx2
 import openai
 import pytest
 
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
 from tests.integration.live import guard_config
 from tests.pki import Authority
 

@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
-from floorguard.proxy.decision_log import rotated_segments
+from floorguard.proxy.observe.decision_log import rotated_segments
 from tests.integration.backends import ScriptedBackend
 from tests.integration.live import AUDIENCE, ISSUER, SECRET, token
 from tests.integration.processes import serve, stop

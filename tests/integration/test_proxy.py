@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from floorguard.analysis.checker import check_trace
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import read_jsonl
-from floorguard.proxy.app import SERVER
+from floorguard.proxy.process.app import SERVER
 from tests.integration.live import guard_config, token
 
 

@@ -52,7 +52,7 @@ def test_starting_the_cli_imports_no_matplotlib():
     """The CLI with every subcommand, and the guard's server, load without matplotlib
     (which needs a writable cache directory); figures import it when they draw."""
     code = (
-        "import sys, floorguard.cli, floorguard.proxy.serve, floorguard.sim.fleet; "
+        "import sys, floorguard.cli, floorguard.proxy.process.serve, floorguard.sim.fleet; "
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Every request ends once and every slot is released once, on every path (SPEC §12):
+"""Every request ends once and every slot is released once, on every path (docs/design.md §12):
 a fault — an exception, a cancellation, a timeout, a broken connection — is injected at
 each await point of the request path (parse, store call, learner call, queue wait,
 connect, headers, mid-stream) or the client hangs up, and afterwards no slot or queue
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from floorguard.analysis.checker import check_trace
 from floorguard.core.events import read_jsonl
-from floorguard.proxy.app import SERVER
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.process.app import SERVER
 from tests.integration.live import guard_config, token
 from tests.integration.test_learner_callout import LearnerService
 from tests.redis_server import RedisServer

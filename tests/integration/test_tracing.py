@@ -97,7 +97,7 @@ def test_each_request_is_a_span_under_the_clients_trace(tmp_path, scripted, live
 
 @pytest.mark.parametrize("endpoint", ["collector:4318", "ftp://x/v1/traces"])
 def test_a_tracing_endpoint_that_is_not_a_url_is_refused_at_start(endpoint):
-    from floorguard.proxy.tracing import TracingSpec  # noqa: PLC0415
+    from floorguard.proxy.config.sections import TracingSpec  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="not an http"):
         TracingSpec(otlp_endpoint=endpoint)

@@ -31,7 +31,7 @@ from floorguard.analysis.checker import check_trace
 from floorguard.calibrate import calibrate
 from floorguard.core.events import read_jsonl
 from floorguard.core.request import Request
-from floorguard.proxy.app import SERVER
+from floorguard.proxy.process.app import SERVER
 from floorguard.rig.loadgen import replay
 from tests.integration.live import guard_config, token
 from tests.integration.processes import serve

@@ -1,4 +1,4 @@
-"""SPEC §16 on a real vLLM (CPU build) started with a small KV cache: three of its 128-token
+"""design §16 on a real vLLM (CPU build) started with a small KV cache: three of its 128-token
 blocks (`scripts/vllm_cpu.py serve --kv-blocks 3`). The guard reads that cache from vLLM's
 own `cache_config_info` (384 tokens, 128-token blocks). Four requests of 100 prompt tokens
 and 60 output tokens each (one block at their start, two by their end) through the guard
@@ -12,7 +12,7 @@ one floor request arrives. By slots, all four go to vLLM at once; its cache hold
 prompts, so the floor's waits in vLLM's own queue, where the guard's assured-first order
 does not reach, behind the surplus sequences vLLM preempts and restarts. Under the budget
 the guard keeps the surplus it cannot fit, and the floor request runs next: it waits for at
-most one running request, as SPEC §6's non-preemptive bound says. The simulator's cache
+most one running request, as docs/design.md §6's non-preemptive bound says. The simulator's cache
 (`KvBatchingBackend`, vLLM's blocks and victim rule) predicts both on the same arrivals,
 scaled to its own service time. Needs `FLOORGUARD_VLLM_PYTHON` as
 tests/integration/test_vllm.py does."""
@@ -35,7 +35,7 @@ from floorguard.core.events import EventKind, TraceEvent, read_jsonl
 from floorguard.core.request import Request
 from floorguard.experiments.real import VLLM_PREEMPTIONS, backend_counters
 from floorguard.profiles import get_profile
-from floorguard.proxy.health import parse_backend_report
+from floorguard.proxy.pool.health import parse_backend_report
 from floorguard.sim.run import scenario_requests, simulate_once
 from floorguard.sim.scenarios import ASSURED_TENANT, OPPORTUNISTIC_TENANT, Scenario
 from floorguard.sim.workloads import FixedLength, PacedArrivals, SyntheticStream
@@ -146,7 +146,7 @@ SURPLUS = 3
 DEADLINE_SERVICES = 2.5
 """The floor's deadline in services of one request alone: under the budget (one at a
 time here) it waits for at most the one running request and then runs, two services
-(SPEC §6's non-preemptive bound at the budget's C = 1), and a quarter each for noise."""
+(docs/design.md §6's non-preemptive bound at the budget's C = 1), and a quarter each for noise."""
 BOUND_SERVICES = 2.0
 """That bound itself. By slots, on vLLM, the floor's sojourn measured 2.3–2.9 services with
 one request as the unit (2026-12-05, eight runs) and 2.48–2.59 with the median of three

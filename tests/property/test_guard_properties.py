@@ -1,5 +1,5 @@
 """The guard's invariants for arbitrary arrivals, completions, failures, aborts and an
-adversarial learner (SPEC §1, §4): AF in every window, no surplus start while an entitled
+adversarial learner (docs/design.md §1, §4): AF in every window, no surplus start while an entitled
 request waits, never more than C in flight, DR soundness, one terminal outcome each."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fuzzing what a client controls before the core runs: the request body and the
 Authorization header. Whatever arrives, parsing ends in a value or the one refusal type
 (a 4xx), never another exception (which would be a 500); and what it forwards can never
-make the backend do more than the guard metered (SPEC §12)."""
+make the backend do more than the guard metered (docs/design.md §12)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import jwt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from floorguard.proxy.config import IdentitySpec
-from floorguard.proxy.identity import AuthError, create_identity
-from floorguard.proxy.normalize import (
+from floorguard.proxy.config.guard import IdentitySpec
+from floorguard.proxy.edge.identity import AuthError, create_identity
+from floorguard.proxy.edge.normalize import (
     CONSTRAINTS,
     COSTLY_FIELDS,
     SCHEDULING_FIELDS,

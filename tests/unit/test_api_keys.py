@@ -10,10 +10,10 @@ import json
 import pytest
 
 from floorguard.errors import ConfigError
-from floorguard.proxy import api_keys
-from floorguard.proxy.api_keys import KeyRing, create_key, list_keys, revoke_key
-from floorguard.proxy.config import IdentitySpec
-from floorguard.proxy.identity import AuthError, create_identity
+from floorguard.proxy.config.guard import IdentitySpec
+from floorguard.proxy.edge import api_keys
+from floorguard.proxy.edge.api_keys import KeyRing, create_key, list_keys, revoke_key
+from floorguard.proxy.edge.identity import AuthError, create_identity
 from tests.integration.live import AUDIENCE, ISSUER, SECRET, token
 
 

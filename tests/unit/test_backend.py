@@ -116,7 +116,7 @@ def test_step_time_never_falls_and_keeps_growing_past_the_reference_width():
 
 @pytest.mark.parametrize("profile", [V100_MOE, ADA_FP8], ids=lambda p: p.name)
 def test_a_wider_batch_never_lowers_throughput(profile):
-    """SPEC §11 "Width": decode is memory-bound, so more slots raise the saturated
+    """docs/design.md §11 "Width": decode is memory-bound, so more slots raise the saturated
     completion rate (C = 1 … 12), though each request's service grows."""
     measured = [saturated_capacity(profile, 16, c) for c in (1, 2, 3, 4, 6, 8, 12)]
     rates = [rate for rate, _ in measured]

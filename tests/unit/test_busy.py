@@ -1,4 +1,4 @@
-"""The early `busy` refusal (SPEC §17, `QueueLimits.refuse_busy`): a surplus arrival that the
+"""The early `busy` refusal (design §17, `QueueLimits.refuse_busy`): a surplus arrival that the
 doom gate's envelope proves cannot start before it is doomed is refused at once — and
 only then: at the proof's boundary one request more or less flips it, what another tenant
 queued does not count under the fair surplus, and on the simulator every request it

@@ -1,8 +1,8 @@
-"""The published targets (SPEC §5, §11) against the simulated profiles, measured through
+"""The published targets (docs/design.md §5, §11) against the simulated profiles, measured through
 the full guard from the trace. The fit is least squares over targets that cannot all be met
 (SPEC's light-load mean is lighter than its own 4/s cell, docs/calibration.md), so the tests
 hold what the model must show — the fit's residuals stay near what docs/calibration.md
-reports, the regimes of SPEC §11 stay apart, the dispersion is one-sided — not every figure
+reports, the regimes of design §11 stay apart, the dispersion is one-sided — not every figure
 within 10 %."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_v100_fitted_targets_that_the_model_reaches(v100):
 
 
 def test_the_regimes_stay_apart(v100):
-    """SPEC §11: a saturating probe whose batches run in step sits near the clean line
+    """docs/design.md §11: a saturating probe whose batches run in step sits near the clean line
     (μ_sat ≈ C / 421 ms), sustained desynchronized load well above it (E5's cells ≈ 595 ms),
     the flood under the learner between them; light load below all three."""
     in_step_ms = 4 / v100["mu_sat_per_s"] * 1e3
@@ -64,7 +64,7 @@ def test_the_regimes_stay_apart(v100):
 
 
 def test_the_dispersion_is_one_sided_and_comes_from_the_load(v100):
-    """SPEC §11: nothing below the batch-1 floor, nothing above the 660 ms ceiling, and the
+    """design §11: nothing below the batch-1 floor, nothing above the 660 ms ceiling, and the
     spread under the flood comes from the coupling (who joins the batch and when): the
     flood's services span more than a third of their mean, from near the published batched
     minimum (281 ms) up."""

@@ -359,7 +359,7 @@ def test_a_half_written_line_a_dying_writer_left_is_skipped(tmp_path):
     it) the line before the new life's config. Each is skipped and counted; half a line
     anywhere else is still an error naming its line."""
     from floorguard.core.events import TraceError, read_jsonl, to_json  # noqa: PLC0415
-    from floorguard.proxy.decision_log import LineLog  # noqa: PLC0415
+    from floorguard.proxy.observe.decision_log import LineLog  # noqa: PLC0415
 
     log = _two_replicas_on_one_backend(slots=2)[0]
     lines = [to_json(e) for e in log]

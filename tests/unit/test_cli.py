@@ -119,10 +119,10 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
 
 
 def test_human_output_names_the_region(capsys):
-    """Without --json the summary says whether the run is inside SPEC §6's region."""
+    """Without --json the summary says whether the run is inside docs/design.md §6's region."""
     assert main(["simulate"]) == 0
     out = capsys.readouterr().out
-    assert "floor-entitled attainment" in out and "SPEC §6 region" in out
+    assert "floor-entitled attainment" in out and "docs/design.md §6 region" in out
 
 
 @pytest.mark.data
@@ -230,8 +230,8 @@ def test_emulate_on_a_taken_port_is_a_clear_error(capsys):
 def test_token_mints_a_jwt_the_guard_of_that_config_accepts(monkeypatch, capsys):
     """`floorguard token` signs with the config's HS256 secret and the claims it checks; the
     guard's own identity names the tenant from it. An unknown tenant is a usage error."""
-    from floorguard.proxy.config import load_config  # noqa: PLC0415
-    from floorguard.proxy.identity import create_identity  # noqa: PLC0415
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415
+    from floorguard.proxy.edge.identity import create_identity  # noqa: PLC0415
 
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
     assert main(["token", "--config", "examples/guard.yaml", "--tenant", "acme"]) == 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from floorguard.proxy.forward import _cannot_wait
+from floorguard.proxy.pool.forward import _cannot_wait
 
 uvloop = pytest.importorskip("uvloop")
 

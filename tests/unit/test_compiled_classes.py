@@ -88,12 +88,12 @@ def test_a_compiled_class_extends_only_what_is_compiled_with_it():
 
 def test_the_check_finds_a_class_over_a_dependencys_base(tmp_path):
     """The check itself: the collector without its declaration is reported, with it not."""
-    metrics = source_path(SRC, "floorguard.proxy.metrics").read_text()
+    metrics = source_path(SRC, "floorguard.proxy.observe.metrics").read_text()
     undeclared = metrics.replace("@mypyc_attr(native_class=False)", "")
     assert undeclared != metrics
-    package = tmp_path / "floorguard" / "proxy"
+    package = tmp_path / "floorguard" / "proxy" / "observe"
     package.mkdir(parents=True)
     (package / "metrics.py").write_text(undeclared)
-    assert _foreign_bases("floorguard.proxy.metrics", tmp_path) == [
-        "floorguard.proxy.metrics._GuardCollector(Collector)"
+    assert _foreign_bases("floorguard.proxy.observe.metrics", tmp_path) == [
+        "floorguard.proxy.observe.metrics._GuardCollector(Collector)"
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from floorguard.proxy.config_doc import config_reference
+from floorguard.proxy.config.doc import config_reference
 
 PAGE = Path(__file__).parents[2] / "docs" / "config.md"
 

@@ -14,8 +14,8 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from floorguard.proxy.app import GuardServer
-from floorguard.proxy.config import load_config
+from floorguard.proxy.config.guard import load_config
+from floorguard.proxy.process.app import GuardServer
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 

@@ -1,4 +1,4 @@
-"""The core's side of the HTTP edge (SPEC §12): doom timers, surplus queue limits,
+"""The core's side of the HTTP edge (docs/design.md §12): doom timers, surplus queue limits,
 re-placement after an unreachable backend, unavailable backends, prompt-aware envelopes."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from tests.helpers import write_burstgpt
 
 
 def test_catalogue_is_spec_e1_to_e19_and_e20_to_e22():
-    """SPEC §10's experiments, E20 (SPEC §15's fair surplus) and E21, E22 (SPEC §16's
+    """design §10's experiments, E20 (design §15's fair surplus) and E21, E22 (design §16's
     memory), each with reps and a non-empty grid."""
     assert list(catalogue()) == [f"E{i}" for i in range(1, 23)]
     for e in catalogue().values():

@@ -1,4 +1,4 @@
-"""The datacenter simulation (SPEC §13): replicas of the shipped Guard sharing one
+"""The datacenter simulation (docs/design.md §13): replicas of the shipped Guard sharing one
 simulated floor store and the backends, checked by `check_fleet`."""
 
 from __future__ import annotations

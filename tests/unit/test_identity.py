@@ -1,4 +1,4 @@
-"""Identity → tenant (SPEC §2): JWT verification and its cache, mTLS certificate names,
+"""Identity → tenant (docs/design.md §2): JWT verification and its cache, mTLS certificate names,
 and the configuration checks that refuse unsafe or incomplete identity setups."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from floorguard.errors import ConfigError
-from floorguard.proxy.config import (
+from floorguard.proxy.config.guard import (
     GuardServerConfig,
     IdentitySpec,
     TlsSpec,
     load_config,
     server_ssl_context,
 )
-from floorguard.proxy.identity import AuthError, create_identity
+from floorguard.proxy.edge.identity import AuthError, create_identity
 
 SECRET = "unit-secret-0123456789abcdef0123456789"
 

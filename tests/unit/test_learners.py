@@ -17,7 +17,7 @@ from floorguard.learners import (
     fit_latency_model,
 )
 from floorguard.profiles import V100_MOE
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
 from floorguard.sim.probe import (
     PUBLISHED_SAMPLES,
     collect_probe_samples,
@@ -56,7 +56,7 @@ def test_too_few_samples_is_a_clear_error():
 
 
 def test_the_published_fit_spans_idle_to_saturated_in_132_samples():
-    """SPEC §11's published predictor: 132 probe samples from idle to past saturation, so
+    """docs/design.md §11's published predictor: 132 probe samples from idle to past saturation, so
     its queue feature varies and costs more than a running request; it predicts the whole
     probe set (every sample of every rate) about as well as its own 132."""
     model = fit_probe_model(V100_MOE, 4)

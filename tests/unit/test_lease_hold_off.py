@@ -1,4 +1,4 @@
-"""Leased slots in the core (SPEC §13): the fleet's answer to a start is the driver's to
+"""Leased slots in the core (docs/design.md §13): the fleet's answer to a start is the driver's to
 give, the core requeues a denied one, holds its backend off (doubling, capped) and says
 when to poll again; the log records grants, local ones marked. A start on leased slots
 says so (`Dispatch.lease`), and its lease is answered exactly once before it may

@@ -1,4 +1,4 @@
-"""The KV budget (SPEC §16, issue 27): a backend takes a request only while the reservations
+"""The KV budget (design §16, issue 27): a backend takes a request only while the reservations
 of what it runs (metered prompt + output cap, in whole blocks) fit its KV cache. The first
 waiting request waits for room and nothing smaller overtakes it; a request no cache can
 ever hold is refused on arrival (`kv_excess`); `verify` checks the budget (MEMORY) and
@@ -133,7 +133,7 @@ def test_on_the_simulator_the_budget_removes_the_preemptions_slot_only_dispatch_
     """Slot-only dispatch lets vLLM's cache run out (preemptions, each costing its victim a
     second prefill); the guard's budget of the same 512 tokens starts only what fits, and
     nothing is preempted. (Floor lateness is reported, not asserted: with a cache this
-    small, two at a time is what fits, and that is outside SPEC §6's region for C = 4 —
+    small, two at a time is what fits, and that is outside docs/design.md §6's region for C = 4 —
     docs/http.md, The KV cache.)"""
     for seed in (0, 1):
         slots_only = simulate_once(kv_pressure(), seed=seed)

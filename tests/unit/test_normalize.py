@@ -1,4 +1,4 @@
-"""The edge's normalization step (SPEC §12): what it forwards, meters and refuses."""
+"""The edge's normalization step (docs/design.md §12): what it forwards, meters and refuses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from floorguard.errors import ConfigError
-from floorguard.proxy.normalize import BadRequestError, EdgeLimits, load_tokenizer, normalize
+from floorguard.proxy.edge.normalize import BadRequestError, EdgeLimits, load_tokenizer, normalize
 
 LIMITS = EdgeLimits(max_tokens=512, default_max_tokens=16, max_prompt_tokens=4096)
 

@@ -14,11 +14,11 @@ from aiohttp.test_utils import make_mocked_request
 from floorguard.analysis.checker import check_trace
 from floorguard.clock import ManualClock
 from floorguard.core.events import EventKind
-from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.metrics import GuardMetrics
-from floorguard.proxy.normalize import Work
-from floorguard.proxy.pool import Pool
-from floorguard.proxy.relay import HeldReplies
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.edge.normalize import Work
+from floorguard.proxy.observe.metrics import GuardMetrics
+from floorguard.proxy.pool.pool import Pool
+from floorguard.proxy.pool.relay import HeldReplies
 
 CONFIG = {
     "contracts": [

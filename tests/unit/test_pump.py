@@ -10,7 +10,7 @@ import dataclasses
 from floorguard.clock import ManualClock
 from floorguard.core.contract import AffineEnvelope
 from floorguard.core.surface import LEASE_HOLD_OFF_S, Dispatch, Drop
-from floorguard.proxy.pump import Pump
+from floorguard.proxy.pool.pump import Pump
 from tests.helpers import make_config, make_guard, make_request
 
 

@@ -1,4 +1,4 @@
-"""The rate-limit headers' values (SPEC §17): the reset in OpenAI's duration form, and the
+"""The rate-limit headers' values (docs/design.md §17): the reset in OpenAI's duration form, and the
 limit and remaining from the decided arrival's floor and store answer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from floorguard.core.contract import MeterKind
-from floorguard.proxy.ratelimit import duration, rate_limit_headers
+from floorguard.proxy.edge.ratelimit import duration, rate_limit_headers
 from tests.helpers import make_config, make_guard, make_request
 
 

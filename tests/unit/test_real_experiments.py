@@ -311,7 +311,7 @@ def test_e21_runs_the_conditions_for_the_backends_own_kv_cache_in_its_blocks(tmp
 
 
 def test_e22_stays_inside_the_budgets_region_on_a_backend_that_charges_for_prompts(tmp_path):
-    """E22's deadline is SPEC §6's bound under the budget; scaled to a backend whose ceiling
+    """E22's deadline is design §6's bound under the budget; scaled to a backend whose ceiling
     charges for prompts (the CPU build's) it keeps d ≥ s_max(64, 100)·(1 + ⌈B/C⌉) there, C = 2
     of a 512-token cache, and A4 holds."""
     charging = replace(V100_MOE, ceiling=replace(V100_MOE.ceiling, per_prompt_token_s=0.01))

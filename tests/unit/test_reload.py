@@ -1,4 +1,4 @@
-"""A reload of the core (SPEC §14): contracts govern from the next window, slots and queue
+"""A reload of the core (docs/design.md §14): contracts govern from the next window, slots and queue
 limits at once; the checker verifies each stretch of the log against its own
 configuration, and catches a reload that changes an open window."""
 

@@ -11,8 +11,8 @@ import yaml
 from floorguard.errors import ConfigError
 from floorguard.learners.latency import LatencyModel
 from floorguard.profiles import get_profile, save_profile
-from floorguard.proxy.app import GuardServer
-from floorguard.proxy.config import GuardServerConfig, load_config
+from floorguard.proxy.config.guard import GuardServerConfig, load_config
+from floorguard.proxy.process.app import GuardServer
 
 BASE = {
     "contracts": [
@@ -93,10 +93,10 @@ def test_an_admin_token_env_that_is_not_set_is_a_config_error_naming_it():
 
 
 def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
-    """The shipped example is outside SPEC §6 (d < s_max·(1 + ⌈B/C⌉)): `serve` says so
+    """The shipped example is outside docs/design.md §6 (d < s_max·(1 + ⌈B/C⌉)): `serve` says so
     before it guards; a deadline below the fastest service is named per tenant."""
-    from floorguard.proxy.config import GuardServerConfig, load_config  # noqa: PLC0415
-    from floorguard.proxy.serve import start_warnings  # noqa: PLC0415
+    from floorguard.proxy.config.guard import GuardServerConfig, load_config  # noqa: PLC0415
+    from floorguard.proxy.process.serve import start_warnings  # noqa: PLC0415
 
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
     example = load_config("examples/guard.yaml")
@@ -104,7 +104,7 @@ def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
     data = example.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["contracts"][0]["floor"] = 6  # B = 6 of C = 4: s_max(16)·3 = 1.98 s > d
     warnings = start_warnings(GuardServerConfig.model_validate(data))
-    assert len(warnings) == 1 and "outside SPEC §6" in warnings[0] and "SF" in warnings[0]
+    assert len(warnings) == 1 and "outside docs/design.md §6" in warnings[0] and "SF" in warnings[0]
     for contract in data["contracts"]:
         contract["deadline_ms"] = 50
     tight = start_warnings(GuardServerConfig.model_validate(data))
@@ -115,15 +115,15 @@ def test_serve_warns_about_configs_outside_the_guarantee(monkeypatch):
 def test_serve_reports_the_region_and_the_screen_and_strict_refuses_outside(
     tmp_path, monkeypatch, capsys
 ):
-    """Before it listens, `serve` prints SPEC §6's verdict and the screen's per assured
+    """Before it listens, `serve` prints docs/design.md §6's verdict and the screen's per assured
     contract; with `strict: true` a configuration outside the region exits 2, saying why."""
     from floorguard.cli import main  # noqa: PLC0415
-    from floorguard.proxy.config import load_config  # noqa: PLC0415
-    from floorguard.proxy.serve import start_report  # noqa: PLC0415
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415
+    from floorguard.proxy.process.serve import start_report  # noqa: PLC0415
 
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)
     report = start_report(load_config("examples/guard.yaml"))
-    assert report[0].startswith("SPEC §6 at ℓ = 16: inside")
+    assert report[0].startswith("docs/design.md §6 at ℓ = 16: inside")
     assert report[1].startswith("tenant acme: screen (makespan") and "ACCEPT" in report[1]
     data = yaml.safe_load(Path("examples/guard.yaml").read_text())
     data["contracts"][0]["floor"] = 6
@@ -132,12 +132,13 @@ def test_serve_reports_the_region_and_the_screen_and_strict_refuses_outside(
     path.write_text(yaml.safe_dump(data))
     assert main(["serve", "--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "strict: true" in err and "outside SPEC §6's region" in err and "refusing" in err
+    assert "strict: true" in err and "refusing" in err
+    assert "outside docs/design.md §6's region" in err
 
 
 def test_a_typo_names_the_allowed_keys_and_a_missing_key_does_not_dump_its_parent(tmp_path):
     from floorguard.errors import ConfigError  # noqa: PLC0415
-    from floorguard.proxy.config import load_config  # noqa: PLC0415
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415
 
     path = tmp_path / "g.yaml"
     body = (
@@ -256,8 +257,8 @@ def test_config_values_may_name_environment_variables(tmp_path):
 
 def test_a_pool_with_no_assured_floor_starts_and_says_so(monkeypatch):
     """A guard in front of opportunistic tenants only (no floor to bound) reports that,
-    instead of dying on SPEC §6's ρ_A, which has no value there."""
-    from floorguard.proxy.serve import start_report, start_warnings  # noqa: PLC0415
+    instead of dying on docs/design.md §6's ρ_A, which has no value there."""
+    from floorguard.proxy.process.serve import start_report, start_warnings  # noqa: PLC0415
 
     config = GuardServerConfig.model_validate(
         {
@@ -270,7 +271,7 @@ def test_a_pool_with_no_assured_floor_starts_and_says_so(monkeypatch):
             },
         }
     )
-    assert start_report(config) == ["no assured floor: SPEC §6 has nothing to bound"]
+    assert start_report(config) == ["no assured floor: docs/design.md §6 has nothing to bound"]
     start_warnings(config)  # and the warnings do not die either
 
 
@@ -311,7 +312,7 @@ def test_each_worker_has_its_own_name_logs_and_admin_port(tmp_path):
 def test_the_event_loop_is_said_and_uvloop_without_it_is_refused(tmp_path, monkeypatch):
     import importlib.util  # noqa: PLC0415
 
-    from floorguard.proxy.serve import event_loop_line  # noqa: PLC0415
+    from floorguard.proxy.process.serve import event_loop_line  # noqa: PLC0415
 
     installed = importlib.util.find_spec("uvloop") is not None
     assert event_loop_line(_load(tmp_path)).startswith(
@@ -327,7 +328,7 @@ def test_the_event_loop_is_said_and_uvloop_without_it_is_refused(tmp_path, monke
 
 
 def test_the_start_report_says_what_each_kv_cache_holds(tmp_path):
-    from floorguard.proxy.serve import start_report  # noqa: PLC0415
+    from floorguard.proxy.process.serve import start_report  # noqa: PLC0415
 
     backends = [
         {"url": "http://127.0.0.1:8001", "slots": 4, "kv_tokens": 40_000},

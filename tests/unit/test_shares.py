@@ -1,12 +1,12 @@
-"""A replica's slot shares (SPEC §14): a partition follows the live fleet, never past a
+"""A replica's slot shares (docs/design.md §14): a partition follows the live fleet, never past a
 backend's capacity; a fleet larger than the slots keeps one slot, on the largest backend."""
 
 from __future__ import annotations
 
 import logging
 
-from floorguard.proxy.config import BackendSpec
-from floorguard.proxy.shares import capacities, merge_backends, slot_shares
+from floorguard.proxy.config.guard import BackendSpec
+from floorguard.proxy.pool.shares import capacities, merge_backends, slot_shares
 
 A = BackendSpec(url="http://a:8000", slots=4, capacity=8)
 B = BackendSpec(url="http://b:8000", slots=4)

@@ -1,4 +1,4 @@
-"""Each comparison stack's defining behaviour (SPEC §7), and what all stacks share."""
+"""Each comparison stack's defining behaviour (docs/design.md §7), and what all stacks share."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from floorguard.proxy.normalize import EdgeLimits, normalize
-from floorguard.proxy.openai_format import stream_chunk, usage_chunk
-from floorguard.proxy.usage import MalformedReplyError, Usage, UsageTap, is_sse, reply_usage
+from floorguard.proxy.edge.normalize import EdgeLimits, normalize
+from floorguard.proxy.edge.openai_format import stream_chunk, usage_chunk
+from floorguard.proxy.observe.usage import MalformedReplyError, Usage, UsageTap, is_sse, reply_usage
 
 EVENTS = [stream_chunk("r", "m", True, w) for w in ("one", " two", ' "usage" three')]
 USAGE = usage_chunk("r", "m", True, prompt_tokens=7, completion_tokens=3)

@@ -1,4 +1,4 @@
-"""The offline trace checker (SPEC §8): verify a decision log against its own config.
+"""The offline trace checker (docs/design.md §8): verify a decision log against its own config.
 
 Safety properties, each with a finite bad prefix, are checked in log order and the first
 violation's position is reported:
@@ -10,17 +10,17 @@ violation's position is reported:
            prompt's tokens, its lower bound where the count was only bounded);
 * ORDER    assured-first: no surplus request starts while a floor-entitled one waits;
            FIFO: requests start in admission order (a doomed one may leave whenever it
-           is doomed: SPEC §12);
+           is doomed: docs/design.md §12);
 * SLOTS    no backend ever has more than its `C` in flight (and, across a fleet's logs, no
            backend more than its own capacity summed over the replicas);
-* MEMORY   under a KV budget (SPEC §16), no backend ever holds reservations (metered prompt
+* MEMORY   under a KV budget (design §16), no backend ever holds reservations (metered prompt
            + output cap, in whole blocks) beyond its `kv_tokens`;
 * REQUEUE  (not a property) a request whose backend was unreachable frees its slot and waits
            again at the front of its queue;
 * TERMINAL every arrival ends in exactly one terminal outcome (reject, drop, complete, fail,
            abort), and nothing ends twice or without arriving.
 
-SF (an entitled request completes by its deadline) is conditional (SPEC §6): late
+SF (an entitled request completes by its deadline) is conditional (docs/design.md §6): late
 completions are reported, and fail the check only when `strict_sf` is asked for.
 
 `check_fleet` checks the logs of replicas that share one floor (a Redis store): each log
@@ -189,7 +189,7 @@ class _Checker:
         if self.shared_floor or not config.kv_fits_somewhere(
             config.kv_reservation(state.num_prompt_tokens, state.num_output_tokens)
         ):
-            return  # (one no KV cache can hold is refused before the floor: SPEC §16)
+            return  # (one no KV cache can hold is refused before the floor: docs/design.md §16)
         schedule = self.config.schedule
         window = math.floor((event.at - schedule.origin_at) / schedule.window_s)
         floor = self.floors.at(window).get(event.tenant or "")
@@ -233,7 +233,7 @@ class _Checker:
             and event.reason == "floor_lowered"
             and (self.config.capacity_action is CapacityAction.LOWER_FLOOR)
         ):
-            # The config lowers the floor under measured capacity loss (SPEC §4.4): this
+            # The config lowers the floor under measured capacity loss (docs/design.md §4.4): this
             # entitled request was refused by that policy; it still counts against B.
             state.expected_entitled = None
         if state.expected_entitled is not None:

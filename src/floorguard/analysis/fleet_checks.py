@@ -1,4 +1,4 @@
-"""The checks across a fleet's logs (SPEC §13, `check_fleet`): fleet ORDER with slot
+"""The checks across a fleet's logs (docs/design.md §13, `check_fleet`): fleet ORDER with slot
 leases, SLOTS per backend summed over the replicas, and AF per tenant and window as the
 shared store reported it."""
 

@@ -1,4 +1,4 @@
-"""Run metrics computed from a folded trace (SPEC §8)."""
+"""Run metrics computed from a folded trace (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 UNMET_OUTCOMES = ("rejected", "dropped", "late", "failed", "aborted")
-"""What counts as unmet (SPEC §8): every offered request that did not complete on time."""
-UNMET_TEXT = "*unmet* = (rejected + dropped + late + failed + aborted) / offered (SPEC §8)"
+"""What counts as unmet (docs/design.md §8): every offered request that did not complete on time."""
+UNMET_TEXT = "*unmet* = (rejected + dropped + late + failed + aborted) / offered (design §8)"
 """The definition in words, for every table's legend."""
 
 
@@ -136,7 +136,7 @@ def entitled_ids(trace: TraceRecords, phase_s: float = 0.0) -> set[object]:
 
 def floor_attainment(trace: TraceRecords, phase_s: float = 0.0) -> tuple[int, int]:
     """(entitled ∧ admitted ∧ on time, entitled) counts: their ratio is the floor-entitled
-    attainment (SPEC §8)."""
+    attainment (docs/design.md §8)."""
     ids = entitled_ids(trace, phase_s)
     met = sum(1 for r in trace.records if r.request_id in ids and r.admitted and r.on_time)
     return met, len(ids)

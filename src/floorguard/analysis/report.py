@@ -74,7 +74,7 @@ def floors_of(config: GuardConfig) -> dict[str, int]:
 @dataclass
 class Floors:
     """Each configuration's floors and the first window they govern: a reload's `config`
-    event names its window (SPEC §14: a window already open keeps its floors)."""
+    event names its window (docs/design.md §14: a window already open keeps its floors)."""
 
     changes: list[tuple[float, dict[str, int]]]
 

@@ -1,4 +1,4 @@
-"""Statistics for the experiment suite (SPEC §8).
+"""Statistics for the experiment suite (docs/design.md §8).
 
 The run (or trace slice) is the replication unit. Per condition:
 

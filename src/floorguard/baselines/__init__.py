@@ -1,4 +1,4 @@
-"""The comparison stacks (SPEC §7), one module each, plus a registry by `--policy` name."""
+"""The comparison stacks (design §7), one module each, plus a registry by `--policy` name."""
 
 from floorguard.baselines.flow_control import (
     FlowControlOptions,

@@ -11,7 +11,7 @@
 * A queue TTL evicts requests that waited too long in the controller (`ttl_expired`).
 
 The mapping is a configuration, and can be wrong: `MappingFault.SWAP` gives each class the
-other's objective (SPEC §7 fault injection), which flips which class goes first.
+other's objective (docs/design.md §7 fault injection), which flips which class goes first.
 """
 
 from __future__ import annotations

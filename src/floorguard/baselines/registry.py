@@ -1,5 +1,5 @@
 """Stacks by `--policy` name. `guard` and `gated-fifo` are floorguard's own `Guard`; the
-rest are the comparison stacks of SPEC §7, all behind the same driver surface."""
+rest are the comparison stacks of docs/design.md §7, all behind the same driver surface."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`ServerStack`: the shape every comparison stack shares (SPEC §7).
+"""`ServerStack`: the shape every comparison stack shares (docs/design.md §7).
 
 A stack decides admission its own way, then hands requests to backends that behave like
 vLLM: each keeps its own waiting queue — FIFO, or ordered by `(priority, arrival)` under

@@ -1,7 +1,7 @@
 """`server-priority`: admit everything and hand each request a priority, vLLM semantics.
 
 The backend's waiting queue is ordered by `(priority, arrival)` (assured 0, opportunistic 1;
-lower first) and a running request is never preempted when the slots are full (SPEC §5): a
+lower first) and a running request is never preempted when the slots are full (docs/design.md §5): a
 priority-jumped request still waits for a running slot. No floor, no admission control.
 """
 

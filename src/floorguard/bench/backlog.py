@@ -1,5 +1,5 @@
 """`floorguard bench backlog`: what a backlog held *inside* a vLLM server costs the requests
-it is running (issue 29, SPEC §11 "Physics").
+it is running (docs/design.md §11 "Physics").
 
 Server priority (admit-all into vLLM with `--scheduling-policy priority`) leaves every
 request the guard would have shed waiting in vLLM's own queue: the API server has parsed and

@@ -1,6 +1,6 @@
 """`floorguard bench calibration`: each service profile against the published targets.
 
-Every target of SPEC §5/§11 (`sim.targets.TARGETS`) beside each profile's figure and its
+Every target of docs/design.md §5/§11 (`sim.targets.TARGETS`) beside each profile's figure and its
 relative residual, and the quantiles of light-load and flood service beside the published
 spread. `--fit` re-runs the least-squares fit of v100-moe (and the Ada scale on it) and
 reports the fitted parameters beside the shipped ones.
@@ -78,7 +78,7 @@ def bench_calibration(*, fit: bool = False, progress: Any = None) -> dict[str, A
 
 def render_calibration(result: dict[str, Any], console: Console) -> None:
     names = list(PROFILES)
-    table = Table(title="published targets (SPEC §5, §11) against each profile")
+    table = Table(title="published targets (docs/design.md §5, §11) against each profile")
     for column in ("target", "published", *names, "v100 residual"):
         table.add_column(column, justify="left" if column == "target" else "right")
     for row in result["targets"]:

@@ -1,5 +1,5 @@
 """`floorguard bench handoff`: what the guard adds to a request's way into a freed slot on a
-real backend (issue 29 part 4, the dispatch gap), beside the same hand-off inside the
+real backend (the dispatch gap), beside the same hand-off inside the
 backend's own queue, measured side by side in one run.
 
 A closed loop of `C + 1` clients on a backend of `C` slots keeps exactly one request
@@ -36,7 +36,7 @@ from rich.table import Table
 from floorguard.bench.backlog import Stream, stream_completion
 from floorguard.errors import FloorguardError
 from floorguard.experiments.real import backend_counters, backend_times, wait_ready
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
 from floorguard.rig.net import free_ports
 
 __all__ = ["bench_handoff", "handoffs_s", "render_handoff"]

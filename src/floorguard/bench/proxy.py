@@ -31,10 +31,10 @@ import jwt
 import numpy as np
 from aiohttp import web
 
-from floorguard.proxy.app import GuardRunner, create_app
-from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.http_server import freeze_startup_heap
-from floorguard.proxy.openai_format import completion_body
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.edge.openai_format import completion_body
+from floorguard.proxy.process.app import GuardRunner, create_app
+from floorguard.proxy.process.http_server import freeze_startup_heap
 from floorguard.rig.net import free_ports
 
 __all__ = ["PATHS", "bench_proxy", "cpu_s", "nginx_binary", "serving_in_child"]

@@ -35,8 +35,8 @@ from floorguard.analysis.checker import check_trace
 from floorguard.bench.proxy import serving_in_child
 from floorguard.core.events import EventKind, TraceEvent, read_jsonl
 from floorguard.profiles import get_profile
-from floorguard.proxy.app import create_app
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.process.app import create_app
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.net import free_ports
 from floorguard.sim.targets import saturated_capacity

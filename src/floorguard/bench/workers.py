@@ -64,7 +64,7 @@ wrk.headers["Authorization"] = "Bearer " .. os.getenv("TOKEN")
 def _serve_upstream(ports: list[int], _: str) -> None:
     from aiohttp import web  # noqa: PLC0415  # a spawned child imports what it serves
 
-    from floorguard.proxy.app import GuardRunner  # noqa: PLC0415
+    from floorguard.proxy.process.app import GuardRunner  # noqa: PLC0415
 
     async def main() -> None:
         runner = GuardRunner(_upstream_app(), access_log=None)

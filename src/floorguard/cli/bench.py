@@ -72,7 +72,7 @@ def register(commands: Any) -> None:
     )
     bench_soak_cmd.add_argument("--json", action="store_true")
     bench_cal = kinds.add_parser(
-        "calibration", help="each profile against the published targets (SPEC §5, §11)"
+        "calibration", help="each profile against the published targets (docs/design.md §5, §11)"
     )
     bench_cal.add_argument(
         "--fit", action="store_true", help="also re-run the least-squares fit (minutes)"

@@ -1,4 +1,4 @@
-"""`floorguard experiment`: the SPEC §10 suite, on the simulator or on a real backend."""
+"""`floorguard experiment`: the docs/design.md §10 suite, on the simulator or on a real backend."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Any) -> None:
-    experiment = commands.add_parser("experiment", help="the SPEC §10 experiment suite")
+    experiment = commands.add_parser("experiment", help="the docs/design.md §10 experiment suite")
     actions = experiment.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="list the catalogue")
     run_parser = actions.add_parser("run", help="run experiments by id, or all")

@@ -23,10 +23,10 @@ from floorguard.calibrate import calibrate
 from floorguard.cli._common import fmt, port, print_result
 from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
-from floorguard.proxy.config import load_config
-from floorguard.proxy.identity import create_identity
-from floorguard.proxy.serve import event_loop_line, run_guard, start_report, start_warnings
-from floorguard.proxy.workers import supervise
+from floorguard.proxy.config.guard import load_config
+from floorguard.proxy.edge.identity import create_identity
+from floorguard.proxy.process.serve import event_loop_line, run_guard, start_report, start_warnings
+from floorguard.proxy.process.workers import supervise
 from floorguard.rig.demo import CAPTION, run_demo
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, refusals, replay
@@ -265,7 +265,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     warnings = start_warnings(config)
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False, style="yellow")
-    outside = [w for w in warnings if "outside SPEC §6's region" in w]
+    outside = [w for w in warnings if "outside docs/design.md §6's region" in w]
     if config.strict and outside:
         raise FloorguardError(
             "strict: true and " + "; ".join(outside) + " — refusing to start (set the floors, "

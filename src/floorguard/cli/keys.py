@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from floorguard.proxy.api_keys import ApiKey, create_key, list_keys, revoke_key
+from floorguard.proxy.edge.api_keys import ApiKey, create_key, list_keys, revoke_key
 
 __all__ = ["register", "run"]
 

@@ -1,4 +1,4 @@
-"""`floorguard screen`: the static timing screen (SPEC §9) for one configuration."""
+"""`floorguard screen`: the static timing screen (docs/design.md §9) for one configuration."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import yaml
 from rich.console import Console
 
 from floorguard.errors import FloorguardError
-from floorguard.proxy.config import GuardServerConfig, load_config
-from floorguard.proxy.serve import screen_config
+from floorguard.proxy.config.guard import GuardServerConfig, load_config
+from floorguard.proxy.process.serve import screen_config
 from floorguard.screen.model import (
     AGGREGATIONS,
     DEFAULT_MODEL,
@@ -27,7 +27,7 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Any) -> None:
-    scr = commands.add_parser("screen", help="the static timing screen (SPEC §9)")
+    scr = commands.add_parser("screen", help="the static timing screen (docs/design.md §9)")
     scr.add_argument(
         "--config",
         type=Path,
@@ -178,9 +178,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if verdict.inside_region
             else ("outside (" + "; ".join(verdict.region_reasons) + ")")
         )
-        console.print(f"{of}SPEC §6 region: {region}", markup=False)
+        console.print(f"{of}docs/design.md §6 region: {region}", markup=False)
     console.print(
-        "A screen, not a proof: P95 is an aggregate obligation (SPEC §1); the "
+        "A screen, not a proof: P95 is an aggregate obligation (docs/design.md §1); the "
         "runtime guard enforces the per-request floor.",
         markup=False,
     )

@@ -18,7 +18,7 @@ from floorguard.errors import FloorguardError
 from floorguard.experiments.figures import fleet_figure
 from floorguard.learners.registry import LEARNERS, LearnerOptions
 from floorguard.profiles import PROFILES, get_profile
-from floorguard.proxy.config import GuardServerConfig, load_config
+from floorguard.proxy.config.guard import GuardServerConfig, load_config
 from floorguard.sim.fleet import Fleet, SlotMode, simulate_fleet
 from floorguard.sim.scenarios import (
     PACE_JITTER_S,
@@ -52,7 +52,7 @@ def register(commands: Any) -> None:
         "--policy",
         default="guard",
         choices=sorted(POLICIES),
-        help="the guard, or a comparison stack (SPEC §7)",
+        help="the guard, or a comparison stack (docs/design.md §7)",
     )
     sim.add_argument(
         "--learner",
@@ -245,7 +245,7 @@ def pool_scenarios(
 ) -> dict[str | None, Scenario]:
     """Each pool of a serve config as a scenario: its contracts, windows, slots, dispatch,
     meter, profile and doom gate as the guard would run them; every assured tenant paced at
-    its floor (B per window, SPEC §10's jitter), the opportunistic tenants sharing a Poisson
+    its floor (B per window, design §10's jitter), the opportunistic tenants sharing a Poisson
     flood of `flood` × the pool's saturated capacity; ℓ = `limits.default_max_tokens`."""
     tokens = config.limits.default_max_tokens
     out: dict[str | None, Scenario] = {}
@@ -356,7 +356,7 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
     )
     where = "inside" if region["inside"] else "outside"
     console.print(
-        f"SPEC §6 region: {where}"
+        f"docs/design.md §6 region: {where}"
         + ("" if region["inside"] else f" ({'; '.join(region['reasons'])})")
     )
     console.print(f"{s['num_requests']} simulated requests in {s['wall_s']:.2f} s")

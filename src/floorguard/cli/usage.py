@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from floorguard.errors import ConfigError
-from floorguard.proxy.usage import USAGE_KEYS, usage_report
+from floorguard.proxy.observe.usage import USAGE_KEYS, usage_report
 
 __all__ = ["register", "run"]
 

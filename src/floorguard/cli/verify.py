@@ -13,7 +13,7 @@ from rich.console import Console
 
 from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
 from floorguard.core.events import TraceEvent, read_jsonl
-from floorguard.proxy.decision_log import rotated_segments
+from floorguard.proxy.observe.decision_log import rotated_segments
 
 __all__ = ["register", "run"]
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if report.num_sf_late:
             console.print(
                 f"SF: {report.num_sf_late} floor-entitled requests completed late "
-                f"(conditional property, SPEC §6)"
+                f"(conditional property, docs/design.md §6)"
             )
         degraded = [(path, s) for path, s in zip(args.trace, report.degraded_s, strict=False) if s]
         for path, seconds in degraded:

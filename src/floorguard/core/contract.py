@@ -1,4 +1,4 @@
-"""Contracts, the window schedule and the guard's configuration (SPEC §3).
+"""Contracts, the window schedule and the guard's configuration (docs/design.md §3).
 
 All of these are frozen and validated on construction: a bad value raises `ConfigError`
 naming the field, the value and the allowed range.
@@ -61,13 +61,13 @@ class MeterKind(StrEnum):
 
 class DispatchOrder(StrEnum):
     ASSURED_FIRST = "assured-first"
-    """Oldest floor-entitled request first; the surplus only when none waits (SPEC §4.2)."""
+    """Oldest floor-entitled request first; the surplus only when none waits (design §4.2)."""
     FIFO = "fifo"
     """One queue in arrival order: the fault-injection baseline."""
 
 
 class SurplusOrder(StrEnum):
-    """How the surplus (what is not floor-entitled) is ordered below the floor (SPEC §15)."""
+    """How the surplus (what is not floor-entitled) is ordered below the floor (design §15)."""
 
     FAIR = "fair"
     """Fair across the tenants competing for it: a virtual-time fair queue charging each
@@ -84,7 +84,7 @@ class SurplusOrder(StrEnum):
 
 
 class CapacityAction(StrEnum):
-    """What the guard does when its capacity estimate says `μ̂·W < B` (SPEC §4.4)."""
+    """What the guard does when its capacity estimate says `μ̂·W < B` (docs/design.md §4.4)."""
 
     ALARM = "alarm"
     """Count an alarm; the floor stays `B`."""
@@ -97,7 +97,7 @@ class CapacityAction(StrEnum):
 @dataclass(frozen=True, slots=True)
 class AffineEnvelope:
     """A service-time bound `base_s + per_token_s · ℓ + per_prompt_token_s · p` for ℓ
-    output tokens and `p` prompt tokens (the prefill term: SPEC §12, the edge counts `p`)."""
+    output tokens and `p` prompt tokens (the prefill term: design §12, the edge counts `p`)."""
 
     base_s: float
     per_token_s: float
@@ -139,7 +139,7 @@ class AffineEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class Contract:
-    """One tenant's contract. The tenant name is the authenticated identity (SPEC §2)."""
+    """One tenant's contract. The tenant name is the authenticated identity (docs/design.md §2)."""
 
     tenant: str
     cls: ContractClass
@@ -148,7 +148,7 @@ class Contract:
     floor: int = 0
     """`B`: credits reserved per window (assured only; 0 for opportunistic)."""
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT
-    """What happens to assured arrivals beyond the floor (SPEC §4.1)."""
+    """What happens to assured arrivals beyond the floor (docs/design.md §4.1)."""
 
     def __post_init__(self) -> None:
         require(bool(self.tenant), "tenant", self.tenant, "must be a non-empty string")
@@ -183,7 +183,7 @@ class Contract:
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """How many *surplus* requests may wait in the guard's queue (SPEC §12): a request over
+    """How many *surplus* requests may wait in the guard's queue (design §12): a request over
     a limit is refused `queue_full`. Floor-entitled requests are never refused by a queue
     limit (that would break AF); their queue is bounded by the floor itself — at most `B`
     per window are admitted — and the doom timers (a queued request leaves the moment it is
@@ -226,7 +226,7 @@ class GuardConfig:
     """The surplus's order below the floor (assured-first dispatch only)."""
     meter: MeterKind = MeterKind.COUNT
     lower_envelope: AffineEnvelope | None = None
-    """`L(ℓ)` for the doom gate; no gate when absent (DR is optional, SPEC §4.3)."""
+    """`L(ℓ)` for the doom gate; no gate when absent (DR is optional, docs/design.md §4.3)."""
     upper_envelope: AffineEnvelope | None = None
     """`s_max(ℓ)` (the service ceiling) for the monitors and the §6 report."""
     capacity_action: CapacityAction = CapacityAction.ALARM
@@ -234,15 +234,15 @@ class GuardConfig:
     backend_ids: tuple[str, ...] = ()
     """Each backend's identity (its URL) across a fleet's logs; empty: by position."""
     backend_capacity: tuple[int | None, ...] = ()
-    """Each backend's own slot count, shared by every replica in front of it (SPEC §13):
+    """Each backend's own slot count, shared by every replica in front of it (docs/design.md §13):
     this replica's `slots` are its partition of it. Recorded so the fleet checker can count
     SLOTS per backend across replicas; the guard itself dispatches within `slots`."""
     slot_leases: bool = False
-    """The replicas lease slots fleet-wide (SPEC §13): `slots` is each backend's whole `C`,
+    """The replicas lease slots fleet-wide (design §13): `slots` is each backend's whole `C`,
     a request starts only with a lease, and the fleet checker also checks ORDER across
     replicas."""
     kv_tokens: tuple[int | None, ...] = ()
-    """Each backend's KV cache in tokens (SPEC §16; None or empty: not budgeted). A backend
+    """Each backend's KV cache in tokens (design §16; None or empty: not budgeted). A backend
     takes a request only while the reservations of what it runs — each its metered prompt
     bound + output cap, in whole blocks — fit, so vLLM never has to preempt one."""
     kv_block_tokens: int = 16
@@ -330,7 +330,7 @@ class GuardConfig:
 
     @property
     def total_floor(self) -> int:
-        """Sum of the assured reservations: what capacity must hold against (SPEC §3, §6)."""
+        """Sum of the assured reservations: what capacity must hold against (design §3, §6)."""
         return sum(c.floor for c in self.contracts)
 
 

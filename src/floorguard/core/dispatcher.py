@@ -1,4 +1,4 @@
-"""Non-preemptive slot dispatch (SPEC §4.2): the guard owns the queue, backends own slots.
+"""Non-preemptive slot dispatch (docs/design.md §4.2): the guard owns the queue, backends own slots.
 
 A `Ticket` is the guard's record of one admitted request. The dispatchers only order
 tickets; the `SlotPool` only counts slots. Neither reads a clock.
@@ -207,7 +207,7 @@ class _Share:
 
 
 class FairSurplusDispatcher(AssuredFirstDispatcher):
-    """Assured-first, and below the floor fair across tenants (SPEC §15): a virtual-time
+    """Assured-first, and below the floor fair across tenants (docs/design.md §15): a virtual-time
     fair queue. Each tenant with surplus waiting has a virtual time; the one with the least
     goes next (the oldest head on a tie), and is charged its ticket's `charge.at(ℓ, p)`:
     by default the slot time the request holds (`slot_charge`: the service envelope, decode
@@ -363,7 +363,7 @@ _UNBUDGETED = 2**62
 
 
 class SlotPool:
-    """`C` slots per backend, and under a memory budget (SPEC §16) each backend's KV tokens.
+    """`C` slots per backend, and under a memory budget (design §16) each backend's KV tokens.
     `acquire` picks the backend with the most free slots (lowest index on a tie) that has
     room for the request's reservation, so load spreads and no backend ever exceeds its `C`
     or its KV cache."""

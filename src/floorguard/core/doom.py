@@ -1,4 +1,4 @@
-"""The doom gate (DR, SPEC §1 and §4.3): drop only what provably cannot finish in time.
+"""The doom gate (DR, docs/design.md §1 and §4.3): drop only what provably cannot finish in time.
 
 With a service *lower* bound `L(ℓ) ≤ s`, "drop iff `now + L(ℓ) > D`" is doom-sound: a drop
 witnesses infeasibility. An optional *upper* bound `U` adds a third state: `now + U ≤ D` is

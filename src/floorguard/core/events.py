@@ -60,7 +60,7 @@ class EventKind(StrEnum):
     FAIL = "fail"
     REQUEUE = "requeue"
     """A dispatched request whose backend could not be reached before any byte was sent:
-    its slot is freed and it waits again, in its old place (SPEC §12)."""
+    its slot is freed and it waits again, in its old place (docs/design.md §12)."""
     LEASE = "lease"
     """With fleet-wide slot leases: the fleet granted this dispatched request a slot on
     `backend`; it reaches the backend from here (the fleet checker counts from it)."""

@@ -148,7 +148,7 @@ class Guard(Ledger):
 
     def continue_arrival(self, pending: Pending, now: float, answer: object) -> Pending:
         """Decide with the answer to `pending.need`; a demoted arrival needs the learner
-        next (SPEC §4.1: entitled from the floor, else the excess policy). `answer` is
+        next (docs/design.md §4.1: entitled from the floor, else the excess policy). `answer` is
         checked here, whatever the driver passed (a compiled core would otherwise refuse a
         wrong type at the call with a TypeError, the pure one later)."""
         require_undecided(pending, answer)
@@ -200,7 +200,7 @@ class Guard(Ledger):
             return self._refuse(pending, RejectReason.LEARNER_REJECT, window, now)
         if self._surplus_queue_full(pending.known_contract):
             return self._refuse(pending, RejectReason.QUEUE_FULL, window, now)
-        # SPEC §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
+        # design §2: a relabel reduces to a priority inside the surplus; the floor key is untouched.
         rank = 0 if proposal.proposed_class is ASSURED else 1
         hint = float(proposal.priority_hint)
         if self._refuse_busy:
@@ -228,7 +228,7 @@ class Guard(Ledger):
     ) -> RejectReason:
         """`floor_lowered` while the refused weight still fits the window's `B` (the
         contract's, or as the shared store pinned it) counting this window's earlier
-        lowered refusals (refused whatever the excess policy: SPEC §4.4);
+        lowered refusals (refused whatever the excess policy: docs/design.md §4.4);
         `floor_exhausted` beyond `B`, where the excess policy applies."""
         if floor >= contract.floor:
             return RejectReason.FLOOR_EXHAUSTED
@@ -257,7 +257,7 @@ class Guard(Ledger):
     def cannot_start_in_time(
         self, pending: Pending, rank: int, hint: float, now: float
     ) -> float | None:
-        """SPEC §17: None if this surplus arrival (queued with `rank`, `hint`) may start
+        """docs/design.md §17: None if this surplus arrival (queued with `rank`, `hint`) may start
         before it is doomed, else the earliest instant a slot can free (its retry hint).
 
         It rests on what the doom gate rests on — each request holds its slot at least its
@@ -346,8 +346,8 @@ class Guard(Ledger):
         return self._doom_heap
 
     def expire(self, now: float) -> list[Drop]:
-        """Drop every queued request that is doomed at `now` (`now + L > D`, SPEC §4.3),
-        without waiting for a slot to free (SPEC §12)."""
+        """Drop every queued request that is doomed at `now` (`now + L > D`, docs/design.md §4.3),
+        without waiting for a slot to free (docs/design.md §12)."""
         out: list[Drop] = []
         heap = self._doom_timer()
         while heap:

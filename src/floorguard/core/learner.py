@@ -1,4 +1,4 @@
-"""The learner interface (SPEC §2): an untrusted component that only *proposes*.
+"""The learner interface (docs/design.md §2): an untrusted component that only *proposes*.
 
 A proposal is `(admit, proposed_class, priority_hint)`. The guard applies it to the
 opportunistic surplus only; it cannot keep a floor-entitled request out, cannot change the

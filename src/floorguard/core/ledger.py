@@ -81,7 +81,7 @@ class Ledger:
         """`Q_A`: floor-entitled requests queued; with `backlog_counts_class` (a stack with no
         entitlement), every assured request admitted and not yet started."""
         self.capacity = CapacityMonitor(config.schedule, config.total_floor)
-        """`μ̂` from busy windows (SPEC §4.4); the guard's `lower-floor` action reads it."""
+        """`μ̂` from busy windows (design §4.4); the guard's `lower-floor` action reads it."""
         self._backlog_counts_class = backlog_counts_class
         self._contracts = {c.tenant: c for c in config.contracts}
         self._learner = learner
@@ -113,7 +113,7 @@ class Ledger:
     # -- reload -----------------------------------------------------------------------------
 
     def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
-        """A reload (SPEC §14): `config`'s slots and queue limits govern at once, its
+        """A reload (docs/design.md §14): `config`'s slots and queue limits govern at once, its
         contracts (floors, deadlines, classes, tenants) from the start of the next window —
         a window already open keeps the floors it opened with, so no reload over-grants
         one, and what is queued or in flight keeps its contract. Returns that window; the
@@ -584,7 +584,7 @@ class Ledger:
         return min(doom, held)
 
     def lease_denied(self, request_id: RequestId, now: float) -> None:
-        """The fleet had no slot lease for the request's start (leased slots, SPEC §13): it
+        """The fleet had no slot lease for the request's start (leased slots, design §13): it
         waits again at the front of its queue (`no_lease`) and its backend is held off —
         `LEASE_HOLD_OFF_S`, doubled for each denial there in a row up to
         `LEASE_HOLD_OFF_MAX_S`, lifted when one of this guard's requests there ends — so
@@ -688,5 +688,5 @@ class Ledger:
         return self._contracts.get(tenant)
 
     def assumptions(self) -> AssumptionReport:
-        """SPEC §6 for the largest assured ℓ seen so far, with what was observed."""
+        """docs/design.md §6 for the largest assured ℓ seen so far, with what was observed."""
         return assumptions_of(self.config, [self])

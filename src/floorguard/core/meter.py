@@ -1,4 +1,4 @@
-"""The reservation meter (GroupTB, SPEC §4.1): what an assured arrival weighs against `B`.
+"""The reservation meter (GroupTB, docs/design.md §4.1): what an assured arrival weighs against `B`.
 
 The meter is policy only; the atomic take-if-fits is the credit store's (`StoreCall`,
 answered by the driver or by the guard's own store).
@@ -17,7 +17,7 @@ class ReservationMeter:
         self._kind = kind
 
     def weight(self, request: Request) -> int:
-        """`w(R)`: 1, or prompt tokens + output cap (SPEC §3)."""
+        """`w(R)`: 1, or prompt tokens + output cap (docs/design.md §3)."""
         if self._kind is MeterKind.COUNT:
             return 1
         return request.num_prompt_tokens + request.num_output_tokens

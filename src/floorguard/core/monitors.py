@@ -1,4 +1,4 @@
-"""Online monitors (SPEC §4.4) and the §6 assumption report. They return values; they never
+"""Online monitors (design §4.4) and the §6 assumption report. They return values; they never
 log, and they never change a decision (the capacity action is the guard's, not theirs)."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class CapacityMonitor:
 
     A window counts when work was queued at one of its completions, so the backend was the
     bottleneck; its completions / W feed an exponentially weighted mean. An alarm is raised
-    for each busy window that closes with `μ̂ · W < B` (SPEC §4.4).
+    for each busy window that closes with `μ̂ · W < B` (docs/design.md §4.4).
     """
 
     def __init__(self, schedule: WindowSchedule, total_floor: int, weight: float = 0.5) -> None:
@@ -127,7 +127,7 @@ class CapacityMonitor:
 
 @dataclass(frozen=True, slots=True)
 class AssumptionReport:
-    """Whether a configuration lies inside the region where SPEC §6's bound holds."""
+    """Whether a configuration lies inside the region where docs/design.md §6's bound holds."""
 
     rho_a: float | None
     """`B·s_max / (C·W)`; A4 needs ≤ 1."""
@@ -151,9 +151,9 @@ def assumption_report(
     max_backlog: int | None = None,
     num_prompt_tokens: int = 0,
 ) -> AssumptionReport:
-    """SPEC §6 for `ℓ = num_output_tokens` (and prompts of `num_prompt_tokens`), plus what
+    """docs/design.md §6 for `ℓ = num_output_tokens` (and prompts of `num_prompt_tokens`), plus what
     was observed: the largest service, how many services exceeded `s_max(ℓ)` at their own
-    ℓ, and the largest `Q_A`. Under a KV budget (SPEC §16) `C` is what the caches run at
+    ℓ, and the largest `Q_A`. Under a KV budget (docs/design.md §16) `C` is what the caches run at
     once of such requests: per backend `min(C, ⌊kv_tokens / reservation⌋)`."""
     floor, slots, window_s = config.total_floor, config.total_slots, config.schedule.window_s
     budgets = [c.deadline_budget_s for c in config.contracts if c.assured]
@@ -216,7 +216,7 @@ request (a run with no assured traffic is inside the region by what it asked for
 
 
 def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionReport:
-    """SPEC §6 for `config` and what one or more runs of it observed: the largest assured ℓ
+    """design §6 for `config` and what one or more runs of it observed: the largest assured ℓ
     (`DEFAULT_REPORT_TOKENS` before any), the largest service, the services above `s_max(ℓ)`,
     the largest `Q_A`."""
     runs = list(runs)

@@ -19,7 +19,7 @@ class Request:
     """The output cap ℓ (`max_tokens`); the service envelopes are functions of it."""
     num_prompt_tokens: int = 0
     """The prompt's tokens as metered: exact, or an upper bound where the driver could only
-    bound them (the HTTP edge without a tokenizer, SPEC §12). The meter and `s_max` use it."""
+    bound them (the HTTP edge without a tokenizer, design §12). The meter and `s_max` use it."""
     min_prompt_tokens: int | None = None
     """A lower bound on the prompt's tokens where `num_prompt_tokens` is not exact (None: it
     is exact). The doom gate's `L` uses this one, so a drop stays a proof (DR)."""

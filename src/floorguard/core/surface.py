@@ -1,4 +1,4 @@
-"""The driver surface every stack shares — the guard and each comparison stack (SPEC §7).
+"""The driver surface every stack shares — the guard and each comparison stack (docs/design.md §7).
 
 A driver (the simulator, the HTTP proxy, a real-backend run) speaks only this surface:
 
@@ -83,10 +83,10 @@ class RejectReason(StrEnum):
     QUEUE_FULL = "queue_full"
     """A surplus request over a queue limit (`QueueLimits`); never a floor-entitled one."""
     KV_EXCESS = "kv_excess"
-    """Its metered prompt + output can never fit any backend's KV cache (SPEC §16)."""
+    """Its metered prompt + output can never fit any backend's KV cache (docs/design.md §16)."""
     BUSY = "busy"
     """A surplus request that cannot start before it is doomed (`QueueLimits.refuse_busy`,
-    SPEC §17): refused on arrival instead of dropped at the end of its wait."""
+    docs/design.md §17): refused on arrival instead of dropped at the end of its wait."""
 
 
 WINDOW_BOUND = frozenset(
@@ -272,7 +272,7 @@ class Dispatch:
     entitled: bool
     deadline_at: float
     lease: bool = False
-    """The start needs the fleet's slot lease on `backend` first (leased slots, SPEC §13):
+    """The start needs the fleet's slot lease on `backend` first (leased slots, docs/design.md §13):
     the driver takes one and answers `lease_granted` (it runs) or `lease_denied` (it waits
     again); until then it may fail or abort, not complete."""
 

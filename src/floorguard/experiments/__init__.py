@@ -1,4 +1,4 @@
-"""The experiment suite: SPEC §10's catalogue as declarative grids, run over a process pool."""
+"""The experiment suite: design §10's catalogue as declarative grids, run over a process pool."""
 
 from floorguard.experiments.catalogue import catalogue
 from floorguard.experiments.conditions import Condition, run_condition

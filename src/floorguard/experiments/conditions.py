@@ -74,7 +74,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Condition:
-    """Every knob an experiment turns. Defaults are SPEC §10's marquee."""
+    """Every knob an experiment turns. Defaults are docs/design.md §10's marquee."""
 
     policy: str = "guard"
     learner: str = "always-admit"
@@ -95,7 +95,7 @@ class Condition:
     excess: str = "reject"
     meter: str = "count"
     doom_gate: bool = False
-    """Off, as in the published comparisons (SPEC §4.3, §11): the floor must be shown to
+    """Off, as in the published comparisons (docs/design.md §4.3, §11): the floor must be shown to
     rest on AF + SF without DR. On only where an experiment tests the gate (E15)."""
     gate_lower_ms: float = 0.0
     """With the gate on: > 0 is the published constant `L` (ms); 0 is the profile's exact
@@ -127,7 +127,7 @@ class Condition:
     burst_assured: int = 5
     """Assured requests inside the burst (paced over its 0.5 s from 50 ms)."""
     surplus: str = "fair"
-    """The guard's surplus order (SPEC §15): `fair` across tenants, or `learner` (the
+    """The guard's surplus order (docs/design.md §15): `fair` across tenants, or `learner` (the
     published guard's single order)."""
     polite_rate: float = 2.0
     """`polite`: a second opportunistic tenant's Poisson rate beside the flood (E20)."""
@@ -140,12 +140,12 @@ class Condition:
     kv_block_tokens: int = 16
     """`kv-pressure`: the cache's block size (vLLM's CPU build: 128; a real backend's own)."""
     kv_budget: bool = False
-    """`kv-pressure`: the guard budgets that cache (SPEC §16), or dispatches by slots only."""
+    """`kv-pressure`: the guard budgets that cache (design §16), or dispatches by slots only."""
     forward_priority: bool = False
     """`kv-pressure`: the guard forwards each class's priority to a vLLM that schedules by
     priority, so its cache preempts the surplus first (server priority always does)."""
     static_caps_at_capacity: bool = False
-    """The rate-limit stacks' buckets from the measured `μ_sat` (SPEC §11, E9): the
+    """The rate-limit stacks' buckets from the measured `μ_sat` (docs/design.md §11, E9): the
     assured one at B/W, the opportunistic one at what is left of `μ_sat`, the flat one at
     `μ_sat`; false: `RateLimits`' defaults."""
     detail: bool = False

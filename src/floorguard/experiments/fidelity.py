@@ -417,7 +417,7 @@ def fidelity_report(
         "A p99 and goodput (completions on time per second, both classes) are means over reps. "
         "*log check*: the guard's decision log through `floorguard verify`'s checker: "
         "violations of AF, DR, dispatch order, slots and terminal outcomes (must be 0), and "
-        "floor-entitled requests late by the guard's clock (SF, conditional: SPEC §6). "
+        "floor-entitled requests late by the guard's clock (SF, conditional: docs/design.md §6). "
         "*service mean, vLLM's own*: the mean time a request ran in vLLM during the run (its "
         "`request_inference_time` histogram, read from its `/metrics` before and after), "
         "beside the simulator's mean service: where the two differ, the backend ran at "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from floorguard.analysis.plot import subplots
 from floorguard.experiments.records import RunRow
 from floorguard.experiments.tables import source_name, summarize
 
@@ -27,17 +28,7 @@ __all__ = [
     "priority_vs_fifo",
     "real_vs_sim",
     "region_heatmap",
-    "subplots",
 ]
-
-
-def subplots(*grid: int, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
-    """A figure and its axes, without pyplot (no global state, no backend to choose: a
-    `Figure` saves through Agg)."""
-    from matplotlib.figure import Figure  # noqa: PLC0415 (only when drawing: module docstring)
-
-    fig = Figure(figsize=figsize)
-    return fig, fig.subplots(*grid, **kwargs)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -125,7 +116,7 @@ def priority_vs_fifo(rows: Sequence[RunRow], out: Path) -> Path:
 
 
 def region_heatmap(rows: Sequence[RunRow], out: Path) -> Path:
-    """E7: assured miss over (ρ_eff, d); cells inside SPEC §6's region outlined."""
+    """E7: assured miss over (ρ_eff, d); cells inside docs/design.md §6's region outlined."""
     summaries = summarize(rows)
     floors = sorted({s["floor"] for s in summaries})
     deadlines = sorted({s["deadline_ms"] for s in summaries})
@@ -159,7 +150,7 @@ def region_heatmap(rows: Sequence[RunRow], out: Path) -> Path:
     )
     ax.set_yticks(range(len(deadlines)), [f"{d:.0f}" for d in deadlines])
     ax.set_ylabel("deadline budget d (ms)")
-    ax.set_title("assured miss (guard); blue outline: inside the SPEC §6 region")
+    ax.set_title("assured miss (guard); blue outline: inside the docs/design.md §6 region")
     fig.colorbar(image, ax=ax, label="assured miss")
     return _save(fig, out / "e7_operating_region.png")
 

@@ -96,9 +96,9 @@ from floorguard.experiments.spec import Experiment, Row
 from floorguard.experiments.tables import CONDITION_FIELDS
 from floorguard.learners.registry import create_learner
 from floorguard.profiles import ServiceProfile, get_profile, load_measured
-from floorguard.proxy.config import GuardServerConfig
-from floorguard.proxy.health import parse_backend_report
-from floorguard.proxy.pump import Pump
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.pool.health import parse_backend_report
+from floorguard.proxy.pool.pump import Pump
 from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
 from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
@@ -125,7 +125,7 @@ MEMORY_EXPERIMENTS = frozenset({"E21", "E22"})
 that never preempts): only the conditions whose cache is the backend's own run."""
 REAL_REPS = 9
 """Every condition runs 9 reps: one with no late assured request in 9 of 9 runs has a
-Clopper–Pearson 95 % upper bound of 0.336 on its late-run share (issue 14: under 0.35)."""
+Clopper–Pearson 95 % upper bound of 0.336 on its late-run share (the target: under 0.35)."""
 REFERENCE_PROFILE = "v100-moe"
 """On a real backend only the conditions written for this profile run (the backend is one
 node; another profile's conditions would only rescale time)."""
@@ -514,7 +514,7 @@ class _RealRuns:
 
 
 def paired(tasks: Sequence[Task]) -> list[Task]:
-    """The real runs in paired order (SPEC §11 "Real backend"): an experiment's reps one
+    """The real runs in paired order (docs/design.md §11 "Real backend"): an experiment's reps one
     after another, each rep's stacks back to back on the same arrivals (one seed per rep),
     the stacks' order alternating between reps (the grid's order on even reps, reversed on
     odd), so a backend whose speed drifts shifts both sides of a pair alike."""

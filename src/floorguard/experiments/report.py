@@ -51,7 +51,7 @@ Wilson 95 % interval, optimistic because requests within a run are correlated; *
 late* carries the run-level Clopper–Pearson 95 % interval (the run is the replication unit).
 *floor attainment* = entitled ∧ admitted ∧ on time / entitled, with the entitled set taken from
 the contract's own windows; *worst-phase* recomputes it with the window origin shifted by
-φ ∈ [0, W). *§6 region*: whether every run of the condition satisfied SPEC §6's assumptions
+φ ∈ [0, W). *§6 region*: whether every run of the condition satisfied design §6's assumptions
 (ρ_a ≤ 1, d ≥ s_max·(1 + ⌈B/C⌉), no service above s_max, max Q_A ≤ B).
 """
 
@@ -84,7 +84,7 @@ def guarantee_summary(results: Sequence[ExperimentResult]) -> str:
     where = ", ".join(f"{k} ({n})" for k, n in late_in.items()) or "none"
     return (
         f"**Where the guarantee ends.** Over all {inside + outside} guard conditions in this run, "
-        f"{inside} lie inside SPEC §6's region and {inside_late} of those had a late assured "
+        f"{inside} lie inside design §6's region and {inside_late} of those had a late assured "
         f"request. Of the {outside} outside it, {outside_held} still had none: the §6 bound is "
         f"sufficient, not necessary. Guard conditions with late assured requests, by experiment "
         f"(count): {where}. AF held throughout: across the {len(runs)} guard runs without a "

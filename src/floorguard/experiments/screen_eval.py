@@ -1,4 +1,4 @@
-"""E17 and E18: both static screens evaluated on measured runs (SPEC §9, §11).
+"""E17 and E18: both static screens evaluated on measured runs (docs/design.md §9, §11).
 
 The screen *under evaluation* is the published kind, `first-moment`; floorguard's own
 `makespan` screen is scored on the same cells beside it. Every table and figure shows both,
@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from floorguard.analysis.plot import subplots
 from floorguard.experiments.conditions import Condition, mu_sat_of
-from floorguard.experiments.figures import subplots
 from floorguard.experiments.records import RunRow
 from floorguard.screen.evaluate import (
     DEADLINES_S,
@@ -46,10 +46,10 @@ __all__ = [
 
 SCREENS = tuple(m.value for m in ScreenModel)
 HEADLINE = ("p50", "p99")
-"""The aggregations every screen is shown with (SPEC §11: the published screen fed p50 or
+"""The aggregations every screen is shown with (docs/design.md §11: the published screen fed p50 or
 p99 ŝ)."""
 OUTCOME_AGGREGATIONS = ("max", "mean", "median")
-"""The regime table's split (SPEC §11, E18): a cell's measured outcome aggregated over its
+"""The regime table's split (docs/design.md §11, E18): a cell's measured outcome aggregated over its
 reps — its SLO met in every rep (the worst rep's p95 ≤ D), by the mean of the reps' p95, by
 the median rep's — with ŝ fixed at `REGIME_SERVICE`, so each screen has one accept count
 per regime for all three."""
@@ -353,7 +353,7 @@ def screen_extra(rows: Sequence[RunRow], knee: tuple[float, float]) -> str:
             "",
             *_scores_table(rows),
             "",
-            f"By regime × aggregation of the measured outcome over a cell's reps (SPEC §11: "
+            f"By regime × aggregation of the measured outcome over a cell's reps (design §11: "
             f"met in every rep / by the reps' mean p95 / in the median rep; ŝ fixed at "
             f"{REGIME_SERVICE}, so each screen's accepts are the same for all three; `met` = "
             "cells whose SLO held by that aggregation):",

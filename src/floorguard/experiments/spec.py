@@ -22,7 +22,7 @@ class Experiment:
     id: str
     title: str
     caption: str
-    """The parameters, including every choice made where SPEC §10 leaves one open."""
+    """The parameters, including every choice made where docs/design.md §10 leaves one open."""
     grid: Callable[[bool], list[Condition]]
     """Conditions for a full run (False) or a `--quick` one (True)."""
     reps: int

@@ -1,4 +1,4 @@
-"""Adversarial and trivial learners (SPEC §7): they show what the floor holds against."""
+"""Adversarial and trivial learners (docs/design.md §7): they show what the floor holds against."""
 
 from __future__ import annotations
 

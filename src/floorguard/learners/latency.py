@@ -1,4 +1,4 @@
-"""The GAIE-style latency-predictor admitter (SPEC §7): an untrusted learner that admits iff
+"""The GAIE-style latency-predictor admitter (design §7): an untrusted learner that admits iff
 its miscalibrated prediction `β·pred` is within the SLO.
 
 The model is ordinary least squares (numpy) over the load features the guard hands every

@@ -19,10 +19,10 @@ import jwt
 import numpy as np
 from aiohttp import web
 
+from floorguard.analysis.plot import subplots
 from floorguard.analysis.summary import pool_runs
-from floorguard.experiments.figures import subplots
-from floorguard.proxy.app import GuardRunner, create_app
-from floorguard.proxy.config import GuardServerConfig
+from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.process.app import GuardRunner, create_app
 from floorguard.rig.emulator import Emulator, create_emulator_app
 from floorguard.rig.loadgen import measure_client, replay
 from floorguard.sim.workloads import (

@@ -30,8 +30,13 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from floorguard.core.request import Request
 from floorguard.profiles import get_profile
-from floorguard.proxy.normalize import BadRequestError, prompt_tokens
-from floorguard.proxy.openai_format import completion_body, error_body, stream_chunk, usage_chunk
+from floorguard.proxy.edge.normalize import BadRequestError, prompt_tokens
+from floorguard.proxy.edge.openai_format import (
+    completion_body,
+    error_body,
+    stream_chunk,
+    usage_chunk,
+)
 from floorguard.sim.backend import SimBackend, create_backend
 
 __all__ = ["Emulator", "create_emulator_app"]

@@ -1,4 +1,4 @@
-"""The static timing screens (SPEC §9) and their evaluation."""
+"""The static timing screens (docs/design.md §9) and their evaluation."""
 
 from floorguard.screen.model import (
     AGGREGATIONS,

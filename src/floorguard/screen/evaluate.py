@@ -1,4 +1,4 @@
-"""Evaluate the screens honestly (SPEC §9): cells are (configuration, deadline) pairs whose
+"""Evaluate the screens honestly (design §9): cells are (configuration, deadline) pairs whose
 outcome re-thresholds *measured* assured sojourns at each of 33 deadlines; a configuration's
 runs are never re-run per deadline.
 

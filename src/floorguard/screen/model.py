@@ -1,6 +1,6 @@
-"""The static timing screens (SPEC §9): cheap, deterministic predictions of the assured
+"""The static timing screens (docs/design.md §9): cheap, deterministic predictions of the assured
 sojourn, to *screen* a configuration against its percentile SLO — characterized, not trusted
-as a proof (SPEC §1: P95 has no finite bad prefix and cannot be enforced). Two models behind
+as a proof (design §1: P95 has no finite bad prefix and cannot be enforced). Two models behind
 one interface, `screen(config, deadline_s, model)` (docs/screen.md has the formulas):
 
 * `first-moment`, the published kind: mean service `ŝ`, a mean wait from the admitted rate
@@ -316,7 +316,7 @@ def _first_moment(
 
 
 def _region(config: ScreenConfig, deadline_s: float) -> tuple[bool, tuple[str, ...]]:
-    """SPEC §6, which assumes the guard's meter and assured-first dispatch."""
+    """docs/design.md §6, which assumes the guard's meter and assured-first dispatch."""
     reasons: list[str] = []
     if config.admission is not AdmissionPolicy.GUARD:
         reasons.append("§6 assumes the reservation meter (A1); admission is admit-all")

@@ -1,4 +1,4 @@
-"""A continuous-batching backend model with `C` slots (SPEC §5).
+"""A continuous-batching backend model with `C` slots (docs/design.md §5).
 
 All running sequences advance together, one token per decode step; a step of `n` running
 sequences takes `step_s(n)`, so service couples to load. A joining request's prefill stalls
@@ -154,7 +154,7 @@ class BatchingBackend:
 
 class KvBatchingBackend(BatchingBackend):
     """`BatchingBackend` with a KV cache of `kv_blocks` blocks of `block_tokens` tokens, and
-    what vLLM's scheduler does with it (SPEC §16). A running sequence holds
+    what vLLM's scheduler does with it (docs/design.md §16). A running sequence holds
     `⌈(prompt + tokens out + 1) / block⌉` blocks, growing as it decodes. A request is
     admitted (from the guard, or again after a preemption) only when its prompt's blocks
     are free, in arrival order behind any that wait; else it waits inside the backend. When

@@ -1,4 +1,4 @@
-"""The datacenter in the simulator (SPEC §13): `R` guard replicas sharing one floor store,
+"""The datacenter in the simulator (docs/design.md §13): `R` guard replicas sharing one floor store,
 `M` backends of `C` slots, `T` assured tenants, behind a load balancer that may be skewed.
 
 Every replica is the shipped `Guard`; the store is the shipped `SharedFloor` policy over a

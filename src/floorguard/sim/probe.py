@@ -4,7 +4,7 @@ A recording learner admits everything and keeps the `LoadSnapshot` each request 
 exactly the features a learner sees in production — and the trace supplies the measured
 latency (arrival → completion). `latency_model_for` is the one builder every driver uses
 (`simulate`, `experiment`, `serve`, the real-backend runs, `calibrate`), with one of two
-fits (SPEC §11, E1/E2):
+fits (docs/design.md §11, E1/E2):
 
 * `published` — the published predictor: 132 samples from open-loop Poisson probes that
   span idle to saturated (2 to 14 requests/s against a capacity near 9.6/s), taken evenly
@@ -46,7 +46,7 @@ __all__ = [
 PROBE_RATES_PER_S = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
 """The published fit's probe rates: idle to past saturation."""
 PUBLISHED_SAMPLES = 132
-"""The published predictor's sample count (SPEC §11)."""
+"""The published predictor's sample count (docs/design.md §11)."""
 PREDICTOR_FITS = ("published", "light-only")
 
 Sample = tuple[LoadSnapshot, int, float]

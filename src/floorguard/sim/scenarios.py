@@ -41,7 +41,7 @@ OPPORTUNISTIC_TENANT = "a10"
 POLITE_TENANT = "p02"
 """E20's second opportunistic tenant: a little traffic beside the flood."""
 PACE_JITTER_S = 0.02
-"""The marquee's paced assured arrivals are each late by up to 20 ms (SPEC §10's "small
+"""The marquee's paced assured arrivals are each late by up to 20 ms (docs/design.md §10's "small
 jitter"; the size is ours)."""
 
 
@@ -57,7 +57,7 @@ class Scenario:
     surplus: SurplusOrder = SurplusOrder.FAIR
     meter: MeterKind = MeterKind.COUNT
     doom_gate: bool = True
-    """Give the guard a lower envelope `L` (SPEC §4.3): the profile's exact minimum `L(ℓ)`,
+    """Give the guard a lower envelope `L` (design §4.3): the profile's exact minimum `L(ℓ)`,
     or the constant `gate_lower_s`."""
     capacity_action: CapacityAction = CapacityAction.ALARM
     gate_lower_s: float | None = None
@@ -65,7 +65,7 @@ class Scenario:
     queue_limits: QueueLimits = field(default_factory=QueueLimits)
     """The surplus's queue limits and `refuse_busy` (none, off: the published wiring)."""
     kv_tokens: tuple[int | None, ...] = ()
-    """Each backend's KV cache in tokens, budgeted by the guard (SPEC §16; empty: not)."""
+    """Each backend's KV cache in tokens, budgeted by the guard (docs/design.md §16; empty: not)."""
     backend_kv_blocks: tuple[int | None, ...] = ()
     """Each simulated backend's own KV cache in blocks, which preempts as vLLM's does when
     it runs out (`KvBatchingBackend`; empty: none is modelled)."""
@@ -149,7 +149,7 @@ def kv_pressure(
     deadline_s: float = 2.5,
     profile: str = "v100-moe",
 ) -> Scenario:
-    """Memory pressure (SPEC §16): 100-token prompts and 64-token outputs, the assured tenant
+    """Memory pressure (design §16): 100-token prompts and 64-token outputs, the assured tenant
     paced at B = `floor` per `window_s` window beside an opportunistic Poisson
     `opp_rate_per_s`, d = `deadline_s` for both, on one backend of C = 4 whose KV cache holds
     `kv_blocks` blocks of `block_tokens` (four running need 44 of 16 by their end);
@@ -202,7 +202,7 @@ def marquee(
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT,
     assured_poisson: bool = False,
 ) -> Scenario:
-    """SPEC §10's marquee: B = 6 of C = 4 slots, the assured stream paced at 6/s (each
+    """docs/design.md §10's marquee: B = 6 of C = 4 slots, the assured stream paced at 6/s (each
     arrival up to `PACE_JITTER_S` late, so every 1 s window offers exactly B) under an
     opportunistic Poisson flood of 16/s, ℓ = 16, d = 1820 ms for both classes, 12 s of
     arrivals. `assured_poisson` is the Poisson variant."""
@@ -271,7 +271,7 @@ def trace_replay(
 
 
 def _light() -> Scenario:
-    """The marquee's assured stream alone: the "light load" of SPEC §5."""
+    """The marquee's assured stream alone: the "light load" of docs/design.md §5."""
     return replace(marquee(opportunistic_rate_per_s=0), name="light")
 
 

@@ -1,4 +1,4 @@
-"""Measure a profile's published targets (SPEC §5, §11) on the simulator, and fit to them.
+"""Measure a profile's published targets (docs/design.md §5, §11) on the simulator, and fit to them.
 
 Each figure comes from runs through the full guard, measured from the trace exactly as any
 other run is (service = dispatch → completion). `TARGETS` names every published figure and
@@ -60,13 +60,13 @@ class Target:
 
 
 LIGHT_RATE_PER_S = 3.0
-"""The light-load regime: the assured stream alone, paced at 3/s. SPEC gives the light-load
-figures (mean 386 ms, 0.4 % at 234 ms) without their load, and its loaded figures bound it
-from above: E4's ρ_eff 0.45 at B = 4 paced 4/s is a 450 ms mean, so a 386 ms mean is lighter
-than 4/s; and a 0.4 % share at the batch-1 floor says nearly every request shares the batch,
-which a stream whose gaps are longer than its services cannot do. 3/s (gaps of 333 ms) is the
-lightest paced rate where requests near 386 ms overlap; a choice, stated in
-docs/calibration.md."""
+"""The light-load regime: the assured stream alone, paced at 3/s. The published
+light-load figures (mean 386 ms, 0.4 % at 234 ms) come without their load, and the loaded
+figures bound it from above: E4's ρ_eff 0.45 at B = 4 paced 4/s is a 450 ms mean, so a
+386 ms mean is lighter than 4/s; and a 0.4 % share at the batch-1 floor says nearly every
+request shares the batch, which a stream whose gaps are longer than its services cannot do.
+3/s (gaps of 333 ms) is the lightest paced rate where requests near 386 ms overlap; a choice,
+stated in docs/calibration.md."""
 
 TARGETS: tuple[Target, ...] = (
     Target("batch1_median_ms", 236.0, "batch-1 median, ℓ = 16 (one request at a time)"),
@@ -172,7 +172,7 @@ def saturated_capacity(profile: ServiceProfile, tokens: int, slots: int = 4) -> 
 def saturating_probe(profile: ServiceProfile, tokens: int, slots: int = 4) -> tuple[float, float]:
     """(completions per second, mean service) of the published μ_sat probe: batches of
     `slots` requests run in step, back to back (each batch starts together when the last one
-    is done, so no request joins a running decode). SPEC §11: μ_sat sits near the clean
+    is done, so no request joins a running decode). docs/design.md §11: μ_sat sits near the clean
     line's C / 421 ms, the signature of a probe whose batches run in step."""
     service_ms = _batches(profile, width=slots, tokens=tokens)
     return slots / (service_ms / 1e3), service_ms / 1e3

@@ -1,4 +1,4 @@
-"""The `CreditStore` interface: the atomic part of the reservation meter (STYLE §3).
+"""The `CreditStore` interface: the atomic part of the reservation meter (docs/design.md §18.3).
 
 The meter decides policy; a store only performs one atomic operation per admission:
 "in the window that holds this instant, take `weight` of `capacity` credits if they fit".

@@ -1,4 +1,4 @@
--- floorguard: fleet-wide slot leases for one backend (SPEC §13), atomically.
+-- floorguard: fleet-wide slot leases for one backend (docs/design.md §13), atomically.
 --
 -- KEYS[1]  the backend's leases: a sorted set, member = "<replica>|<request>", score = the
 --          instant (Redis clock) the lease expires unless renewed

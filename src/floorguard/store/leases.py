@@ -1,4 +1,4 @@
-"""Fleet-wide slot leases (SPEC §13): at most `C` requests in flight per backend across
+"""Fleet-wide slot leases (docs/design.md §13): at most `C` requests in flight per backend across
 every replica, and no opportunistic start on a backend while another replica has a
 floor-entitled request waiting for it.
 

@@ -1,4 +1,4 @@
--- floorguard: the live fleet (SPEC §14), atomically: which replicas share this store.
+-- floorguard: the live fleet (docs/design.md §14), atomically: which replicas share this store.
 --
 -- KEYS[1]  the members: a sorted set, member = replica, score = the instant (Redis clock)
 --          its entry expires unless it beats again

@@ -1,4 +1,4 @@
-"""The live fleet (SPEC §14): which guard replicas share this store, so that what depends
+"""The live fleet (docs/design.md §14): which guard replicas share this store, so that what depends
 on their number — fail-static's ⌊B/N⌋ share, each replica's share of a partitioned
 backend, the leases' fallback share ⌊C/N⌋ — follows the replicas that are live, not a
 number written in a file.

@@ -1,9 +1,10 @@
-"""The experiment catalogue: SPEC §10's E1–E16 and E19 (the screen's E17, E18, E20 for
-SPEC §15's fair surplus, and E21, E22 for SPEC §16's memory) as
+"""The experiment catalogue: docs/design.md §10's E1–E16 and E19 (the screen's E17, E18, E20 for
+docs/design.md §15's fair surplus, and E21, E22 for docs/design.md §16's memory) as
 declarative grids, one module per experiment or close group — each with its grid,
 caption and reading.
 
-Where SPEC leaves a parameter open, the choice is made here and stated in the caption.
+Where the published setup (docs/design.md §11) leaves a parameter open, the choice is made here
+and stated in the caption.
 Readings are generated from the measured numbers, never written in advance.
 """
 

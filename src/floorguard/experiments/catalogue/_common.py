@@ -162,7 +162,7 @@ def _by_predictor(rows: Sequence[RunRow], what: str, assured: bool = False) -> s
 
 
 def _against_published_29(rows: Sequence[RunRow]) -> str:
-    """SPEC §11's one figure for the published learner: class-agnostic at β = 1 on the
+    """docs/design.md §11's one figure for the published learner: class-agnostic at β = 1 on the
     marquee it admitted 29 of 72 assured requests."""
     runs = [
         r

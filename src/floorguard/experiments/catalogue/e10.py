@@ -45,7 +45,7 @@ def _e10_cell(rows: Sequence[RunRow], s: Summary) -> str:
 E10 = Experiment(
     "E10",
     "Count vs token meter with partly infeasible assured work",
-    "Assured paced at exactly B = 3 per window; ℓ bimodal 16 / 256 with 38 % long, SPEC §11's "
+    "Assured paced at exactly B = 3 per window; ℓ bimodal 16 / 256 with 38 % long, design §11's "
     "≈ 38 % (L(256) ≈ 3.4 s > d = 1820 ms: the long ones can never be on time); token meter "
     "B = 3 × 16 = 48 tokens, so "
     "a 256-token request is cost-excess; flood 16/s (always-admit); doom gate off (the count "

@@ -34,7 +34,7 @@ _E11_CONFIGURED_SLOTS = 4
 @functools.cache
 def _e11_verdicts() -> tuple[float, tuple[tuple[int, ScreenVerdict], ...]]:
     """ŝ and each static screen's verdict on each floor, before the run, on what the
-    operator knows then (SPEC §11): the configured, healthy C = 4 and ŝ = the p99 of the
+    operator knows then (docs/design.md §11): the configured, healthy C = 4 and ŝ = the p99 of the
     healthy backend's flood services. The batch cap comes at run time, unseen by them."""
     service_s = aggregate(flood_services(get_profile("v100-moe"), 4), "p99")
     verdicts = tuple(
@@ -134,12 +134,12 @@ def _e11_reading(rows: Sequence[RunRow]) -> str:
 E11 = Experiment(
     "E11",
     "Capacity degradation: fixed vs lowered vs adaptive floor",
-    "Healthy C = 4 vs a batch cap of C = 1 (the measured μ_sat cut is in the table below; SPEC "
-    "says ≈ 62 %); floors: fixed B = 6, lowered B = 4, adaptive (B = 6 with capacity action "
+    "Healthy C = 4 vs a batch cap of C = 1 (the measured μ_sat cut is in the table below; "
+    "published: ≈ 62 %); floors: fixed B = 6, lowered B = 4, adaptive (B = 6 with capacity action "
     "lower-floor: ⌊μ̂·W⌋ from busy windows); marquee load for 20 s, so 120 floor-assured "
     "requests per run (paced 6/s); doom gate off; reps 10. Both static screens (first-moment "
     "and makespan) run before the run on what the operator knows then: the configuration "
-    "as configured, healthy C = 4 (SPEC §11); the capacity alarm's firings are counted.",
+    "as configured, healthy C = 4 (docs/design.md §11); the capacity alarm's firings are counted.",
     _e11,
     reps=10,
     shown=("slots", "floor", "capacity_action"),

@@ -177,7 +177,7 @@ def _e12_reading(rows: Sequence[RunRow]) -> str:
     entitled = sum(r["entitled"] for r in guard)
     return (
         "Pooled assured miss over the slices — " + "; ".join(parts) + f". {outside} of "
-        f"{len(rows)} runs lie outside SPEC §6's region (ℓ up to 48 needs "
+        f"{len(rows)} runs lie outside docs/design.md §6's region (ℓ up to 48 needs "
         "d ≥ s_max(48)·(1 + ⌈B/C⌉), and bursts push Q_A past B). Where the guard misses, "
         f"it is SF lapsing outside its region: its runs admitted {admitted} of {entitled} "
         "floor-entitled requests (AF); the misses are lateness."

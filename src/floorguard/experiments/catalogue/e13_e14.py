@@ -50,7 +50,7 @@ def _e13_reading(rows: Sequence[RunRow]) -> str:
         "; ".join(parts) + ". Attainment counts an entitled request only if it was "
         f"admitted *and* on time. At φ = 0 the guard admitted {admitted} of {entitled} "
         "entitled requests (AF), so what it loses there is lateness: none on the marquee, much "
-        "on the bursty trace at factor 1.5, outside SPEC §6's region. Shifting the "
+        "on the bursty trace at factor 1.5, outside docs/design.md §6's region. Shifting the "
         "contract's origin makes other requests entitled than those the guard's windows "
         "chose; the worst-phase drop is what the shared-epoch assumption carries."
     )

@@ -135,7 +135,7 @@ E15 = Experiment(
     "E15",
     "Doom gate: firings and false drops",
     "15 overload / tight-deadline guard cells: B ∈ {6, 10, 14} (assured paced at B/s) × d ∈ "
-    "{1820, 1200, 800, 600, 400} ms under the 16/s flood, run as SPEC §11 states E15: the "
+    "{1820, 1200, 800, 600, 400} ms under the 16/s flood, run as design §11 states E15: the "
     "published learner (the `published` predictor, sheddable-only, β = 1, SLO = d) governs "
     "the surplus, not an always-admit flood whose queue grows without bound. Gate on with the "
     f"published wiring, one constant L = {PUBLISHED_L_MS:.0f} ms (the batch-1 median) for "

@@ -15,7 +15,7 @@ from floorguard.experiments.tables import summarize
 
 _E16_SATURATING_ASSURED = 20
 """Assured requests in the per-band runs' burst: more than flow control's saturation point
-(C running + 5 waiting) on their own, so the premium band is saturated too (SPEC §11)."""
+(C running + 5 waiting) on their own, so the premium band is saturated too (docs/design.md §11)."""
 
 
 def _e16(quick: bool) -> list[Condition]:
@@ -94,7 +94,7 @@ E16 = Experiment(
     "0 that queues, not shed; saturation at C running + 5 waiting; queue TTL off so a miss "
     "is lateness) vs the guard (B = 6 per 1 s window). Per-band miss over reps 3 (seeds vary "
     "the service draws) with 20 assured requests inside the burst (paced from 50 ms), so the "
-    "premium band is saturated too (SPEC §11). The mapping fault swaps both classes' "
+    "premium band is saturated too (docs/design.md §11). The mapping fault swaps both classes' "
     "objectives with 5 assured requests in the burst, one run each, in the table below.",
     _e16,
     reps=3,

@@ -19,7 +19,7 @@ _E19_WINDOWS = 12
 
 def _e19_window_s(tokens: int, slots: int = 4) -> float:
     """The shortest window, in whole half-seconds and at least 1 s, that keeps
-    ρ_a = B·s_max(ℓ)/(C·W) ≤ 1 (SPEC §11: E19 is the clean line, not an overload)."""
+    ρ_a = B·s_max(ℓ)/(C·W) ≤ 1 (docs/design.md §11: E19 is the clean line, not an overload)."""
     s_max = get_profile("v100-moe").ceiling.at(tokens)
     return max(1.0, math.ceil(_E19_FLOOR * s_max / slots * 2) / 2)
 
@@ -95,12 +95,12 @@ E19 = Experiment(
     "E19",
     "Output-length scaling",
     "ℓ ∈ {16, 64, 128, 256} for both classes, B = 2 (⌈B/C⌉ = 1), C = 4, v100-moe, on the "
-    "clean line rather than an overload (SPEC §11): the window W grows with ℓ so that "
+    "clean line rather than an overload (docs/design.md §11): the window W grows with ℓ so that "
     "ρ_a = B·s_max(ℓ)/(C·W) ≤ 1 at every ℓ (the shortest whole half-second, at least 1 s), "
     "the assured stream paced B per W, 12 windows of arrivals, the 16/s flood beside it; no "
     "deadline pressure (d = 10⁶ ms, no doom gate) so the sojourn is measured whole; reps 5. "
     "The deadline the floor needs: the measured p99 beside the clean line's "
-    "2·(183 + 14.9·ℓ) and SPEC §6's s_max(ℓ)·(1 + ⌈B/C⌉).",
+    "2·(183 + 14.9·ℓ) and docs/design.md §6's s_max(ℓ)·(1 + ⌈B/C⌉).",
     _e19,
     reps=5,
     shown=("tokens",),

@@ -14,7 +14,7 @@ from floorguard.experiments.spec import Experiment
 _PREDICTORS = (
     "Two latency predictors (least squares over in-flight, queued and ℓ, SLO = d; "
     "`sim.probe.latency_model_for`, the builder `simulate` and `serve` use too): "
-    "`published`, as SPEC §11 states it, 132 samples from open-loop Poisson probes at 2 to "
+    "`published`, as design §11 states it, 132 samples from open-loop Poisson probes at 2 to "
     "14/s (idle to past saturation, ℓ 16 or 64), taken evenly over each probe's run, so it "
     "sees load and sheds; `light-only`, 132 samples at Poisson 2/s alone, whose queue "
     "feature never varied: a learner that never sheds, reported beside it."

@@ -1,4 +1,4 @@
-"""E20: the surplus shared fairly (SPEC §15) — a polite tenant beside a flooder."""
+"""E20: the surplus shared fairly (docs/design.md §15) — a polite tenant beside a flooder."""
 
 from __future__ import annotations
 

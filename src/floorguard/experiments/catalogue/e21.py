@@ -1,4 +1,4 @@
-"""E21: memory pressure (SPEC §16) — slots that vLLM can preempt when its KV cache runs out."""
+"""E21: memory pressure (design §16) — slots that vLLM can preempt when its KV cache runs out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from floorguard.sim.scenarios import KV_OUTPUT_TOKENS
 
 FLOORS = (1, 2, 3)
 """The assured tenant's floor B per 1 s window, paced at B/s: its own sequences in flight
-(B × ≈ 1.1–1.9 s) from under the budget's concurrency to past C = 4 (issue 27: a floor past
+(B × ≈ 1.1–1.9 s) from under the budget's concurrency to past C = 4 (a floor past
 its region shows nothing about the budget)."""
 CACHES = (32, 40)
 """The backend's KV cache in 16-token blocks: four running requests need 44 by their end,
@@ -154,7 +154,7 @@ def _fits(rows: Sequence[RunRow]) -> str:
         "and then runs in a smaller batch, where slot dispatch starts it at once and may "
         "preempt it; the wait is bounded only while the floor's own load fits the "
         "concurrency the budget leaves, which 3/s of ≈ 1.1–1.9 s services does not (more "
-        "than the budget's 2 or 3 of its own at once: outside SPEC §6's region, where "
+        "than the budget's 2 or 3 of its own at once: outside docs/design.md §6's region, where "
         "nothing bounds the floor's wait under any dispatch)."
     )
 
@@ -212,8 +212,9 @@ E21 = Experiment(
     "running one of the largest (priority, arrival). 100-token prompts, ℓ = 64; the assured "
     "tenant paced at B = 1, 2 or 3 per 1 s window, an opportunistic Poisson 10/s, d = 2.5 s "
     "for both, 10 s; vLLM's priority scheduler alone, the guard dispatching by slots "
-    "(forwarding no priority, or each class's), and the guard budgeting the cache (SPEC "
-    "§16); reps 5. Not a published experiment: SPEC §16's new requirement, on the "
+    "(forwarding no priority, or each class's), and the guard budgeting the cache "
+    "(docs/design.md §16); reps 5. Not a published experiment: docs/design.md §16's "
+    "requirement, on the "
     "simulator; its 512-token conditions on real vLLM are in the section 'On a real "
     "backend: memory pressure (E21)' (`floorguard experiment run E21 --backend`, "
     "docs/vllm.md).",

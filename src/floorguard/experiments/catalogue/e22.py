@@ -1,4 +1,4 @@
-"""E22: memory pressure inside the floor's region (SPEC §6, §16) — E21's workload at the
+"""E22: memory pressure inside the floor's region (docs/design.md §6, §16) — E21's workload at the
 deadline and window where the budget's bound holds, so a late floor request is a failure
 of the dispatch, not of the setup."""
 
@@ -29,13 +29,13 @@ from floorguard.sim.scenarios import KV_OUTPUT_TOKENS, KV_PROMPT_TOKENS, kv_pres
 
 FLOOR = 1
 WINDOW_S = 1.5
-"""B = 1 per 1.5 s window: SPEC §6's A4 (ρ_a = B·s_max / (C·W) ≤ 1) holds on the two
+"""B = 1 per 1.5 s window: docs/design.md §6's A4 (ρ_a = B·s_max / (C·W) ≤ 1) holds on the two
 requests the 512-token budget runs at once, with room for a backend whose long requests
 cost relatively more than v100-moe's (the runner keeps W's ratio to capacity at ℓ = 16)."""
 
 
 def region_deadline_ms() -> float:
-    """SPEC §6's bound under the budget for E22's request (100 + 64 tokens) and floor, the
+    """docs/design.md §6's bound under the budget for E22's request (100 + 64 tokens) and floor, the
     larger over its caches (the shipped `assumption_report`), rounded up to 10 ms:
     `s_max(64, 100)·(1 + ⌈B/C⌉)`, C = what the cache runs at once (2 of 32 blocks, 3 of 40)."""
     bounds = []
@@ -87,7 +87,7 @@ def _reading(rows: Sequence[RunRow]) -> str:
         )
     deadline = rows[0]["deadline_ms"] if rows else region_deadline_ms()
     return (
-        f"d = {deadline:.0f} ms, SPEC §6's bound for what the budget runs at once. "
+        f"d = {deadline:.0f} ms, docs/design.md §6's bound for what the budget runs at once. "
         + "; ".join(parts)
         + ". Inside the region the budget's floor has its bound by construction: an "
         "entitled request waits at most for one running request to end (none is preempted) "
@@ -102,11 +102,11 @@ E22 = Experiment(
     "Memory pressure inside the floor's region",
     "E21's workload (one backend of C = 4, v100-moe, a KV cache of 32 or 40 blocks of 16 "
     "tokens that preempts as vLLM's does; 100-token prompts, ℓ = 64; an opportunistic "
-    "Poisson 10/s) with the assured tenant at B = 1 per 1.5 s window and d at SPEC §6's "
+    "Poisson 10/s) with the assured tenant at B = 1 per 1.5 s window and d at docs/design.md §6's "
     "bound under the budget, s_max(64, 100)·(1 + ⌈B/C⌉) with C what the cache runs at once "
     "(2 of 32 blocks, 3 of 40), so the budget's rows are inside the region and its "
     "guarantee applies; 15 s; the same four dispatches; reps 5. Not a published experiment: "
-    "SPEC §16's claim that the floor's bound holds under long prompts with the budget. Its "
+    "design §16's claim that the floor's bound holds under long prompts with the budget. Its "
     "512-token conditions on real vLLM: `floorguard experiment run E22 --backend` "
     "(docs/vllm.md).",
     _e22,

@@ -66,7 +66,7 @@ E3 = Experiment(
 
 
 def _e4_limits(rows: Sequence[RunRow]) -> str:
-    """Per profile: the tightest clean deadline against SPEC §6's, and what is not tested."""
+    """Per profile: the tightest clean deadline against design §6's, and what is not tested."""
     parts = []
     for profile in dict.fromkeys(r["profile"] for r in rows):
         mine = sorted(

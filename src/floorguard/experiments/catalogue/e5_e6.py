@@ -117,14 +117,15 @@ E5 = Experiment(
 
 
 _E6_PUBLISHED_RHO = {("v100-moe", 8): 1.19}
-"""The published break cells' ρ_eff where SPEC states one (Ada's 22 and 26 have none)."""
+"""The published break cells' ρ_eff where the published setup states one (Ada's 22 and 26
+have none)."""
 
 
 @functools.cache
 def _e6_window_s(profile: str, floor: int, rho_eff: float) -> float:
     """The window W at which the assured stream alone, paced B per W, runs at `rho_eff` on
     this model (bisection on W; ρ_eff falls as W grows), so the cell matches the published
-    one by ρ_eff rather than by B (SPEC §11: compare cells by ρ_eff)."""
+    one by ρ_eff rather than by B (docs/design.md §11: compare cells by ρ_eff)."""
     lo, hi = 0.5, 2.0
 
     def rho(window_s: float) -> float:
@@ -183,8 +184,9 @@ E6 = Experiment(
     "E6",
     "Compound: floor past capacity × tightening deadline",
     "E5's break cells (v100-moe B = 8; ada-fp8 B = 22 and 26), the assured stream alone "
-    "paced B per window, × d from 1200 down to 400 ms, doom gate off, guard; reps 5 (SPEC "
-    "leaves reps open). Matched by ρ_eff (SPEC §11): v100-moe's B = 8 runs with the window "
+    "paced B per window, × d from 1200 down to 400 ms, doom gate off, guard; reps 5 (the "
+    "published setup leaves reps open). Matched by ρ_eff (docs/design.md §11): v100-moe's "
+    "B = 8 runs with the window "
     "at which this model's ρ_eff is the published 1.19 (bisection on W); Ada's cells have no "
     "published ρ_eff and run at W = 1 s.",
     _e6,

@@ -36,7 +36,7 @@ def _reading_e7(rows: Sequence[RunRow]) -> str:
     outside = [s for s in summaries if not s["inside_region"]]
     held_out = [s for s in outside if s["a_late"] == 0]
     return (
-        f"{len(inside)} of {len(summaries)} cells lie inside SPEC §6's region; their "
+        f"{len(inside)} of {len(summaries)} cells lie inside docs/design.md §6's region; their "
         f"assured miss is {_range(inside)}. Outside it, {len(held_out)} of {len(outside)} "
         f"cells still had no late assured request (miss {_range(outside)} overall): the "
         "bound is sufficient, not necessary, and the measured boundary lies beyond it."
@@ -93,7 +93,7 @@ def _e8_reading(rows: Sequence[RunRow]) -> str:
             "assured request sees. A priority-jumped request waits for one running slot "
             "(non-preemptive on both) and then its own service, within even 900 ms; the "
             "learner's shedding only shortens a queue the assured requests jump anyway. "
-            "SPEC §11 attributes "
+            "docs/design.md §11 attributes "
             "server priority's published slip to the backlog admit-all holds *inside* the "
             "server. Measured on the vLLM CPU backend (`floorguard bench backlog`, "
             "docs/calibration.md), hundreds of requests *held* in vLLM's queue leave running "
@@ -141,7 +141,7 @@ E8 = Experiment(
 E9 = Experiment(
     "E9",
     "Static rate limits: per-class vs flat cap",
-    "Marquee load. As SPEC §11 states E9, each class's static cap is its share of the "
+    "Marquee load. As docs/design.md §11 states E9, each class's static cap is its share of the "
     "*measured* capacity μ_sat (v100-moe, C = 4, `sim.targets.saturated_capacity`): "
     "rate-limit-class has the assured bucket at B/W = 6/s and the opportunistic one at what "
     "is left, μ_sat − 6/s, so the two together are μ_sat; rate-limit-flat is one bucket at "

@@ -1,0 +1,334 @@
+"""Identity → tenant, before anything else runs (design §2). A request with no valid identity
+is refused, never given a class.
+
+JWT (pyjwt): every key is bound to one algorithm at start (an HMAC secret to HS256, an RSA
+public key to RS256, a P-256 key to ES256; a JWKS key to its `alg`), and a token is checked
+with its key's algorithm only, so `alg: none` and algorithm confusion (an RS256 public key
+used as an HS256 secret) are refused by construction;
+`exp`, `nbf`, `iss`, `aud` are checked. mTLS: the TLS layer has verified the client's
+certificate against the configured CA; its subject CN (or first DNS/URI SAN) is the tenant.
+Header mode trusts a header only from a configured upstream: the request's source address
+must lie in `trusted_upstreams`, and a header given twice is refused (a client's copy must
+never win over the gateway's). The same holds for `Authorization` in JWT mode.
+
+A verified token is remembered (token string → tenant, expiry; at most `cache_size`), so a
+client that reuses its token pays the signature check once; every use still checks `exp`.
+Only a byte-identical token hits the cache, so a forged or altered one is always verified.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from floorguard.errors import ConfigError
+from floorguard.proxy.config.guard import IdentitySpec, JwtSpec
+from floorguard.proxy.edge.api_keys import KeyRing, looks_like_key
+
+__all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
+
+BoundKey = tuple[str | Any, str]
+"""A verification key and the one algorithm it may verify."""
+Key = BoundKey | Mapping[str, BoundKey]
+"""One bound key, or a JWKS's bound keys by `kid`."""
+PeerCert = Mapping[str, Any]
+"""A verified peer certificate as `ssl.SSLSocket.getpeercert()` decodes it."""
+
+
+class AuthError(Exception):
+    """No valid identity: `status` 401 (missing/invalid) or 403 (valid but not allowed)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+CREDENTIAL_WORDS = (
+    "key", "token", "auth", "secret", "passw", "credential", "bearer", "jwt", "session",
+    "signature",
+)  # fmt: skip
+"""A query parameter whose name holds one of these (case, `-` and `_` aside) may carry a
+credential: `api_key`, `?authorization=`, `?x-api-key=`, `access_token`, … — refused, never
+read (a URL ends up in proxies' and servers' logs)."""
+
+
+def credential_in_query(query: Mapping[str, str]) -> bool:
+    """Whether a URL's query names a credential or carries what looks like one (a guard
+    key, a bearer header, a JWT) under any name."""
+    for name, value in query.items():
+        folded = name.lower().replace("-", "").replace("_", "")
+        if any(word in folded for word in CREDENTIAL_WORDS):
+            return True
+        if looks_like_key(value) or value.lower().startswith("bearer") or _is_jwt(value):
+            return True
+    return False
+
+
+def _is_jwt(value: str) -> bool:
+    return value.startswith("eyJ") and value.count(".") == 2
+
+
+class Identity:
+    def __init__(
+        self,
+        spec: IdentitySpec,
+        key: Key | None,
+        *,
+        keys: KeyRing | None = None,
+        cache_size: int = 10_000,
+    ) -> None:
+        self.spec = spec
+        self.key = key
+        self.keys = keys
+        self._verified: dict[str, tuple[str, float]] = {}
+        self._cache_size = cache_size
+        self._trusted = [ipaddress.ip_network(c, strict=False) for c in spec.trusted_upstreams]
+
+    def tenant_of(
+        self,
+        headers: Mapping[str, str],
+        peercert: PeerCert | None = None,
+        peer: str | None = None,
+        query: Mapping[str, str] | None = None,
+    ) -> str:
+        """The tenant of a request, from its headers or its verified client certificate
+        (`ssl.SSLSocket.getpeercert()`); `peer`: its source address; `query`: its URL's
+        parameters (a credential there is refused). AuthError if none."""
+        if query and credential_in_query(query):
+            raise AuthError(
+                400,
+                "credentials_in_url",
+                "a credential in the URL's query is refused (URLs are logged): send it as "
+                "Authorization: Bearer",
+            )
+        if self.spec.mode == "mtls":
+            return self._from_certificate(peercert)
+        if self.spec.mode == "header":
+            assert self.spec.header is not None
+            if not self._from_trusted_upstream(peer):
+                raise AuthError(
+                    403,
+                    "untrusted_upstream",
+                    "tenant headers are accepted only from the configured upstream",
+                )
+            tenant = _single(headers, self.spec.header).strip()
+            if not tenant:
+                raise AuthError(401, "missing_identity", f"header {self.spec.header} is required")
+            return tenant
+        return self._from_bearer(headers)
+
+    def _from_trusted_upstream(self, peer: str | None) -> bool:
+        address = peer_address(peer)
+        return address is not None and any(address in network for network in self._trusted)
+
+    def _from_bearer(self, headers: Mapping[str, str]) -> str:
+        """`Authorization: Bearer`: one of the guard's keys, or a JWT."""
+        auth = _single(headers, "Authorization")
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        keys_only = self.spec.mode == "api_key"
+        if scheme.lower() != "bearer" or not token:
+            what = "API key" if keys_only else "JWT"
+            raise AuthError(401, "missing_identity", f"an Authorization: Bearer {what} is required")
+        if self.keys is not None and (keys_only or looks_like_key(token)):
+            tenant = self.keys.tenant_of(token)
+            if tenant is None:
+                raise AuthError(401, "invalid_api_key", "the API key is unknown or revoked")
+            return tenant
+        return self._from_jwt(token)
+
+    def _from_jwt(self, token: str) -> str:
+        spec = self.spec.jwt
+        assert spec is not None and self.key is not None
+        bound = self.key
+        if not isinstance(bound, tuple):  # a JWKS: the token's `kid` picks the key
+            try:
+                kid = jwt.get_unverified_header(token).get("kid")
+            except jwt.InvalidTokenError as exc:
+                raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
+            if not isinstance(kid, str) or kid not in bound:
+                raise AuthError(401, "invalid_token", f"no key with kid {kid!r} in the JWKS")
+            bound = bound[kid]
+        key, algorithm = bound
+        known = self._verified.get(token)
+        if known is not None:
+            tenant, expires_at = known
+            if time.time() <= expires_at + spec.leeway_s:
+                return tenant
+            del self._verified[token]
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                issuer=spec.issuer,
+                audience=spec.audience,
+                leeway=spec.leeway_s,
+                options={"require": ["exp"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise AuthError(401, "expired_token", "the JWT has expired") from exc
+        except (jwt.PyJWTError, TypeError, ValueError, OverflowError) as exc:  # crafted: never 500
+            raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
+        claimed = claims.get(spec.tenant_claim)
+        if not isinstance(claimed, str) or not claimed:
+            raise AuthError(401, "invalid_token", f"the JWT has no {spec.tenant_claim!r} claim")
+        try:
+            expires_at = float(claims["exp"])
+        except (OverflowError, TypeError, ValueError):
+            expires_at = math.inf
+        if not math.isfinite(expires_at):
+            raise AuthError(401, "invalid_token", "the JWT's exp is not a finite time")
+        if len(self._verified) >= self._cache_size:
+            del self._verified[next(iter(self._verified))]  # the oldest entry
+        self._verified[token] = (claimed, expires_at)
+        return claimed
+
+    def _from_certificate(self, peercert: PeerCert | None) -> str:
+        if not peercert:
+            raise AuthError(401, "missing_identity", "a client certificate is required")
+        source = self.spec.mtls.tenant_from
+        if source == "cn":
+            names = [v for rdn in peercert.get("subject", ()) for k, v in rdn if k == "commonName"]
+        else:
+            kind = "DNS" if source == "san-dns" else "URI"
+            names = [v for k, v in peercert.get("subjectAltName", ()) if k == kind]
+        if not names or not names[0]:
+            raise AuthError(401, "invalid_identity", f"the client certificate has no {source}")
+        return str(names[0])
+
+
+def peer_address(remote: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A request's source address (`aiohttp`'s `request.remote`, a zone id dropped), or None
+    when it is not an IP address (a Unix socket)."""
+    try:
+        return ipaddress.ip_address((remote or "").split("%")[0])
+    except ValueError:
+        return None
+
+
+def _single(headers: Mapping[str, str], name: str) -> str:
+    """The header's one value ("" if absent); given more than once, refused."""
+    getall = getattr(headers, "getall", None)
+    values = getall(name, []) if getall is not None else [headers.get(name, "")]
+    if len(values) > 1:
+        raise AuthError(400, "duplicate_identity", f"header {name} is given more than once")
+    return values[0] if values else ""
+
+
+def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
+    """The HS256 secret: given, or from its file (read again at each reload), or from its
+    environment variable; at least 32 characters."""
+    env = jwt_spec.secret_env
+    secret = jwt_spec.secret or (environ.get(env, "") if env else "")
+    if jwt_spec.secret_file is not None:
+        try:
+            secret = jwt_spec.secret_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                "identity.jwt.secret_file", str(jwt_spec.secret_file), f"cannot be read ({exc})"
+            ) from exc
+        if len(secret) < 32:
+            raise ConfigError(
+                "identity.jwt.secret_file",
+                str(jwt_spec.secret_file),
+                f"HS256 needs a secret of at least 32 characters; the file holds {len(secret)}",
+            )
+        return secret
+    if not jwt_spec.secret and env and env not in environ:
+        raise ConfigError(
+            "identity.jwt.secret_env",
+            env,
+            f"the environment variable {env} is not set: export it (HS256 needs a shared "
+            "secret of at least 32 characters)",
+        )
+    if len(secret) < 32:
+        from_env = not jwt_spec.secret and env is not None
+        raise ConfigError(
+            "identity.jwt.secret_env" if from_env else "identity.jwt.secret",
+            env if from_env else "<hidden>",
+            "HS256 needs a secret of at least 32 characters; "
+            f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
+        )
+    return secret
+
+
+def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
+    environ = os.environ if environ is None else environ
+    keys = KeyRing(spec.api_keys_file) if spec.api_keys_file is not None else None
+    if spec.mode == "api_key":
+        return Identity(spec, None, keys=keys)
+    if spec.mode == "mtls":
+        return Identity(spec, None)
+    if spec.mode == "header":
+        if not spec.header:
+            raise ConfigError("identity.header", spec.header, "header mode needs a header name")
+        return Identity(spec, None)
+    if spec.jwt is None:
+        raise ConfigError("identity.jwt", None, "jwt mode needs a jwt section")
+    algorithms = set(spec.jwt.algorithms)
+    if algorithms & {"HS256"} and algorithms - {"HS256"}:
+        raise ConfigError(
+            "identity.jwt.algorithms",
+            sorted(algorithms),
+            "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
+        )
+    if algorithms == {"HS256"}:
+        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"), keys=keys)
+    if spec.jwt.jwks_file is not None:
+        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms), keys=keys)
+    if spec.jwt.public_key_file is None:
+        raise ConfigError(
+            "identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key or a jwks_file"
+        )
+    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms), keys=keys)
+
+
+def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:
+    """A PEM public key bound to its algorithm: RSA → RS256, EC P-256 → ES256."""
+    field = "identity.jwt.public_key_file"
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except (OSError, ValueError, UnsupportedAlgorithm) as exc:
+        raise ConfigError(field, str(path), f"cannot be read as a PEM public key ({exc})") from exc
+    if isinstance(key, rsa.RSAPublicKey):
+        algorithm = "RS256"
+    elif isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        algorithm = "ES256"
+    else:
+        raise ConfigError(field, str(path), "must be an RSA or EC P-256 public key")
+    if algorithm not in algorithms:
+        allowed = sorted(algorithms)
+        raise ConfigError(field, str(path), f"is a {algorithm} key; algorithms has {allowed}")
+    return key, algorithm
+
+
+def _read_jwks(path: Path, algorithms: Collection[str]) -> dict[str, BoundKey]:
+    """The JWKS file's RSA/EC public keys by `kid`, each bound to its algorithm (its `alg`,
+    else its type's default: a token must use exactly that one). A key without a `kid`, or
+    whose algorithm is not configured, is left out; none left is a config error."""
+    field = "identity.jwt.jwks_file"
+    try:
+        jwks = jwt.PyJWKSet.from_json(path.read_text())
+    except (OSError, jwt.PyJWKSetError, jwt.InvalidKeyError, ValueError) as exc:
+        raise ConfigError(field, str(path), f"cannot be read as a JWKS ({exc})") from exc
+    keys: dict[str, BoundKey] = {
+        jwk.key_id: (jwk.key, jwk.algorithm_name)
+        for jwk in jwks.keys
+        if jwk.key_id and jwk.key_type in {"RSA", "EC"} and jwk.algorithm_name in algorithms
+    }
+    if not keys:
+        wanted = sorted(algorithms)
+        raise ConfigError(field, str(path), f"has no RSA/EC key with a kid for {wanted}")
+    return keys

@@ -1,0 +1,79 @@
+"""The guard's HTTP replies and stream reading, shared by the edge (`app`) and the pools
+(`pool`): errors in the OpenAI shape, and the next piece of a body or reply."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from floorguard.proxy.edge.openai_format import error_body, sse_error
+
+__all__ = [
+    "JSON",
+    "NO_RETRY",
+    "Exchange",
+    "RefusedError",
+    "end_stream",
+    "json_error",
+    "next_chunk",
+]
+
+JSON = {"Content-Type": "application/json"}
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def json_error(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    param: str | None = None,
+    **extra: Any,
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(error_body(code, message, status=status, param=param, **extra)),
+        status=status,
+        headers={**JSON, **(headers or {})},
+    )
+
+
+class RefusedError(Exception):
+    """Carries the 4xx response for a request refused before the guard sees it."""
+
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+class Exchange:
+    """What the request has sent its client so far (a started stream cannot be undone)."""
+
+    __slots__ = ("response",)
+
+    def __init__(self) -> None:
+        self.response: web.StreamResponse | None = None
+
+
+async def next_chunk(stream: aiohttp.StreamReader, timeout_s: float) -> bytes:
+    """The next piece of `stream` (b"" at its end): what is buffered at once, else the next
+    to arrive within `timeout_s` (TimeoutError). No timer is armed for buffered data: most
+    bodies and replies are in the buffer by the time they are read (the hot path)."""
+    chunk = stream.read_nowait()
+    if chunk or stream.at_eof():
+        return chunk
+    if timeout_s <= 0:
+        raise TimeoutError
+    async with asyncio.timeout(timeout_s):
+        return await stream.readany()
+
+
+async def end_stream(response: web.StreamResponse, code: str, message: str) -> None:
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await response.write(sse_error(code, message))
+        await response.write_eof()
