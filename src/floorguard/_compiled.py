@@ -39,6 +39,7 @@ COMPILED = (
     "floorguard.core.ledger",
     "floorguard.core.meter",
     "floorguard.core.monitors",
+    "floorguard.core.refusals",
     "floorguard.core.request",
     "floorguard.core.stats",
     "floorguard.core.surface",

@@ -61,6 +61,7 @@ from floorguard.core.events import (
     config_from_dict,
     to_json,
 )
+from floorguard.core.refusals import REFUSALS, AfJudgement
 from floorguard.core.request import RequestId
 from floorguard.errors import TraceError
 
@@ -228,13 +229,16 @@ class _Checker:
             self._decided(state, event.request_id, False, "demoted")
 
     def _on_reject(self, event: TraceEvent, state: _Open) -> None:
+        """A refused floor-entitled request is judged by its reason's row of the refusal
+        table (`core/refusals.py`); a reason not in it is an AF violation."""
+        row = REFUSALS.get(event.reason or "")  # type: ignore[call-overload]
         if (
             state.expected_entitled
-            and event.reason == "floor_lowered"
-            and (self.config.capacity_action is CapacityAction.LOWER_FLOOR)
+            and row is not None
+            and row.af is AfJudgement.LOWERED_FLOOR
+            and self.config.capacity_action is CapacityAction.LOWER_FLOOR
         ):
-            # The config lowers the floor under measured capacity loss (docs/design.md §4.4): this
-            # entitled request was refused by that policy; it still counts against B.
+            # the floor lowered under measured capacity loss: still counted against B
             state.expected_entitled = None
         if state.expected_entitled is not None:
             self._decided(state, event.request_id, False, f"rejected ({event.reason})")

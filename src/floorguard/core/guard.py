@@ -26,10 +26,10 @@ from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, consult
 from floorguard.core.ledger import Ledger
 from floorguard.core.meter import ReservationMeter
+from floorguard.core.refusals import WINDOW_BOUND
 from floorguard.core.request import Request, RequestId
 from floorguard.core.stats import ClassStats, GuardStats
 from floorguard.core.surface import (
-    WINDOW_BOUND,
     Admission,
     Answer,
     Dispatch,

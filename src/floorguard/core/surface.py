@@ -47,12 +47,10 @@ if TYPE_CHECKING:
     from floorguard.core.stats import GuardStats
 
 __all__ = [
-    "AUTO_RETRY",
     "LEASE_HOLD_OFF_MAX_S",
     "LEASE_HOLD_OFF_S",
     "LOCAL_LEASE",
     "NO_LEASE",
-    "WINDOW_BOUND",
     "Admission",
     "Answer",
     "Dispatch",
@@ -73,6 +71,9 @@ Sink = Callable[[TraceEvent], None]
 
 
 class RejectReason(StrEnum):
+    """Why the core refused an arrival; each reason's row in `core/refusals.py`'s table says
+    what a client is answered and how `verify` judges it."""
+
     UNKNOWN_TENANT = "unknown_tenant"
     FLOOR_EXHAUSTED = "floor_exhausted"
     FLOOR_LOWERED = "floor_lowered"
@@ -88,15 +89,6 @@ class RejectReason(StrEnum):
     """A surplus request that cannot start before it is doomed (`QueueLimits.refuse_busy`,
     docs/design.md §17): refused on arrival instead of dropped at the end of its wait."""
 
-
-WINDOW_BOUND = frozenset(
-    {RejectReason.FLOOR_EXHAUSTED, RejectReason.FLOOR_LOWERED, RejectReason.COST_EXCESS}
-)
-"""Refusals that no retry inside the same window can turn around: `retry_at` is the next
-window's start."""
-AUTO_RETRY = frozenset({RejectReason.QUEUE_FULL, RejectReason.BUSY})
-"""Refusals a client's automatic retry may turn around (the queue drains); every other one
-is a decision a retry does not change (`x-should-retry: false` at the HTTP edge)."""
 
 NO_LEASE = "no_lease"
 """A `requeue` event's reason when the fleet had no slot lease for the request: its

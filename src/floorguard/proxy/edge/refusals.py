@@ -8,45 +8,35 @@ import math
 from aiohttp import web
 
 from floorguard.core.contract import AffineEnvelope, Contract
-from floorguard.core.surface import AUTO_RETRY, WINDOW_BOUND, Admission, Drop, RejectReason
+from floorguard.core.refusals import REFUSALS, AfJudgement, Refusal, Retry
+from floorguard.core.surface import Admission, Drop
 from floorguard.proxy.edge.replies import NO_RETRY, json_error
 
 __all__ = ["doomed", "refusal"]
 
 
 def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Response:
-    """429 (or 403 for a tenant a reload removed) for an arrival the guard refused, with
-    `Retry-After`, the class, the window and the rate-limit headers (docs/design.md §17)."""
+    """The answer to an arrival the guard refused, as `core/refusals.py`'s table says: its
+    status, sentence and `Retry-After`, with the class, the window and the rate-limit
+    headers (docs/design.md §17)."""
     reason = admission.reason or "rejected"
-    retry_s = 1  # `busy`: when a slot frees is other tenants' business, never said
-    if admission.retry_at is not None and reason != RejectReason.BUSY:
+    row = REFUSALS.get(reason)  # type: ignore[call-overload]  # a StrEnum key is its str
+    if row is None:  # a reason of a driver's own: refused, and no retry helps
+        row = Refusal(429, Retry.NO, f"refused: {reason}", "", AfJudgement.VIOLATION)
+    retry_s = 1
+    if admission.retry_at is not None and row.retry is Retry.NEXT_WINDOW:
         retry_s = max(1, math.ceil(admission.retry_at - now))
-    if reason == RejectReason.UNKNOWN_TENANT:  # removed by a reload since it passed the edge
-        return json_error(403, reason, "refused: this tenant has no contract (any more)")
+    message = row.message.format(retry_s=retry_s)
+    if row.status != 429:  # refused as not the guard's to serve (a tenant a reload removed)
+        return json_error(row.status, reason, message)
     headers = {
         "x-floorguard-decision": "rejected",
         "x-floorguard-class": str(admission.cls),
         "Retry-After": str(retry_s),
         **limits,
     }
-    if reason not in AUTO_RETRY:  # a retry is a new offer, not a fix
+    if row.retry is not Retry.SOON:  # a retry is a new offer, not a fix
         headers |= NO_RETRY
-    if reason in WINDOW_BOUND:
-        message = f"refused: {reason}; the next window starts in {retry_s} s"
-    elif reason == RejectReason.QUEUE_FULL:
-        message = "refused: the guard's queue for this class or tenant is full"
-    elif reason == RejectReason.KV_EXCESS:
-        message = (
-            "refused: kv_excess; its prompt and max_tokens need more KV cache than any "
-            "backend has: send a shorter prompt or a smaller max_tokens"
-        )
-    elif reason == RejectReason.BUSY:
-        message = (
-            "refused: busy; the requests ahead of this one leave no slot for it before "
-            "its deadline. Retry later"
-        )
-    else:
-        message = f"refused: {reason}"
     return json_error(429, reason, message, headers)
 
 

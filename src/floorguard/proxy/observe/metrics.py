@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
 from floorguard.core.guard import Guard
+from floorguard.core.refusals import REFUSALS
 from floorguard.proxy.observe.usage import Usage
 from floorguard.store.shared import SharedFloor
 
@@ -131,7 +132,8 @@ class GuardMetrics:
         self.ended: dict[Any, tuple[Timing, TraceEvent]] | None = None
         """With an access log: each ended request's timing and terminal event, until the
         edge takes it (`take_ended`)."""
-        self._reasons: dict[str, str] = {}
+        self._reasons: dict[str, str] = {str(reason): str(reason) for reason in REFUSALS}
+        """Each reason seen, as its label: the refusal table's always its own."""
         self.registry.register(_GuardCollector(self, clock_now))
         ProcessCollector(registry=self.registry)  # CPU, memory, descriptors (Linux)
         PlatformCollector(registry=self.registry)
