@@ -27,6 +27,10 @@ class Clock(Protocol):
         """Call `callback` once this clock reads `at` or later."""
         ...
 
+    async def sleep(self, duration_s: float) -> None:
+        """Return once this clock has moved `duration_s` on (on the running asyncio loop)."""
+        ...
+
 
 class _LoopTimers:
     """Timers of a clock that runs by itself: the running asyncio loop's."""
@@ -37,6 +41,9 @@ class _LoopTimers:
     def call_at(self, at: float, callback: Callable[[], None]) -> Timer:
         delay = max(0.0, at - self.now())
         return asyncio.get_running_loop().call_later(delay, callback)
+
+    async def sleep(self, duration_s: float) -> None:
+        await asyncio.sleep(duration_s)
 
 
 class MonotonicClock(_LoopTimers):
@@ -82,6 +89,20 @@ class ManualClock:
         timer = _ManualTimer(callback)
         heapq.heappush(self._timers, (at, next(self._seq), timer))
         return timer
+
+    async def sleep(self, duration_s: float) -> None:
+        """Wait, on the running loop, until the clock is moved past `now + duration_s`."""
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        timer = self.call_at(self._now + max(0.0, duration_s), wake)
+        try:
+            await woken
+        finally:
+            timer.cancel()
 
     def advance(self, duration_s: float) -> float:
         if duration_s < 0:

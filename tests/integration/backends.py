@@ -54,7 +54,7 @@ class ScriptedBackend:
     async def _elsewhere(self, _: web.Request) -> web.Response:
         self.hits["elsewhere"] = self.hits.get("elsewhere", 0) + 1
         return web.json_response(
-            completion_body("x", "m", False, "redirected", completion_tokens=1)
+            completion_body("x", "m", False, "redirected", completion_tokens=1, created_at=0.0)
         )
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
@@ -71,18 +71,20 @@ class ScriptedBackend:
         if isinstance(prompt, str) and prompt.startswith("huge:"):
             return await self._huge(request, body, int(prompt[5:]))
         if not body.get("stream"):
-            answer = web.json_response(completion_body("x", "m", False, "ok", completion_tokens=1))
+            answer = web.json_response(
+                completion_body("x", "m", False, "ok", completion_tokens=1, created_at=0.0)
+            )
             if self.mode == "cookie":
                 answer.set_cookie("session", f"of-request-{len(self.bodies)}", path="/")
             return answer
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(stream_chunk("x", "m", False, " tok"))
+        await response.write(stream_chunk("x", "m", False, " tok", created_at=0.0))
         if self.mode == "stall":
             await asyncio.sleep(3600)
         for _ in range(10 if self.mode == "slow-stream" else 1):
             await asyncio.sleep(0.2 if self.mode == "slow-stream" else 0)
-            await response.write(stream_chunk("x", "m", False, " tok"))
+            await response.write(stream_chunk("x", "m", False, " tok", created_at=0.0))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -108,11 +110,13 @@ class ScriptedBackend:
     async def _huge(self, request: web.Request, body: dict[str, Any], megabytes: int):
         """A reply of `megabytes` MB (prompt `huge:N`), as fast as the reader takes it —
         what a large `top_logprobs` at a long `max_tokens` makes — streamed or whole."""
-        piece = stream_chunk("x", "m", False, " " + "t" * 65_000)
+        piece = stream_chunk("x", "m", False, " " + "t" * 65_000, created_at=0.0)
         count = megabytes * 1_000_000 // len(piece)
         if not body.get("stream"):
             text = "a" * (megabytes * 1_000_000)
-            return web.json_response(completion_body("x", "m", False, text, completion_tokens=1))
+            return web.json_response(
+                completion_body("x", "m", False, text, completion_tokens=1, created_at=0.0)
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for _ in range(count):

@@ -11,6 +11,7 @@ import time
 import pytest
 import redis
 
+from floorguard.clock import WallClock
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.store.leases import SlotLeases, redis_lease_script
@@ -312,7 +313,7 @@ def test_a_dead_replicas_leases_expire_within_the_ttl(server, loop):
         assert run(a.acquire_async(0, "a2", entitled=False)) == "full"
 
         async def renewing_for(seconds):
-            task = asyncio.ensure_future(b.renew_every())
+            task = asyncio.ensure_future(b.renew_every(WallClock()))
             await asyncio.sleep(seconds)
             task.cancel()
 

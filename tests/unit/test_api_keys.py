@@ -27,7 +27,7 @@ class Clock:
 
 def test_a_key_is_shown_once_and_the_file_keeps_only_its_hash(tmp_path):
     path = tmp_path / "keys.json"
-    key, entry = create_key(path, "acme")
+    key, entry = create_key(path, "acme", now=1000.0)
     text = path.read_text()
     secret = key.split("_", 2)[2]
     assert key.startswith(f"fgk_{entry.id}_") and secret not in text and key not in text
@@ -38,13 +38,14 @@ def test_a_key_is_shown_once_and_the_file_keeps_only_its_hash(tmp_path):
 
 def test_a_wrong_secret_a_malformed_key_and_another_deployments_key_are_refused(tmp_path):
     path = tmp_path / "keys.json"
-    key, entry = create_key(path, "acme")
+    key, entry = create_key(path, "acme", now=1000.0)
     ring = KeyRing(path)
     wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
     assert ring.tenant_of(wrong) is None  # the right id, a wrong secret
     for bad in ("", "fgk_", key + "x", key.replace("fgk_", "fgx_"), f"fgk_{entry.id}"):
         assert ring.tenant_of(bad) is None
-    elsewhere, _ = create_key(tmp_path / "other.json", "acme")  # another deployment's file
+    # another deployment's file
+    elsewhere, _ = create_key(tmp_path / "other.json", "acme", now=1000.0)
     assert ring.tenant_of(elsewhere) is None
     data = json.loads(path.read_text())  # the same id and secret under another namespace
     data["namespace"] = "f" * 32
@@ -54,7 +55,7 @@ def test_a_wrong_secret_a_malformed_key_and_another_deployments_key_are_refused(
 
 def test_the_secret_is_compared_in_constant_time(tmp_path, monkeypatch):
     path = tmp_path / "keys.json"
-    key, _ = create_key(path, "acme")
+    key, _ = create_key(path, "acme", now=1000.0)
     compared = []
     constant_time = hmac.compare_digest
 
@@ -69,23 +70,23 @@ def test_the_secret_is_compared_in_constant_time(tmp_path, monkeypatch):
 
 def test_a_revocation_reaches_a_running_ring_within_a_second(tmp_path):
     path = tmp_path / "keys.json"
-    key, entry = create_key(path, "acme")
-    other, _ = create_key(path, "beta")
+    key, entry = create_key(path, "acme", now=1000.0)
+    other, _ = create_key(path, "beta", now=1000.0)
     clock = Clock()
     ring = KeyRing(path, clock=clock)
-    revoke_key(path, entry.id)
+    revoke_key(path, entry.id, now=1000.0)
     assert ring.tenant_of(key) == "acme"  # not looked at again yet
     clock.now = api_keys.REFRESH_S
     assert ring.tenant_of(key) is None
     assert ring.tenant_of(other) == "beta"
-    assert revoke_key(path, entry.id).revoked_at == list_keys(path)[0].revoked_at
+    assert revoke_key(path, entry.id, now=1000.0).revoked_at == list_keys(path)[0].revoked_at
     with pytest.raises(ConfigError, match="no key"):
-        revoke_key(path, "00000000")
+        revoke_key(path, "00000000", now=1000.0)
 
 
 def test_a_broken_file_keeps_the_keys_read_before_while_serving(tmp_path):
     path = tmp_path / "keys.json"
-    key, _ = create_key(path, "acme")
+    key, _ = create_key(path, "acme", now=1000.0)
     clock = Clock()
     ring = KeyRing(path, clock=clock)
     path.write_text("{not json")
@@ -97,7 +98,7 @@ def test_a_broken_file_keeps_the_keys_read_before_while_serving(tmp_path):
 
 def _identity(tmp_path, mode="jwt"):
     path = tmp_path / "keys.json"
-    key, _ = create_key(path, "acme")
+    key, _ = create_key(path, "acme", now=1000.0)
     spec = {"mode": mode, "api_keys_file": str(path)}
     if mode == "jwt":
         spec["jwt"] = {

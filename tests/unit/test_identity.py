@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from floorguard.clock import ManualClock
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import (
     GuardServerConfig,
@@ -29,11 +30,12 @@ from floorguard.proxy.edge.identity import AuthError, create_identity
 SECRET = "unit-secret-0123456789abcdef0123456789"
 
 
-def hs256(**spec):
+def hs256(clock=None, **spec):
     return create_identity(
         IdentitySpec.model_validate(
             {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "secret": SECRET, **spec}}
-        )
+        ),
+        clock=clock,
     )
 
 
@@ -48,13 +50,34 @@ def refused(identity, headers, peercert=None):
 
 
 def test_a_valid_token_names_its_tenant_and_a_cached_one_still_expires():
-    identity = hs256()
-    expires_at = int(time.time()) + 1
-    headers = bearer({"sub": "acme", "exp": expires_at})
+    """On the guard's clock (a manual one here): valid until `exp` + leeway, then refused,
+    from the cache too."""
+    clock = ManualClock(1_000_000.0)
+    identity = hs256(clock, leeway_s=5)
+    headers = bearer({"sub": "acme", "exp": 1_000_010})
     assert identity.tenant_of(headers) == "acme"
-    assert identity.tenant_of(headers) == "acme"  # from the cache
-    time.sleep(max(0.0, expires_at + 0.05 - time.time()))
+    clock.jump(1_000_015.0)
+    assert identity.tenant_of(headers) == "acme"  # from the cache, inside the leeway
+    clock.advance(0.5)
     assert refused(identity, headers) == (401, "expired_token")
+
+
+@pytest.mark.parametrize(
+    ("claims", "kind"),
+    [
+        ({"exp": 2_000_000, "nbf": 1_000_100}, "invalid_token"),  # not yet valid
+        ({"exp": 2_000_000, "iat": 1_000_100}, "invalid_token"),  # issued in the future
+        ({"exp": "2000000"}, "invalid_token"),  # a NumericDate is a number
+        ({"exp": True}, "invalid_token"),
+        ({"exp": 10**400}, "invalid_token"),  # not a finite time
+        ({"exp": 999_999}, "expired_token"),
+    ],
+)
+def test_the_token_times_are_judged_on_the_guards_clock(claims, kind):
+    identity = hs256(ManualClock(1_000_000.0))
+    assert refused(identity, bearer({"sub": "acme", **claims})) == (401, kind)
+    fine = hs256(ManualClock(1_000_000.0))
+    assert fine.tenant_of(bearer({"sub": "acme", "exp": 1_000_001, "nbf": 1_000_000})) == "acme"
 
 
 def test_a_forged_token_is_refused_even_after_the_genuine_one_was_cached():

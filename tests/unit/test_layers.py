@@ -90,3 +90,39 @@ def test_the_check_catches_an_import_up_the_list():
     ]
     same_line = "from floorguard.sim.probe import latency_model_for\n"
     assert upward("floorguard.screen.model", same_line, ranks, inner) == []
+
+
+CLOCK_CALLS = {
+    ("time", "time"),
+    ("time", "time_ns"),
+    ("time", "monotonic"),
+    ("time", "perf_counter"),
+    ("time", "sleep"),
+    ("asyncio", "sleep"),
+}
+"""Direct clock reads and sleeps: the drivers in `proxy/` and `store/` take a clock instead
+(`floorguard.clock`), so they run on a `ManualClock` in tests (design §18.1)."""
+
+
+def clock_calls(source: str) -> list[str]:
+    return [
+        f"{node.func.value.id}.{node.func.attr}() at line {node.lineno}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and (node.func.value.id, node.func.attr) in CLOCK_CALLS
+    ]
+
+
+def test_the_drivers_read_time_only_through_their_clock():
+    found = [
+        f"{path.relative_to(PACKAGE)}: {call}"
+        for folder in ("proxy", "store")
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        for call in clock_calls(path.read_text())
+    ]
+    assert found == []
+    assert clock_calls("import time\nstarted = time.monotonic()\n") == [
+        "time.monotonic() at line 2"
+    ]

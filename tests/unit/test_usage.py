@@ -15,8 +15,10 @@ from floorguard.proxy.edge.normalize import EdgeLimits, normalize
 from floorguard.proxy.edge.openai_format import stream_chunk, usage_chunk
 from floorguard.proxy.observe.usage import MalformedReplyError, Usage, UsageTap, is_sse, reply_usage
 
-EVENTS = [stream_chunk("r", "m", True, w) for w in ("one", " two", ' "usage" three')]
-USAGE = usage_chunk("r", "m", True, prompt_tokens=7, completion_tokens=3)
+EVENTS = [
+    stream_chunk("r", "m", True, w, created_at=0.0) for w in ("one", " two", ' "usage" three')
+]
+USAGE = usage_chunk("r", "m", True, prompt_tokens=7, completion_tokens=3, created_at=0.0)
 DONE = b"data: [DONE]\n\n"
 STREAM = b"".join(EVENTS) + USAGE + DONE
 

@@ -44,7 +44,7 @@ PATHS = ("direct", "passthrough", "floorguard")
 
 
 def _upstream_app() -> web.Application:
-    body = completion_body("bench", "m", False, " tok", completion_tokens=1)
+    body = completion_body("bench", "m", False, " tok", completion_tokens=1, created_at=0.0)
 
     async def complete(_: web.Request) -> web.Response:
         return web.json_response(body)

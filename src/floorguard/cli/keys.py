@@ -49,7 +49,7 @@ def _entry(entry: ApiKey) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.action == "create":
-        key, entry = create_key(args.file, args.tenant)
+        key, entry = create_key(args.file, args.tenant, now=time.time())
         if args.json:
             print(json.dumps({"key": key, **_entry(entry)}))
         else:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print("[dim]shown once: the file keeps only its hash[/]")
         return 0
     if args.action == "revoke":
-        entry = revoke_key(args.file, args.id)
+        entry = revoke_key(args.file, args.id, now=time.time())
         if args.json:
             print(json.dumps(_entry(entry)))
         else:

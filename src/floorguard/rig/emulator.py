@@ -185,7 +185,8 @@ class Emulator:
             while sent < count:
                 sent += 1
                 finish = "length" if sent == tokens else None
-                await response.write(stream_chunk(rid, self.model, chat, " tok", finish))
+                chunk = stream_chunk(rid, self.model, chat, " tok", finish, created_at=time.time())
+                await response.write(chunk)
 
         await job.first_token
         await send_through(1)
@@ -237,6 +238,7 @@ class Emulator:
                         " tok" * tokens,
                         completion_tokens=tokens,
                         prompt_tokens=prompt,
+                        created_at=time.time(),
                     )
                 )
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -245,7 +247,12 @@ class Emulator:
             if include_usage:
                 await response.write(
                     usage_chunk(
-                        rid, self.model, chat, prompt_tokens=prompt, completion_tokens=tokens
+                        rid,
+                        self.model,
+                        chat,
+                        prompt_tokens=prompt,
+                        completion_tokens=tokens,
+                        created_at=time.time(),
                     )
                 )
             await response.write(b"data: [DONE]\n\n")

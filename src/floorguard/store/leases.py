@@ -31,12 +31,12 @@ clock, its answer a round trip later), so both run the same policy.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import NamedTuple, cast
 
+from floorguard.clock import Clock
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
@@ -284,10 +284,10 @@ class SlotLeases:
     async def announce_async(self) -> None:
         await run_plan_async(self.plan_announce(), self._script())
 
-    async def renew_every(self) -> None:
+    async def renew_every(self, clock: Clock) -> None:
         """Keep this replica's leases and waiting-board entries alive (every `ttl_s / 4`)."""
         while True:
-            await asyncio.sleep(self.ttl_s / 4)
+            await clock.sleep(self.ttl_s / 4)
             await run_plan_async(self.plan_renew(), self._script())
 
     def status(self) -> dict[str, object]:

@@ -30,14 +30,13 @@ three read a Redis restart or a pause as "1 replica(s) live" and took a whole ba
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from floorguard.clock import Clock, WallClock
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.redis_store import RedisCreditStore
 
@@ -109,8 +108,11 @@ class Membership:
         on_count: Callable[[int], None],
         settled: Callable[[], bool],
         on_return: Callable[[], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        """`group`: the fleet's name in the store (one per pool: `members`, `members:<model>`)."""
+        """`group`: the fleet's name in the store (one per pool: `members`, `members:<model>`);
+        `clock`: seconds since the epoch, what its beats and waits run on."""
+        self.clock: Clock = WallClock() if clock is None else clock
         self.replica = replica
         self.ttl_s = ttl_s
         self.configured = configured
@@ -162,7 +164,7 @@ class Membership:
             self._answering_since = None
             log.warning("membership: heartbeat failed: %s", exc)
             return False
-        self.heard_at = time.time()
+        self.heard_at = self.clock.now()
         if self._answering_since is None and self.failures and self._on_return is not None:
             self._on_return()
         self.members = roll.views
@@ -212,13 +214,13 @@ class Membership:
         """Announce this replica, then wait (up to `2 · ttl_s`) until every other member
         applies the grown count and fits its shares; False if they did not in time (or
         Redis did not answer), and the replica serves anyway on its own share."""
-        deadline = time.monotonic() + 2 * self.ttl_s
+        deadline = self.clock.now() + 2 * self.ttl_s
         while await self.beat():
             if others_settled(self.members, self.replica, self.count):
                 return True
-            if time.monotonic() >= deadline:
+            if self.clock.now() >= deadline:
                 break
-            await asyncio.sleep(min(0.05, self.ttl_s / 20))
+            await self.clock.sleep(min(0.05, self.ttl_s / 20))
         else:
             log.warning(
                 "membership: Redis did not answer; the shares follow %d replica(s) "
@@ -236,7 +238,7 @@ class Membership:
 
     async def beat_every(self) -> None:
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            await self.clock.sleep(self.ttl_s / 3)
             await self.beat()
 
     async def leave(self) -> None:

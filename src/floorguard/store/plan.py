@@ -49,9 +49,14 @@ def run_plan(
         plan.close()  # a call that raised anything else: the plan's cleanup still runs
 
 
-async def run_plan_async(plan: Plan[_T], call: Callable[[Any], Awaitable[Any]]) -> _T:
-    """Run `plan` on the event loop: `await call(step)` answers each store call. Cancelled
-    mid-call, the plan is closed (its cleanup runs) and the cancellation goes on."""
+async def run_plan_async(
+    plan: Plan[_T],
+    call: Callable[[Any], Awaitable[Any]],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> _T:
+    """Run `plan` on the event loop: `await call(step)` answers each store call, `sleep`
+    (a driver's clock's) each backoff. Cancelled mid-call, the plan is closed (its cleanup
+    runs) and the cancellation goes on."""
     answer: Any = None
     try:
         while True:
@@ -60,7 +65,7 @@ async def run_plan_async(plan: Plan[_T], call: Callable[[Any], Awaitable[Any]]) 
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             if isinstance(step, float):
-                await asyncio.sleep(step)
+                await sleep(step)
                 answer = None
                 continue
             try:

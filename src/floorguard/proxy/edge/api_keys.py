@@ -111,9 +111,9 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def create_key(path: Path, tenant: str) -> tuple[str, ApiKey]:
+def create_key(path: Path, tenant: str, *, now: float) -> tuple[str, ApiKey]:
     """Issue a key for `tenant` in the keys file at `path` (created if missing): the key,
-    shown this once, and its entry."""
+    shown this once, and its entry; `now`: seconds since the epoch, its creation time."""
     if not tenant or tenant != tenant.strip():
         raise ConfigError("tenant", tenant, "must be a non-empty name without spaces around it")
     with _locked(path):
@@ -126,7 +126,7 @@ def create_key(path: Path, tenant: str) -> tuple[str, ApiKey]:
         while key_id in taken:
             key_id = secrets.token_hex(4)
         secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
-        entry = ApiKey(key_id, tenant, _digest(namespace, secret), time.time())
+        entry = ApiKey(key_id, tenant, _digest(namespace, secret), now)
         _write(path, namespace, [*keys, entry])
     return f"{KEY_PREFIX}{key_id}_{secret}", entry
 
@@ -135,7 +135,7 @@ def list_keys(path: Path) -> list[ApiKey]:
     return _read(path)[1]
 
 
-def revoke_key(path: Path, key_id: str) -> ApiKey:
+def revoke_key(path: Path, key_id: str, *, now: float) -> ApiKey:
     """Revoke the key `key_id` (its entry stays, marked, so the list says when)."""
     with _locked(path):
         namespace, keys = _read(path)
@@ -144,7 +144,7 @@ def revoke_key(path: Path, key_id: str) -> ApiKey:
                 continue
             if entry.revoked_at is not None:
                 return entry
-            keys[i] = ApiKey(**{**asdict(entry), "revoked_at": time.time()})
+            keys[i] = ApiKey(**{**asdict(entry), "revoked_at": now})
             _write(path, namespace, keys)
             return keys[i]
     raise ConfigError("key", key_id, f"no key with this id in {path}")

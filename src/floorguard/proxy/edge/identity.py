@@ -21,7 +21,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from floorguard.clock import Clock, WallClock
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import IdentitySpec, JwtSpec
 from floorguard.proxy.edge.api_keys import KeyRing, looks_like_key
@@ -87,10 +87,13 @@ class Identity:
         *,
         keys: KeyRing | None = None,
         cache_size: int = 10_000,
+        clock: Clock | None = None,
     ) -> None:
         self.spec = spec
         self.key = key
         self.keys = keys
+        self.clock: Clock = WallClock() if clock is None else clock
+        """Seconds since the epoch: what a token's `exp`, `nbf` and `iat` are judged on."""
         self._verified: dict[str, tuple[str, float]] = {}
         self._cache_size = cache_size
         self._trusted = [ipaddress.ip_network(c, strict=False) for c in spec.trusted_upstreams]
@@ -161,10 +164,11 @@ class Identity:
                 raise AuthError(401, "invalid_token", f"no key with kid {kid!r} in the JWKS")
             bound = bound[kid]
         key, algorithm = bound
+        now = self.clock.now()
         known = self._verified.get(token)
         if known is not None:
             tenant, expires_at = known
-            if time.time() <= expires_at + spec.leeway_s:
+            if now <= expires_at + spec.leeway_s:
                 return tenant
             del self._verified[token]
         try:
@@ -174,22 +178,19 @@ class Identity:
                 algorithms=[algorithm],
                 issuer=spec.issuer,
                 audience=spec.audience,
-                leeway=spec.leeway_s,
-                options={"require": ["exp"]},
+                options={
+                    "require": ["exp"],
+                    "verify_exp": False,  # the times are judged on the guard's clock:
+                    "verify_nbf": False,  # `_check_times`
+                    "verify_iat": False,
+                },
             )
-        except jwt.ExpiredSignatureError as exc:
-            raise AuthError(401, "expired_token", "the JWT has expired") from exc
         except (jwt.PyJWTError, TypeError, ValueError, OverflowError) as exc:  # crafted: never 500
             raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
         claimed = claims.get(spec.tenant_claim)
         if not isinstance(claimed, str) or not claimed:
             raise AuthError(401, "invalid_token", f"the JWT has no {spec.tenant_claim!r} claim")
-        try:
-            expires_at = float(claims["exp"])
-        except (OverflowError, TypeError, ValueError):
-            expires_at = math.inf
-        if not math.isfinite(expires_at):
-            raise AuthError(401, "invalid_token", "the JWT's exp is not a finite time")
+        expires_at = _check_times(claims, now, spec.leeway_s)
         if len(self._verified) >= self._cache_size:
             del self._verified[next(iter(self._verified))]  # the oldest entry
         self._verified[token] = (claimed, expires_at)
@@ -264,17 +265,52 @@ def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
     return secret
 
 
-def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None) -> Identity:
+def _numeric_date(claims: Mapping[str, Any], name: str) -> float | None:
+    """A time claim as seconds since the epoch (RFC 7519 NumericDate: a finite JSON number),
+    None where the token has none."""
+    if name not in claims:
+        return None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AuthError(401, "invalid_token", f"the JWT's {name} is not a number")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise AuthError(401, "invalid_token", f"the JWT's {name} is not a finite time")
+    return seconds
+
+
+def _check_times(claims: Mapping[str, Any], now: float, leeway_s: float) -> float:
+    """PyJWT verifies the signature, `iss` and `aud`; the times are judged here, on the
+    guard's clock (PyJWT would read the wall clock itself): `exp` (required) must not have
+    passed, `nbf` and `iat` (where given) must not be in the future, each with `leeway_s`.
+    Returns the expiry."""
+    expires_at = _numeric_date(claims, "exp")
+    assert expires_at is not None  # PyJWT required it
+    if now > expires_at + leeway_s:
+        raise AuthError(401, "expired_token", "the JWT has expired")
+    for name in ("nbf", "iat"):
+        at = _numeric_date(claims, name)
+        if at is not None and now + leeway_s < at:
+            raise AuthError(401, "invalid_token", f"the JWT's {name} is in the future")
+    return expires_at
+
+
+def create_identity(
+    spec: IdentitySpec, environ: Mapping[str, str] | None = None, *, clock: Clock | None = None
+) -> Identity:
     environ = os.environ if environ is None else environ
     keys = KeyRing(spec.api_keys_file) if spec.api_keys_file is not None else None
     if spec.mode == "api_key":
-        return Identity(spec, None, keys=keys)
+        return Identity(spec, None, keys=keys, clock=clock)
     if spec.mode == "mtls":
-        return Identity(spec, None)
+        return Identity(spec, None, clock=clock)
     if spec.mode == "header":
         if not spec.header:
             raise ConfigError("identity.header", spec.header, "header mode needs a header name")
-        return Identity(spec, None)
+        return Identity(spec, None, clock=clock)
     if spec.jwt is None:
         raise ConfigError("identity.jwt", None, "jwt mode needs a jwt section")
     algorithms = set(spec.jwt.algorithms)
@@ -285,14 +321,14 @@ def create_identity(spec: IdentitySpec, environ: Mapping[str, str] | None = None
             "HS256 cannot be mixed with public-key algorithms (algorithm confusion)",
         )
     if algorithms == {"HS256"}:
-        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"), keys=keys)
+        return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"), keys=keys, clock=clock)
     if spec.jwt.jwks_file is not None:
-        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms), keys=keys)
+        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms), keys=keys, clock=clock)
     if spec.jwt.public_key_file is None:
         raise ConfigError(
             "identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key or a jwks_file"
         )
-    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms), keys=keys)
+    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms), keys=keys, clock=clock)
 
 
 def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 __all__ = [
@@ -63,6 +62,7 @@ def completion_body(
     *,
     completion_tokens: int,
     prompt_tokens: int = 0,
+    created_at: float,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
     if chat:
@@ -72,7 +72,7 @@ def completion_body(
     return {
         "id": request_id,
         "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
+        "created": int(created_at),
         "model": model,
         "choices": [choice],
         "usage": {
@@ -84,7 +84,13 @@ def completion_body(
 
 
 def stream_chunk(
-    request_id: str, model: str, chat: bool, text: str, finish_reason: str | None = None
+    request_id: str,
+    model: str,
+    chat: bool,
+    text: str,
+    finish_reason: str | None = None,
+    *,
+    created_at: float,
 ) -> bytes:
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
     if chat:
@@ -94,7 +100,7 @@ def stream_chunk(
     body = {
         "id": request_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
+        "created": int(created_at),
         "model": model,
         "choices": [choice],
     }
@@ -102,14 +108,20 @@ def stream_chunk(
 
 
 def usage_chunk(
-    request_id: str, model: str, chat: bool, *, prompt_tokens: int, completion_tokens: int
+    request_id: str,
+    model: str,
+    chat: bool,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    created_at: float,
 ) -> bytes:
     """The last chunk of a stream asked for `stream_options.include_usage`: no choices,
     the usage (as vLLM and OpenAI send it)."""
     body: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
+        "created": int(created_at),
         "model": model,
         "choices": [],
         "usage": {

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from floorguard.clock import Clock, WallClock
 from floorguard.core.events import TraceEvent, to_json
 
 __all__ = ["DecisionLog", "LineLog", "rotated_segments"]
@@ -61,8 +62,11 @@ class LineLog:
         max_pending: int = 4096,
         max_bytes: int | None = None,
         max_age_s: float | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._path = None if str(path) == "-" else Path(path)
+        self._clock: Clock = WallClock() if clock is None else clock
+        """Seconds since the epoch: a segment's age and its rotated file's name."""
         self._pending: list[str] = []
         self._max_pending = max_pending
         self._max_bytes = max_bytes
@@ -78,7 +82,7 @@ class LineLog:
             self._file = self._path.open("a", encoding="utf-8")
             if torn:  # a writer killed mid-line: end its line, so ours start on their own
                 self._file.write("\n")
-        self._opened_at = time.time()
+        self._opened_at = self._clock.now()
 
     def append_line(self, line: str) -> None:
         self._pending.append(line)
@@ -96,12 +100,13 @@ class LineLog:
     def _due(self) -> bool:
         if self._max_bytes is not None and self._file.tell() >= self._max_bytes:
             return True
-        return self._max_age_s is not None and time.time() - self._opened_at >= self._max_age_s
+        age_s = self._clock.now() - self._opened_at
+        return self._max_age_s is not None and age_s >= self._max_age_s
 
     def _rotate(self) -> None:
         assert self._path is not None
         self._file.close()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock.now()))
         while True:  # never over an older segment (another run's, in the same second)
             self._rotations += 1
             target = Path(f"{self._path}.{stamp}-{self._rotations:04d}")
@@ -126,9 +131,10 @@ class DecisionLog(LineLog):
         max_pending: int = 4096,
         max_bytes: int | None = None,
         max_age_s: float | None = None,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(
-            path, max_pending=max_pending, max_bytes=max_bytes, max_age_s=max_age_s
+            path, max_pending=max_pending, max_bytes=max_bytes, max_age_s=max_age_s, clock=clock
         )  # spelled out: a compiled build's `super().__init__(**options)` takes the dict
         # for the first keyword (mypyc: "int object expected; got dict")
         self._events: list[TraceEvent] = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from floorguard.clock import Clock
 from floorguard.core.surface import Stack
 from floorguard.proxy.config.guard import BackendSpec
 
@@ -140,9 +141,11 @@ class BackendHealth:
                 self._set(backend, up)
         self._on_change()
 
-    async def probe_every(self, session: aiohttp.ClientSession, interval_s: float) -> None:
+    async def probe_every(
+        self, session: aiohttp.ClientSession, interval_s: float, clock: Clock
+    ) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            await clock.sleep(interval_s)
             await self.probe_all(session)
 
     def unreachable(self, backend: int) -> None:

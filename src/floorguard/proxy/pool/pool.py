@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -163,7 +162,7 @@ class Pool(Forwarding):
             replica=self.edge.replica,
             ttl_s=store.lease_ttl_s,
             waiting=lambda: self.guard.num_waiting_entitled,
-            first_seq=time.time_ns() // 1000,  # above any former self's under this name
+            first_seq=int(self.clock.now() * 1e6),  # above any former self's under this name
         )
 
     def _create_membership(self, store: StoreSpec | None) -> Membership | None:
@@ -180,6 +179,7 @@ class Pool(Forwarding):
             on_count=self._follow_fleet,
             settled=self._settled,
             on_return=self._store_returned,
+            clock=self.clock,
         )
 
     def _store_returned(self) -> None:
@@ -247,14 +247,16 @@ class Pool(Forwarding):
         await self._check_partition(session)
         await self._check_eviction(at_start=True)
         tasks = [
-            asyncio.create_task(self.health.probe_every(session, self.config.health_interval_s))
+            asyncio.create_task(
+                self.health.probe_every(session, self.config.health_interval_s, self.clock)
+            )
         ]
         if self.membership is not None:
             self._follow_fleet(self.membership.count)  # the capacities reported just now
             await self.membership.join()
             tasks.append(asyncio.create_task(self.membership.beat_every()))
         if self.leases is not None:
-            tasks.append(asyncio.create_task(self.leases.renew_every()))
+            tasks.append(asyncio.create_task(self.leases.renew_every(self.clock)))
         return tasks
 
     async def stop(self) -> None:

@@ -102,12 +102,13 @@ class GuardServer:
         self.reloads: list[dict[str, Any]] = []
         """Each reload's summary, oldest first (`/admin/status`)."""
         self.clock = clock or WallClock()
-        self.identity = create_identity(config.identity, environ)
+        self.identity = create_identity(config.identity, environ, clock=self.clock)
         self._identity_mode = config.identity.mode
         rotate = config.decision_log_rotate  # both logs rotate alike
         rotation: dict[str, Any] = {
             "max_bytes": int(rotate.max_mb * 2**20) if rotate and rotate.max_mb else None,
             "max_age_s": rotate.max_age_s if rotate else None,
+            "clock": self.clock,
         }
         self._log = DecisionLog(config.decision_log, **rotation) if config.decision_log else None
         self._access = LineLog(config.access_log, **rotation) if config.access_log else None
@@ -281,7 +282,7 @@ class GuardServer:
         """Once a second, what happened in it (from the metrics' cumulative counts)."""
         last = self.metrics.totals()
         while True:
-            await asyncio.sleep(1.0)
+            await self.clock.sleep(1.0)
             now = self.metrics.totals()
             sample: dict[str, float] = {"t": round(self.clock.now(), 3)}
             for key in ("entitled", "surplus", "reject", "drop", "late", "complete", "fail"):
@@ -291,7 +292,7 @@ class GuardServer:
 
     async def _flush_every(self) -> None:
         while True:
-            await asyncio.sleep(self.config.decision_log_flush_s)
+            await self.clock.sleep(self.config.decision_log_flush_s)
             self.flush_log()
 
     def flush_log(self) -> None:
@@ -326,19 +327,19 @@ class GuardServer:
         (`drain_deadline`): a queued request is answered 503 `draining`, a stream ends with
         the SSE error event, a whole reply is a 503 — and wait (up to `_CUT_WAIT_S`) for
         their handlers to write those answers before anything closes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.num_working() and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        clock = self.clock
+        deadline = clock.now() + timeout_s
+        while self.num_working() and clock.now() < deadline:
+            await clock.sleep(0.02)
         if not self.num_working():
             return
         self.cutting = True
         for pool in self.pools.values():
             pool.pump.cut_waiting()
         self.replies.stop_all("drain_deadline", "the guard is shutting down; retry")
-        deadline = loop.time() + _CUT_WAIT_S
-        while self.num_working() and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        deadline = clock.now() + _CUT_WAIT_S
+        while self.num_working() and clock.now() < deadline:
+            await clock.sleep(0.01)
         if self.num_working():
             log.warning(
                 "%d request(s) still working %g s after the drain deadline's cut: closed",
@@ -389,7 +390,7 @@ class GuardServer:
         refusals = reload_refusals(self.config, config)
         if refusals:
             raise ConfigError("reload", self.config_path, "; ".join(refusals))
-        identity = create_identity(config.identity, self._environ)
+        identity = create_identity(config.identity, self._environ, clock=self.clock)
         limits = config.limits
         tokenizer = load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         wanted = config.pools()
@@ -446,7 +447,8 @@ class GuardServer:
         chunks: list[bytes] = []
         size = 0
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.header_timeout_s  # for the whole body
+        # for the whole body; a socket read's deadline is the loop's, as asyncio's timeouts are
+        deadline = loop.time() + self.config.header_timeout_s
         try:
             while chunk := await next_chunk(request.content, deadline - loop.time()):
                 size += len(chunk)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from floorguard.clock import Clock, MonotonicClock
+
 __all__ = ["supervise"]
 
 log = logging.getLogger("floorguard.workers")
@@ -70,11 +72,16 @@ class _Supervisor:
         workers: int,
         drain_timeout_s: float,
         spawn: Callable[[Path, int], subprocess.Popen[bytes]],
+        *,
+        clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._path, self._spawn, self._drain_s = config_path, spawn, drain_timeout_s
+        self._now = (MonotonicClock() if clock is None else clock).now
+        self._sleep = sleep
         self._received: list[int] = []
         self._children = {i: spawn(config_path, i) for i in range(workers)}
-        self._started = dict.fromkeys(self._children, time.monotonic())
+        self._started = dict.fromkeys(self._children, self._now())
         self._stopping_at: float | None = None
         self._failed = False
         self._quick = 0
@@ -88,7 +95,7 @@ class _Supervisor:
             self._take_signals()
             if self._stopping_at is None:
                 self._restart_the_dead()
-            time.sleep(_POLL_S)
+            self._sleep(_POLL_S)
         codes = {i: child.wait() for i, child in self._children.items()}
         if any(codes.values()):
             log.error("workers exited with %s", codes)
@@ -100,7 +107,7 @@ class _Supervisor:
     def _stop(self, *, failed: bool = False) -> None:
         self._failed |= failed
         if self._stopping_at is None:
-            self._stopping_at = time.monotonic()
+            self._stopping_at = self._now()
             for child in self._live():
                 child.send_signal(signal.SIGTERM)
 
@@ -118,7 +125,7 @@ class _Supervisor:
             code = child.poll()
             if code is None:
                 continue
-            lived = time.monotonic() - self._started[index]
+            lived = self._now() - self._started[index]
             self._quick = self._quick + 1 if lived < QUICK_S else 0
             if self._quick >= QUICK_DEATHS:
                 log.error(
@@ -130,14 +137,14 @@ class _Supervisor:
                 return
             log.error("worker %d exited with %s after %.1f s: started again", index, code, lived)
             self._children[index] = self._spawn(self._path, index)
-            self._started[index] = time.monotonic()
+            self._started[index] = self._now()
 
     def _done(self) -> bool:
         """Stopping and every worker gone; one that outlives its drain is killed."""
         if self._stopping_at is None:
             return False
         live = self._live()
-        if live and time.monotonic() - self._stopping_at > self._drain_s + 10:
+        if live and self._now() - self._stopping_at > self._drain_s + 10:
             for child in live:
                 log.error("worker pid %d outlived its drain: killed", child.pid)
                 child.kill()
