@@ -52,6 +52,7 @@ COMPILED = (
     # the HTTP guard's request path, by folder (floorguard/proxy/__init__.py)
     "floorguard.proxy.process.app",
     "floorguard.proxy.pool.pool",
+    "floorguard.proxy.pool.fleet",
     "floorguard.proxy.pool.forward",
     "floorguard.proxy.pool.pump",
     "floorguard.proxy.pool.relay",

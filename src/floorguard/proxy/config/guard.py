@@ -35,6 +35,7 @@ from floorguard.core.contract import (
     QueueLimits,
     SurplusOrder,
     WindowSchedule,
+    repeated,
 )
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
@@ -260,8 +261,7 @@ class GuardServerConfig(Strict):
             return self
         if not self.models:
             raise ValueError("models: name at least one model and its backends")
-        urls = [b.url.rstrip("/") for m in self.models.values() for b in m.backends]
-        twice = sorted({u for u in urls if urls.count(u) > 1})
+        twice = repeated(b.url.rstrip("/") for m in self.models.values() for b in m.backends)
         if twice:
             raise ValueError(
                 f"backend {twice[0]} is in two pools: its slots would be counted twice "
@@ -276,7 +276,7 @@ class GuardServerConfig(Strict):
                 )
         for name in self.models:
             tenants = [c.tenant for c in self.contracts if c.covers(name)]
-            twice = sorted({t for t in tenants if tenants.count(t) > 1})
+            twice = repeated(tenants)
             if twice:
                 raise ValueError(
                     f"tenant {twice[0]!r} has two contracts covering model {name!r}: give "

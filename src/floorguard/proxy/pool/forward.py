@@ -44,7 +44,7 @@ from floorguard.proxy.observe.usage import (
 from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.relay import HeldReplies, ReplyBox
 
-__all__ = ["Forwarding", "PoolHost", "UnreachableError"]
+__all__ = ["Forwarder", "PoolHost", "Served", "UnreachableError"]
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -76,8 +76,10 @@ class PoolHost(Protocol):
     def checkpoint(self, point: str) -> Awaitable[None]: ...
 
 
-class Forwarding:
-    """The backend half of `Pool`'s request path (a mixin: the pool's state is its own)."""
+class Served(Protocol):
+    """What the backend half needs of the pool it serves (`Pool`): its configuration,
+    clock, guard and edge, its backends and contracts, its metric label, and how a request
+    ends in it (`end`) and which class it is of (`class_of`)."""
 
     config: GuardServerConfig
     clock: Clock
@@ -85,19 +87,25 @@ class Forwarding:
     edge: PoolHost
     backends: list[BackendSpec]
     contracts: dict[str, Contract]
-    _warned_usage: bool
 
     @property
-    def label(self) -> str:
-        raise NotImplementedError
+    def label(self) -> str: ...
+    def end(self, rid: str, kind: str, reason: str = "") -> None: ...
+    def class_of(self, rid: str) -> ContractClass: ...
 
-    def _end(self, rid: str, kind: str, reason: str = "") -> None:
-        raise NotImplementedError
 
-    def _class_of(self, rid: str) -> ContractClass:
-        raise NotImplementedError
+class Forwarder:
+    """The backend half of a pool's request path: forward a dispatched request to its
+    backend and relay the reply, ending the request in the pool when the backend is done."""
 
-    async def _forward(
+    def __init__(self, pool: Served) -> None:
+        self.pool = pool
+        self.edge, self.clock, self.guard = pool.edge, pool.clock, pool.guard
+        """Fixed for a pool's life (its configuration, backends and contracts are not)."""
+        self._warned_usage = False
+        """A backend finished a reply without usage: said once per pool."""
+
+    async def forward(
         self,
         request: web.Request,
         path: str,
@@ -108,8 +116,8 @@ class Forwarding:
         exchange: Exchange,
     ) -> web.StreamResponse:
         rid = str(decision.request.request_id)
-        backend = self.backends[decision.backend]
-        upstream_config = self.config.upstream
+        backend = self.pool.backends[decision.backend]
+        upstream_config = self.pool.config.upstream
         await self.edge.checkpoint("connect")
         try:
             async with asyncio.timeout(upstream_config.first_byte_timeout_s):
@@ -128,7 +136,7 @@ class Forwarding:
         async with upstream:
             await self.edge.checkpoint("headers")
             if upstream.status >= 300:
-                self._end(rid, "fail", f"upstream_{upstream.status}")
+                self.pool.end(rid, "fail", f"upstream_{upstream.status}")
                 if 400 <= upstream.status < 500 and upstream.status not in (408, 429):
                     return await _rejected(upstream, headers)
                 return json_error(
@@ -157,8 +165,8 @@ class Forwarding:
         if usage is None:
             usage = self._estimate(decision, tap)
         request[USAGE] = usage
-        tenant = decision.request.tenant
-        self.edge.metrics.on_usage(self.label, tenant, self.contracts[tenant].cls, usage)
+        pool, tenant = self.pool, decision.request.tenant
+        pool.edge.metrics.on_usage(pool.label, tenant, pool.contracts[tenant].cls, usage)
 
     def _estimate(self, decision: Dispatch, tap: UsageTap | None) -> Usage:
         """A reply without usage billed from what the guard knows: the metered prompt, and
@@ -170,7 +178,7 @@ class Forwarding:
             log.warning(
                 "a backend of %s finished a reply without usage: billed the guard's estimate "
                 "(floorguard_usage_estimated_total; docs/http.md, Usage)",
-                self.label,
+                self.pool.label,
             )
         request = decision.request
         completion = tap.events if tap is not None else request.num_output_tokens
@@ -194,9 +202,9 @@ class Forwarding:
         aborted both (tests/integration/test_vllm.py, with vLLM's randomization off)."""
         upstream_id = f"{request_id}.{decision.request.request_id}"
         out = {**JSON, "x-request-id": upstream_id, **(trace or {})}
-        objectives = self.config.upstream.inference_objectives
+        objectives = self.pool.config.upstream.inference_objectives
         if objectives is not None:
-            cls = self.contracts[decision.request.tenant].cls
+            cls = self.pool.contracts[decision.request.tenant].cls
             if cls in objectives:
                 out["x-gateway-inference-objective"] = objectives[cls]
         return out
@@ -207,11 +215,11 @@ class Forwarding:
         """Before the response started: end the request as failed and answer 504 (the backend
         timed out) or 502 (its connection failed) — never with its text or address."""
         if isinstance(exc, TimeoutError):
-            self._end(rid, "fail", "upstream_timeout")
+            self.pool.end(rid, "fail", "upstream_timeout")
             return json_error(
                 504, "upstream_timeout", "the backend did not answer in time", headers
             )
-        self._end(rid, "fail", "upstream_error")
+        self.pool.end(rid, "fail", "upstream_error")
         return json_error(502, "upstream_error", "the backend connection failed", headers)
 
     async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
@@ -238,8 +246,9 @@ class Forwarding:
         with it; a cut box stops the reading (the request is aborted by the writer). A
         whole reply (no `tap`) must be a completion (else `upstream_malformed`): its usage
         is returned."""
-        cap, idle = self.config.limits.max_response_bytes, self.config.upstream.idle_timeout_s
-        metrics, cls = self.edge.metrics, self._class_of(rid)
+        config = self.pool.config
+        cap, idle = config.limits.max_response_bytes, config.upstream.idle_timeout_s
+        metrics, cls = self.edge.metrics, self.pool.class_of(rid)
         size, last, chunk = 0, self.clock.now(), first
         try:
             if not chunk:
@@ -247,7 +256,7 @@ class Forwarding:
             while chunk:
                 size += len(chunk)
                 if size > cap:
-                    self._end(rid, "fail", "upstream_reply_too_large")
+                    self.pool.end(rid, "fail", "upstream_reply_too_large")
                     box.finish(("upstream_reply_too_large", f"the reply exceeds {cap} bytes"))
                     return None
                 passed = tap.feed(chunk) if tap is not None else chunk
@@ -257,7 +266,7 @@ class Forwarding:
                 chunk = await self._read_chunk(upstream, idle)
                 if chunk and first:
                     now = self.clock.now()
-                    metrics.on_chunk_gap(self.label, cls, now - last)
+                    metrics.on_chunk_gap(self.pool.label, cls, now - last)
                     last = now
         except (TimeoutError, aiohttp.ClientError) as exc:
             reason = (
@@ -267,7 +276,7 @@ class Forwarding:
                 if first
                 else "upstream_error"
             )
-            self._end(rid, "fail", reason)
+            self.pool.end(rid, "fail", reason)
             box.finish((reason, "the backend reply failed mid-way"))
             return None
         usage = None
@@ -279,10 +288,10 @@ class Forwarding:
             try:
                 usage = reply_usage(box.whole())
             except MalformedReplyError:
-                self._end(rid, "fail", "upstream_malformed")
+                self.pool.end(rid, "fail", "upstream_malformed")
                 box.finish(("upstream_malformed", "the backend's reply is not a completion"))
                 return None
-        self._end(rid, "complete")
+        self.pool.end(rid, "complete")
         box.finish()
         return usage
 
@@ -295,15 +304,15 @@ class Forwarding:
     ) -> web.StreamResponse:
         """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
         ended in the guard, then written to the client within `client_write_timeout_s`."""
-        box = self._box(request, self.config.limits.max_response_bytes)
+        box = self._box(request, self.pool.config.limits.max_response_bytes)
         try:
             usage = await self._from_backend(rid, upstream, box)
             if box.cut_reason is not None:
-                self._end(rid, "abort", box.cut_reason)
+                self.pool.end(rid, "abort", box.cut_reason)
                 return json_error(503, box.cut_reason, "the guard holds too many replies")
             if box.failure is not None:
                 code, message = box.failure
-                self._end(rid, "abort", code)  # stopped by the drain (a failure has ended it)
+                self.pool.end(rid, "abort", code)  # stopped by the drain (a failure has ended it)
                 status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
                 return json_error(status, code, message, headers)
             body = box.take_all()
@@ -332,7 +341,7 @@ class Forwarding:
         request's instructions, and one per chunk of every stream."""
         if _cannot_wait(request.transport, size):
             return _UNBOUNDED
-        return asyncio.timeout(self.config.client_write_timeout_s)
+        return asyncio.timeout(self.pool.config.client_write_timeout_s)
 
     async def _to_client(
         self, request: web.Request, response: web.StreamResponse, chunk: bytes
@@ -356,13 +365,13 @@ class Forwarding:
         it, the stream ends with an SSE error event (never a second response). The backend
         is read into a bounded box at its own pace (`_from_backend`); the client is written
         from it, and cut when it cannot keep up (relay.py)."""
-        timeouts = self.config.upstream
+        timeouts = self.pool.config.upstream
         try:
             first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
         except (TimeoutError, aiohttp.ClientError) as exc:
             return self._upstream_failed(rid, exc, headers)
         if not is_sse(first):  # an error page or plain text behind a 200
-            self._end(rid, "fail", "upstream_malformed")
+            self.pool.end(rid, "fail", "upstream_malformed")
             return json_error(
                 502, "upstream_malformed", "the backend's reply is not an event stream", headers
             )
@@ -373,7 +382,7 @@ class Forwarding:
         exchange.response = response
         await response.prepare(request)
         self.guard.on_first_token(rid, self.clock.now())
-        box = self._box(request, self.config.limits.max_buffered_reply_bytes)
+        box = self._box(request, self.pool.config.limits.max_buffered_reply_bytes)
         reading = asyncio.create_task(self._from_backend(rid, upstream, box, first, tap))
         reading.add_done_callback(box.finish_with)
         try:
@@ -396,7 +405,7 @@ class Forwarding:
                 reading.cancel()
                 await asyncio.wait([reading])
             stopped = box.failure[0] if box.failure is not None else None
-            self._end(rid, "abort", box.cut_reason or stopped or "client_disconnected")
+            self.pool.end(rid, "abort", box.cut_reason or stopped or "client_disconnected")
             if box.cut_reason is not None:
                 log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
             box.close()

@@ -606,7 +606,7 @@ class GuardServer:
 
     def store_status(self) -> dict[str, Any]:
         """The shared floor's state (the one pool's; with several, the worst of them)."""
-        states = [p.store_status() for p in self.pools.values() if p.shared_floor is not None]
+        states = [p.shared_floor.status() for p in self.pools.values() if p.shared_floor]
         degraded = [s for s in states if s["state"] != "shared"]
         return (degraded or states)[0]
 

@@ -1,0 +1,366 @@
+"""A pool among the replicas that share its store, and before the backends it serves: the
+shared floor and its events, fleet-wide slot leases, the live membership and the slot shares
+that follow it, and what each backend reports of itself at start (docs/replicas.md).
+
+`Pool` owns the request path; this is the part of it that talks to the fleet. Everything
+here runs beside a request (a lease is taken and given back around a dispatch) or on the
+store's and the membership's own events."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from floorguard.core.surface import Dispatch
+from floorguard.errors import ConfigError
+from floorguard.proxy.config.guard import BackendSpec, StoreSpec
+from floorguard.proxy.pool.health import backend_report
+from floorguard.proxy.pool.shares import capacities, slot_shares
+from floorguard.store.base import StoreUnavailable
+from floorguard.store.leases import SlotLeases, redis_lease_script
+from floorguard.store.members import Membership
+from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.shared import SharedFloor
+
+if TYPE_CHECKING:
+    from floorguard.proxy.pool.pool import Pool
+
+__all__ = ["PoolFleet"]
+
+log = logging.getLogger("floorguard.proxy")
+
+
+class PoolFleet:
+    """The fleet side of one pool: built before its guard (the guard takes its floor from
+    `floor`), it reads the pool's guard, pump and backends only once requests flow."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        store = pool.config.store
+        self.reported: dict[str, int] = {}
+        """Each backend's own slot count as it reported it at start (by URL)."""
+        self.redis = _redis(store) if store is not None else None
+        """The pool's Redis (the floor, the leases and the membership share it)."""
+        self.floor = (
+            SharedFloor(
+                self.redis,
+                policy=store.on_unavailable,
+                replicas=store.replicas,
+                retry_s=store.retry_s,
+                clock=pool.clock.now,
+                attempts=store.attempts,
+                on_change=self._on_store_change,
+                on_lost_state=self._on_lost_state,
+            )
+            if store is not None and self.redis is not None
+            else None
+        )
+        self.leases = self._create_leases(store)
+        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
+        self.membership = self._create_membership(store)
+        """The live fleet sharing this pool's store (docs/design.md §14); None without one."""
+        self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
+        """Requests holding (or taking) a lease → its backend, and the call still taking
+        it if the request ended meanwhile."""
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def partitioned(self) -> bool:
+        store = self.pool.config.store
+        return store is not None and store.slots == "partition"
+
+    def _create_leases(self, store: StoreSpec | None) -> SlotLeases | None:
+        if store is None or store.slots != "leased":
+            return None
+        assert self.redis is not None
+        pool = self.pool
+        return SlotLeases(
+            redis_lease_script(self.redis),
+            backends=[b.url.rstrip("/") for b in pool.config.backends],
+            capacity=[b.slots for b in pool.config.backends],
+            replica=pool.edge.replica,
+            ttl_s=store.lease_ttl_s,
+            waiting=lambda: pool.guard.num_waiting_entitled,
+            first_seq=int(pool.clock.now() * 1e6),  # above any former self's under this name
+        )
+
+    def _create_membership(self, store: StoreSpec | None) -> Membership | None:
+        if store is None:
+            return None
+        assert self.redis is not None
+        pool = self.pool
+        return Membership(
+            self.redis,
+            replica=pool.edge.replica,
+            group="members" if pool.name is None else f"members:{pool.name}",
+            ttl_s=store.membership_ttl_s,
+            configured=store.replicas,
+            explicit="replicas" in store.model_fields_set,
+            on_count=self.follow,
+            settled=self._settled,
+            on_return=self._store_returned,
+            clock=pool.clock,
+        )
+
+    # -- the store's events -----------------------------------------------------------------
+
+    def _store_returned(self) -> None:
+        """Redis answers this replica's beats again after it could not: the others may still
+        grant from their fail-static shares (`SharedFloor.outage_seen`)."""
+        if self.floor is not None:
+            self.floor.outage_seen(self.pool.clock.now())
+
+    def _on_store_change(self, state: str, now: float) -> None:
+        """The decision log marks the shared floor's degraded periods (`verify` judges AF
+        in them as conditional on the store); a Redis answering again is checked again."""
+        self.pool.guard.store_changed(now, state)
+        log.warning("shared floor%s: %s", self.pool.where, state)
+        if state == "shared":
+            self.in_background(self.check_eviction(at_start=False))
+
+    def _on_lost_state(self, tenant: str, window: int, now: float) -> None:
+        """Redis lost `tenant`'s count in `window` (it restarted empty): the window is
+        closed to fresh takes fleet-wide; the log says so (AF there is conditional)."""
+        self.pool.guard.store_changed(now, "lost-state", tenant, window)
+        log.warning(
+            "shared floor%s: Redis lost %s's count in window %d", self.pool.where, tenant, window
+        )
+
+    async def check_eviction(self, *, at_start: bool) -> None:
+        """The store's eviction policy (`RedisCreditStore.eviction_risk`): at start a risk
+        refuses to serve unless `store.eviction: warn`; later it is an error in the log."""
+        store = self.pool.config.store
+        if self.redis is None or store is None:
+            return
+        try:
+            risk = await self.redis.eviction_risk()
+        except StoreUnavailable:
+            return  # unreachable: checked again when it answers
+        if risk is None:
+            return
+        known = not risk.startswith("unknown")
+        if at_start and known and store.eviction == "refuse":
+            raise ConfigError(
+                "store.eviction",
+                store.eviction,
+                f"{store.url.split('@')[-1]} has {risk}; set maxmemory-policy noeviction "
+                "there (docs/deploy.md, Redis) or store.eviction: warn",
+            )
+        level = logging.ERROR if known else logging.WARNING
+        log.log(level, "shared floor%s: Redis %s (docs/deploy.md, Redis)", self.pool.where, risk)
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    async def start(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+        """Check the backends' reports and the store; join the fleet; its background tasks."""
+        await self.check_backends(session)
+        await self.check_eviction(at_start=True)
+        tasks = []
+        if self.membership is not None:
+            self.follow(self.membership.count)  # the capacities reported just now
+            await self.membership.join()
+            tasks.append(asyncio.create_task(self.membership.beat_every()))
+        if self.leases is not None:
+            tasks.append(asyncio.create_task(self.leases.renew_every(self.pool.clock)))
+        return tasks
+
+    async def stop(self) -> None:
+        if self.membership is not None:
+            await self.membership.leave()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    # -- membership (design §14) ------------------------------------------------------------
+
+    @property
+    def replicas(self) -> int:
+        """The replica count this pool's shares follow: the live fleet's, once heard."""
+        return self.membership.count if self.membership is not None else 1
+
+    def shares(
+        self, backends: Sequence[BackendSpec], removed: frozenset[int], count: int
+    ) -> tuple[int, ...]:
+        return slot_shares(
+            backends,
+            removed,
+            count,
+            partitioned=self.partitioned,
+            capacity_of=self._capacity,
+            where=self.pool.where,
+        )
+
+    def _capacity(self, backend: BackendSpec) -> int | None:
+        """The backend's own slot count: declared, else as it reported it at start."""
+        return backend.capacity or self.reported.get(backend.url.rstrip("/"))
+
+    def capacities(self, backends: Sequence[BackendSpec]) -> tuple[int | None, ...]:
+        """Each backend's capacity as the decision log records it (for `verify`'s SLOTS
+        across replicas); () when none is known."""
+        return capacities(backends, self._capacity)
+
+    def follow(self, count: int) -> None:
+        """The live replica count changed: fail-static's share follows at once, and so do
+        partitioned slots, logged as a `config` event (reason `membership`: a shrunk
+        backend gets nothing new until enough of it ends); leased slots need no share."""
+        if self.floor is not None:
+            self.floor.replicas = count
+        if self.leases is not None:
+            return
+        pool = self.pool
+        latest = pool.guard.latest_config
+        slots = self.shares(pool.backends, pool.removed, count)
+        capacity = self.capacities(pool.backends)
+        if (slots, capacity) != (latest.slots, latest.backend_capacity):
+            following = dataclasses.replace(latest, slots=slots, backend_capacity=capacity)
+            pool.guard.reconfigure(following, pool.clock.now(), reason="membership")
+            pool.pump.pump()
+
+    def _settled(self) -> bool:
+        """What this replica has in flight fits its shares on every backend."""
+        guard = self.pool.guard
+        return all(guard.in_flight_on(b) <= c for b, c in enumerate(guard.config.slots))
+
+    # -- fleet-wide slot leases -------------------------------------------------------------
+
+    async def leased_slot(self, rid: str, decision: Dispatch, entitled: bool) -> bool:
+        """With fleet-wide leases, take one for the slot the guard chose; without one the
+        guard puts the request back (`no_lease`) and holds the backend off, so the pump
+        does not spin on it. True when the request may start."""
+        if not decision.lease:
+            return True
+        leases, guard = self.leases, self.pool.guard
+        assert leases is not None  # the guard leases slots only when the pool has leases
+        taking = asyncio.ensure_future(
+            leases.acquire_async(decision.backend, rid, entitled=entitled)
+        )
+        try:
+            why = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client went away: give back what it may get
+            self._leased[rid] = (decision.backend, taking)
+            raise
+        now = self.pool.clock.now()
+        if not why:
+            self._leased[rid] = (decision.backend, None)
+            guard.lease_granted(rid, now, local=leases.is_local(decision.backend, rid))
+            return True
+        guard.lease_denied(rid, now)  # its next turn's pump arms the hold-off's end
+        return False
+
+    def release(self, rid: str) -> None:
+        """Give a request's lease back (it ended, or its backend was unreachable); the
+        pump runs once the lease is free, so the next start can take it."""
+        held = self._leased.pop(rid, None)
+        if held is None or self.leases is None:
+            return
+        backend, taking = held
+        leases, pump = self.leases, self.pool.pump
+        waiting = leases.waiting()  # before this end lets the queue move on
+
+        async def release() -> None:
+            if taking is not None:
+                await asyncio.wait([taking])  # the lease it was taking, if granted
+            await leases.release_async(backend, rid, waiting)
+            pump.pump()
+
+        self.in_background(release())
+
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` beside the request path (a store call whose answer nobody awaits)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- what the backends report -----------------------------------------------------------
+
+    async def check_backends(self, session: aiohttp.ClientSession) -> None:
+        """Each backend's capacity against what it reports as its own slot count (the gauge
+        `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
+        a declared capacity must agree, and `slots` must fit; a mismatch refuses to start.
+        What a backend reports is kept: partitioned shares follow it (`shares`)."""
+        for i, backend in enumerate(self.pool.config.backends):
+            report = await backend_report(session, backend.url)
+            self._check_kv(i, backend, report.kv_tokens, report.block_tokens)
+            reported = report.slots
+            declared = backend.capacity
+            if reported is not None and declared is not None and reported != declared:
+                raise ConfigError(
+                    f"{self._key(i)}.capacity",
+                    declared,
+                    f"{backend.url} reports {reported} slots of its own",
+                )
+            if reported is not None:
+                self.reported[backend.url.rstrip("/")] = reported
+            if reported is not None and backend.slots > reported:
+                raise ConfigError(
+                    f"{self._key(i)}.slots",
+                    backend.slots,
+                    f"> the {reported} slots {backend.url} reports: a guard may not have "
+                    "more in flight than the backend runs (docs/replicas.md)",
+                )
+            if self.partitioned and declared is None and reported is None:
+                log.warning(
+                    "%s (%s): neither its capacity nor a reported slot count is known, so "
+                    "this replica's share cannot follow the live fleet: `slots` is taken as "
+                    "its share (set backends[].capacity)",
+                    self._key(i),
+                    backend.url,
+                )
+
+    def _check_kv(
+        self, i: int, backend: BackendSpec, reported: int | None, block: int | None
+    ) -> None:
+        """A declared KV budget against the KV cache the backend reports (vLLM's
+        `cache_config_info`): more than it has, or other blocks, refuses to start; none
+        declared, the figure is said (design §16: budgeting it keeps vLLM from preempting)."""
+        if reported is None:
+            return
+        declared = backend.kv_tokens
+        if declared is None:
+            log.info(
+                "%s (%s) reports a KV cache of %d tokens (%d-token blocks): set "
+                "kv_tokens: %d there to budget it (docs/http.md, The KV cache)",
+                self._key(i), backend.url, reported, block, reported,
+            )  # fmt: skip
+            return
+        if declared > reported:
+            raise ConfigError(
+                f"{self._key(i)}.kv_tokens",
+                declared,
+                f"> the {reported} KV tokens {backend.url} reports: the guard would start "
+                "requests its cache cannot hold",
+            )
+        block_tokens = self.pool.config.kv_block_tokens
+        if block != block_tokens:
+            raise ConfigError(
+                "kv_block_tokens",
+                block_tokens,
+                f"{backend.url} reports {block}-token KV blocks: reservations would be "
+                "counted in the wrong blocks",
+            )
+
+    def _key(self, i: int) -> str:
+        name = self.pool.name
+        return f"backends[{i}]" if name is None else f"models.{name}.backends[{i}]"
+
+    def status(self) -> dict[str, Any] | None:
+        """The shared floor's state and the membership, or None without a store."""
+        if self.floor is None:
+            return None
+        fleet = self.membership
+        return self.floor.status() | ({"membership": fleet.status()} if fleet else {})
+
+
+def _redis(spec: StoreSpec) -> RedisCreditStore:
+    return RedisCreditStore(
+        spec.url,
+        prefix=spec.prefix,
+        timeout_s=spec.timeout_ms / 1e3,
+        connect_timeout_s=spec.connect_timeout_ms / 1e3,
+        max_connections=spec.max_connections,
+        pool_timeout_s=spec.pool_timeout_ms / 1e3,
+    )
