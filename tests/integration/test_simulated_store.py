@@ -1,10 +1,10 @@
 """The simulated Redis (`store/simulated.py`) held to `acquire.lua` on a real redis-server:
-random sequences of takes, peeks, carried hand-backs and re-forces, stale and fresh
-generations, callers with different floors, and restarts without data, run side by side
-against both (the real store on the caller's clock), must answer alike call for call —
-granted, window, what is left, the pinned floor, the credits re-forced, the window
-closed, a call id's replayed first answer or an unsure retry, and the same pattern of
-generations."""
+random sequences of takes, peeks, carried hand-backs (some by grant id, resent) and
+re-forces, stale and fresh generations, callers with different floors, and restarts without
+data, run side by side against both (the real store on the caller's clock), must answer
+alike call for call — granted, window, what is left, the pinned floor, the credits
+re-forced, the window closed, a call id's replayed first answer or an unsure retry, and the
+same pattern of generations."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ _calls = st.fixed_dictionaries(
         "carry_back": st.sampled_from([None, 0, 0, 1]),
         "shared": st.integers(0, 3),
         "local": st.integers(0, 3),
+        "grants": st.sampled_from([(), (), (("g1", 1),), (("g1", 1), ("g2", 2)), (("g2", 2),)]),
         "id": st.sampled_from(["", "", "x", "y"]),
         "retry_of": st.sampled_from([None, None, 0, 1]),
     }
@@ -81,7 +82,12 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
                 carry = (
                     Carry()
                     if call["carry_back"] is None
-                    else Carry(index - call["carry_back"], call["shared"], call["local"])
+                    else Carry(
+                        index - call["carry_back"],
+                        call["shared"],
+                        sum(w for _, w in call["grants"]) or call["local"],
+                        call["grants"],
+                    )
                 )
                 floor = (
                     None if call["floor_above"] is None else call["capacity"] + call["floor_above"]

@@ -115,7 +115,8 @@ def test_local_grants_are_carried_back_once_before_the_take():
     # the call that finds Redis back is held down already: 6 − 2·2 leaves room for 2, the
     # 2 it hands back (the others may still grant theirs locally)
     assert not shared.acquire("acme", 1, 6, schedule, 1.7).granted
-    assert store.carries[-1] == Carry(1, 0, 2)  # the 2 local grants, in the same call
+    assert store.carries[-1][:3] == (1, 0, 2)  # the 2 local grants, in the same call
+    assert len({grant for grant, _ in store.carries[-1].grants}) == 2  # each with its id
     assert store.used["acme", 1] == 2
     shared.acquire("acme", 1, 6, schedule, 1.8)
     assert store.carries[-1].local == 0  # handed back once
@@ -136,7 +137,7 @@ def test_a_take_waits_for_a_concurrent_hand_back_of_its_tenants_local_grants():
     store.down = False
     carrying = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
     step = carrying.send(None)
-    assert step[3]["carry"] == Carry(1, 0, 2)  # in flight, not yet answered
+    assert step[3]["carry"][:3] == (1, 0, 2)  # in flight, not yet answered
     waiting = shared._plan("acme", 1, 6, schedule, 1.7, floor=None)
     assert isinstance(waiting.send(None), float)  # a backoff, not a store call
     assert isinstance(waiting.send(None), float)  # still waiting
@@ -362,3 +363,25 @@ def test_an_unsure_retry_into_a_window_last_seen_full_is_refused():
     shared.store = Later()
     assert not shared.acquire("t", 1, 3, schedule, 10.6).granted
     assert shared.calls["retry_unsure"] == 0
+
+
+def test_a_hand_back_resent_after_it_timed_out_once_redis_ran_it_is_counted_once():
+    """Redis back after an outage: the take carrying the 2 local grants runs in Redis and
+    its answer is lost, on both attempts (the retry is replayed, and lost too). The grants
+    are owed again and resent with the next call, under their ids, so Redis counts them
+    once: the window holds 2, not 2 + 2."""
+    sim = SimulatedRedis(outage=(0.0, 1.5))
+    store = RunThenTimeOut(lost={6, 7})  # 1–5 meet the outage; 6 and 7 run, unheard
+    store.client = sim.client("replica")
+    shared = SharedFloor(store, policy=Unavailable.FAIL_STATIC, replicas=3, retry_s=0.1,
+                         clock=lambda: 0.0, backoff_s=0.0)  # fmt: skip
+    schedule = WindowSchedule(1.0)
+    shared.acquire("acme", 1, 6, schedule, 0.2)  # degraded (the onset window)
+    assert shared.acquire("acme", 1, 6, schedule, 1.1).granted  # ⌊6/3⌋ = 2 local grants
+    assert shared.acquire("acme", 1, 6, schedule, 1.15).granted
+    shared.acquire("acme", 1, 6, schedule, 1.7)  # ran in Redis, unheard: owed again
+    assert shared.degraded and store.calls == 7
+    shared.acquire("acme", 1, 6, schedule, 1.85)  # heard: the hand-back resent
+    assert not shared.degraded and store.calls == 8
+    left = sim.client("probe").call("acme", 0, 6, schedule, 1.9, mode="peek").grant.remaining
+    assert left == 6 - 2

@@ -25,6 +25,10 @@
 --             answer, nothing charged or carried twice
 --          15 a retry of that id: the window its first attempt was sent in, as the caller
 --             reckoned it ("" = not a retry)
+--          16 the carried local grants one by one, `id=weight` separated by spaces ("" =
+--             none: carry local counts as it is): a grant counted once in the window (a
+--             field `h:<id>`) is not counted again, so a hand-back resent after a call that
+--             timed out once Redis had run it is counted once
 -- returns  {granted (0/1), window index, what is left, generation, the clock used (a
 --          string, seconds), credits re-forced for a lost state, closed (0/1), the
 --          window's floor, replayed (0/1: the id's first answer), unsure (0/1)}
@@ -115,7 +119,15 @@ if generation ~= ARGV[7] and ARGV[7] ~= '' then
 end
 local closed = tonumber(redis.call('HGET', KEYS[1], 'lost')) == index
 local handed = 0
-if carried then
+local fresh = {}
+if carried and ARGV[16] ~= '' then
+  for grant, grant_weight in string.gmatch(ARGV[16], '(%S+)=(%d+)') do
+    if not redis.call('HGET', KEYS[1], 'h:' .. grant) then
+      handed = handed + tonumber(grant_weight)
+      fresh[#fresh + 1] = grant
+    end
+  end
+elseif carried then
   handed = tonumber(ARGV[11])
 end
 used = used + restored + handed
@@ -127,6 +139,9 @@ if mode == 'take' and not closed and used + weight <= limit then
 end
 if mode == 'take' or restored + handed > 0 or closed then
   redis.call('HSET', KEYS[1], 'w', index, 'used', used)
+  for _, grant in ipairs(fresh) do
+    redis.call('HSET', KEYS[1], 'h:' .. grant, 1)
+  end
   if mode == 'take' then
     redis.call('HSET', KEYS[1], 'floor', floor)
     if op ~= '' then

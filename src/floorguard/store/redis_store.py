@@ -118,11 +118,14 @@ class RedisCreditStore(ScriptStore):
             at,
             seen,
             token,
-            *carry,
+            carry.window,
+            carry.shared,
+            carry.local,
             self._token_base,
             capacity if floor is None else floor,
             op,
             "" if retry_of is None else retry_of,
+            carry.encoded(),
         ]
 
     def call(

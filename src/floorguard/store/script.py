@@ -27,6 +27,14 @@ class Carry(NamedTuple):
     """Granted through Redis earlier in the window: re-forced if Redis lost its state."""
     local: int = 0
     """Granted locally while Redis was unreachable: handed back before the take."""
+    grants: tuple[tuple[str, int], ...] = ()
+    """Those local grants one by one, as (id, weight): a grant whose id the window has
+    counted already is not counted again, so a hand-back resent after a call that timed out
+    once Redis had run it is counted once (empty: `local` counts as it is)."""
+
+    def encoded(self) -> str:
+        """`grants` as the script reads them: `id=weight` pairs, space-separated."""
+        return " ".join(f"{grant}={weight}" for grant, weight in self.grants)
 
 
 NO_CARRY = Carry()

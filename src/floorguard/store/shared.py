@@ -66,6 +66,9 @@ __all__ = ["SharedFloor", "Unavailable"]
 log = logging.getLogger("floorguard.store")
 
 
+_LocalGrant = tuple[str, int]
+"""A grant made locally while Redis was away: its id and weight."""
+
 _Call = tuple[str, int, int, dict[str, Any]]
 """One store call the decision asks for: key, weight, capacity and the call's options."""
 
@@ -128,8 +131,9 @@ class SharedFloor(CreditStore):
         """Each tenant's generation, as last seen."""
         self._shared: dict[str, tuple[int, int]] = {}
         """Each tenant's (window, credits this replica took through Redis in it)."""
-        self._owed: dict[str, tuple[int, int]] = {}
-        """Each tenant's (window, credits granted locally not yet handed back)."""
+        self._owed: dict[str, tuple[int, tuple[_LocalGrant, ...]]] = {}
+        """Each tenant's (window, local grants not yet handed back): each with its id, so one
+        handed back twice (its first call timed out after Redis ran it) counts once."""
         self._handing_back: Counter[str] = Counter()
         """Calls in flight that carry a tenant's local grants back to Redis: another take
         for that tenant waits for them, or Redis would count it without those grants."""
@@ -360,18 +364,21 @@ class SharedFloor(CreditStore):
         local grants, taken out of the ledger so no concurrent call carries them too."""
         window = schedule.index_at(now + self.offset_s)
         shared_window, shared = self._shared.get(key, (window, 0))
-        owed_window, owed = self._owed.pop(key, (window, 0))
+        owed_window, owed = self._owed.pop(key, (window, ()))
+        grants = owed if owed_window == window else ()
         return Carry(
-            window,
-            shared if shared_window == window else 0,
-            owed if owed_window == window else 0,
+            window, shared if shared_window == window else 0, sum(w for _, w in grants), grants
         )
 
     def _owe_again(self, key: str, carry: Carry) -> None:
-        """A call that carried a hand-back failed: the credits are owed again."""
-        if carry.local:
-            window, owed = self._owed.get(key, (carry.window, 0))
-            self._owed[key] = (carry.window, carry.local + (owed if window == carry.window else 0))
+        """A call that carried a hand-back failed: its grants are owed again, under their
+        ids (Redis may have counted them: the ids keep them from counting twice)."""
+        self._owe(key, carry.window, carry.grants)
+
+    def _owe(self, key: str, window: int, grants: tuple[_LocalGrant, ...]) -> None:
+        if grants:
+            was, owed = self._owed.get(key, (window, ()))
+            self._owed[key] = (window, (owed if was == window else ()) + grants)
 
     def _hand_backs(self, schedule: WindowSchedule, now: float) -> list[tuple[str, Carry]]:
         """Every other tenant's local grants still owed (after the first success)."""
@@ -459,6 +466,5 @@ class SharedFloor(CreditStore):
         # a local grant is this replica's own: no floor is pinned fleet-wide
         grant = self._local.acquire(key, weight, local, schedule, local_now)._replace(floor=None)
         if grant.granted:
-            window, owed = self._owed.get(key, (index, 0))
-            self._owed[key] = (index, weight + (owed if window == index else 0))
+            self._owe(key, index, ((f"{self._op_base}:g{next(self._ops)}", weight),))
         return grant

@@ -32,7 +32,8 @@ _Entry = tuple[int, float, int]
 @dataclass
 class _Counter:
     """A tenant's counter hash for one window: `w`, `used`, `floor`, `lost`, `r:<caller>`
-    marks and `op:<id>` answers (a call in a later window starts it afresh)."""
+    marks, `op:<id>` answers and `h:<id>` grants handed back (a call in a later window
+    starts it afresh)."""
 
     window: int | None = None
     used: int = 0
@@ -40,6 +41,7 @@ class _Counter:
     lost: int | None = None
     reforced: dict[str, int] = field(default_factory=dict)
     ops: dict[str, bool] = field(default_factory=dict)
+    handed: set[str] = field(default_factory=set)
 
 
 class SimulatedRedis:
@@ -123,7 +125,8 @@ class SimulatedRedis:
                 restored = carry.shared
                 counter.reforced[caller] = index
         closed = counter.lost == index
-        handed = carry.local if carried else 0
+        fresh = [(g, w) for g, w in carry.grants if g not in counter.handed] if carried else []
+        handed = sum(w for _, w in fresh) if carry.grants else carry.local if carried else 0
         used += restored + handed
 
         granted = mode == "take" and not closed and used + weight <= limit
@@ -131,6 +134,7 @@ class SimulatedRedis:
             used += weight
         if mode == "take" or restored + handed > 0 or closed:
             counter.window, counter.used = index, used
+            counter.handed.update(g for g, _ in fresh)
             if mode == "take":
                 counter.floor = window_floor
                 if op:
