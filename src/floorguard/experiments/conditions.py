@@ -35,7 +35,7 @@ from floorguard.core.monitors import assumptions_of
 from floorguard.core.request import Request
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
-from floorguard.sim.probe import latency_model_for
+from floorguard.sim.probe import latency_model_for, probe_lengths
 from floorguard.sim.run import simulate_once
 from floorguard.sim.scenarios import (
     ASSURED_TENANT,
@@ -370,7 +370,9 @@ def load_of(m: RunMetrics, mu_sat: float) -> tuple[float, float]:
 def learner_options_of(c: Condition) -> LearnerOptions:
     """β and the SLO of `c`'s learner; a predictor's model fitted once per profile and C."""
     model = (
-        latency_model_for(c.profile, c.slots, c.predictor)
+        latency_model_for(
+            c.profile, c.slots, c.predictor, probe_lengths(c.tokens, c.long_tokens, c.long_fraction)
+        )
         if needs_latency_model(c.learner)
         else None
     )

@@ -29,7 +29,7 @@ from floorguard.screen.evaluate import (
     score,
 )
 from floorguard.screen.model import ScreenModel
-from floorguard.sim.probe import latency_model_for
+from floorguard.sim.probe import latency_model_for, probe_lengths
 
 T = TypeVar("T")
 
@@ -324,7 +324,9 @@ def _load_facts(rows: Sequence[RunRow]) -> str:
     admitted = sum(r["o_admitted"] for r in rows)
     mu = {r["slots"]: r["mu_sat"] for r in rows}
     profile = rows[0]["profile"]
-    fits = {c: latency_model_for(profile, c, rows[0]["predictor"]) for c in sorted(mu)}
+    first = rows[0]
+    lengths = probe_lengths(first["tokens"], first["long_tokens"], first["long_fraction"])
+    fits = {c: latency_model_for(profile, c, first["predictor"], lengths) for c in sorted(mu)}
     return (
         f"The published learner admitted {admitted} of {offered} opportunistic requests "
         f"({admitted / offered:.1%}); its fits ({rows[0]['predictor']}, per C: samples, R², "

@@ -9,7 +9,10 @@ fits (docs/design.md §11, E1/E2):
 * `published` — the published predictor: 132 samples from open-loop Poisson probes that
   span idle to saturated (2 to 14 requests/s against a capacity near 9.6/s), taken evenly
   over each probe's run, so the in-flight and queued features take the values a flood gives
-  them. It sees load and sheds.
+  them. It sees load and sheds. The probes are *the workload it then serves*: their output
+  lengths are the served ones (`lengths`: ℓ = 16 for the marquee, each experiment's own mix
+  elsewhere). A fit with longer probes mixed in charges each queued short request for the
+  long ones' service and sheds more than the published one did (docs/design.md §11, E1).
 * `light-only` — 132 samples at light load alone (Poisson 2/s): its queue feature never
   varies, so it predicts light-load latency under any queue and never sheds a flood. Kept,
   under a name that says so, to show what a learner that never sheds does to a stack.
@@ -34,6 +37,7 @@ from floorguard.sim.scenarios import Scenario
 from floorguard.sim.workloads import BimodalLength, PoissonArrivals, SyntheticStream
 
 __all__ = [
+    "MARQUEE_LENGTHS",
     "PREDICTOR_FITS",
     "PROBE_RATES_PER_S",
     "PUBLISHED_SAMPLES",
@@ -41,6 +45,7 @@ __all__ = [
     "fit_probe_model",
     "latency_model_for",
     "prediction_error",
+    "probe_lengths",
 ]
 
 PROBE_RATES_PER_S = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
@@ -65,19 +70,33 @@ class _Recorder:
         return Proposal(admit=True)
 
 
+MARQUEE_LENGTHS = BimodalLength(16, 16, 0.0)
+"""The marquee's output lengths (all ℓ = 16): what a probe serves unless told otherwise."""
+
+
+def probe_lengths(tokens: int, long_tokens: int = 0, long_fraction: float = 0.0) -> BimodalLength:
+    """A served workload's output lengths as the probes draw them: `tokens`, and a share
+    `long_fraction` of `long_tokens` where there is one."""
+    if long_fraction <= 0:
+        return BimodalLength(tokens, tokens, 0.0)
+    return BimodalLength(tokens, max(tokens, long_tokens), long_fraction)
+
+
 def _probe(
-    profile: ServiceProfile, slots: int, rate_per_s: float, duration_s: float, seed: int
+    profile: ServiceProfile,
+    slots: int,
+    rate_per_s: float,
+    duration_s: float,
+    *,
+    seed: int,
+    lengths: BimodalLength,
 ) -> list[Sample]:
     """The completed requests of one open-loop Poisson probe at `rate_per_s`, in arrival
     order: (the load each arrived to, ℓ, its latency)."""
     scenario = Scenario(
         name="probe",
         contracts=(Contract("probe", ContractClass.OPPORTUNISTIC, 1e6),),
-        streams=(
-            SyntheticStream(
-                "probe", PoissonArrivals(rate_per_s), BimodalLength(16, 64, 0.3), duration_s
-            ),
-        ),
+        streams=(SyntheticStream("probe", PoissonArrivals(rate_per_s), lengths, duration_s),),
         profile=profile,
         slots=(slots,),
         doom_gate=False,
@@ -101,12 +120,13 @@ def collect_probe_samples(
     duration_s: float = 20.0,
     rates_per_s: tuple[float, ...] = PROBE_RATES_PER_S,
     num_samples: int | None = None,
+    lengths: BimodalLength = MARQUEE_LENGTHS,
 ) -> list[Sample]:
     """Probe samples at each rate in turn. With `num_samples`, that many in all, shared
     evenly between the rates and spread evenly over each probe's run (its start, where a
     queue is short, and its end, where an overloaded probe's queue is long)."""
     per_rate = [
-        _probe(profile, slots, rate, duration_s, seed * 1000 + i)
+        _probe(profile, slots, rate, duration_s, seed=seed * 1000 + i, lengths=lengths)
         for i, rate in enumerate(rates_per_s)
     ]
     if num_samples is None:
@@ -125,10 +145,15 @@ def collect_probe_samples(
 
 
 def fit_probe_model(
-    profile: ServiceProfile, slots: int, *, seed: int = 0, fit: str = "published"
+    profile: ServiceProfile,
+    slots: int,
+    *,
+    seed: int = 0,
+    fit: str = "published",
+    lengths: BimodalLength = MARQUEE_LENGTHS,
 ) -> LatencyModel:
-    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes
-    (`fit`: `published` or `light-only`, module docstring)."""
+    """The latency predictor for `profile` with `slots` slots, fitted on fresh probes of
+    the served `lengths` (`fit`: `published` or `light-only`, module docstring)."""
     require(fit in PREDICTOR_FITS, "predictor fit", fit, f"must be one of {PREDICTOR_FITS}")
     rates = PROBE_RATES_PER_S if fit == "published" else (2.0,)
     duration_s = 20.0 if fit == "published" else 90.0
@@ -140,26 +165,30 @@ def fit_probe_model(
             duration_s=duration_s,
             rates_per_s=rates,
             num_samples=PUBLISHED_SAMPLES,
+            lengths=lengths,
         )
     )
 
 
 @functools.cache
 def latency_model_for(
-    profile: str | ServiceProfile, slots: int, fit: str = "published"
+    profile: str | ServiceProfile,
+    slots: int,
+    fit: str = "published",
+    lengths: BimodalLength = MARQUEE_LENGTHS,
 ) -> LatencyModel:
     """The one builder of the latency predictor: for a profile (a shipped name, a profile
-    file, or a `ServiceProfile`) with `slots` slots. For the `published` fit and a profile
-    file that `floorguard calibrate` saved one with for those slots, that one; else fitted
-    once per process on simulated probes (seed 0), so every driver that names the same
-    profile, slots and fit runs the same learner."""
+    file, or a `ServiceProfile`) with `slots` slots, serving `lengths`. For the `published`
+    fit and a profile file that `floorguard calibrate` saved one with for those slots, that
+    one; else fitted once per process on simulated probes (seed 0), so every driver that
+    names the same profile, slots, fit and lengths runs the same learner."""
     if isinstance(profile, str):
         if fit == "published" and profile.endswith((".yaml", ".yml")):
             saved = load_latency_model(Path(profile))
             if saved is not None and saved.get("slots") == slots:
                 return LatencyModel.from_dict(saved)
         profile = get_profile(profile)
-    return fit_probe_model(profile, slots, fit=fit)
+    return fit_probe_model(profile, slots, fit=fit, lengths=lengths)
 
 
 def prediction_error(model: LatencyModel, samples: list[Sample]) -> float:

@@ -13,7 +13,7 @@ import numpy as np
 from floorguard.experiments.conditions import Condition
 from floorguard.experiments.records import RunRow, Summary
 from floorguard.experiments.tables import summarize
-from floorguard.sim.probe import PREDICTOR_FITS, latency_model_for
+from floorguard.sim.probe import PREDICTOR_FITS, latency_model_for, probe_lengths
 
 
 def data_dir() -> Path:
@@ -149,16 +149,28 @@ def _by_predictor(rows: Sequence[RunRow], what: str, assured: bool = False) -> s
     parts = []
     for fit in dict.fromkeys(r["predictor"] for r in rows):
         mine = [r for r in rows if r["predictor"] == fit]
-        model = latency_model_for(mine[0]["profile"], mine[0]["slots"], fit)
+        first = mine[0]
+        lengths = probe_lengths(first["tokens"], first["long_tokens"], first["long_fraction"])
+        model = latency_model_for(first["profile"], first["slots"], fit, lengths)
         parts.append(
             f"*{fit} predictor* ({model.num_samples} samples, R² {model.r2:.3f}, "
-            f"{model.coefficients[2] * 1e3:.0f} ms per queued request) — "
+            f"{model.coefficients[2] * 1e3:.0f} ms per queued request{_queued_cost(mine)}) — "
             + _by_policy(mine, what)
             + " What it admitted, pooled over the runs: "
             + _admitted_by_beta(mine, assured)
             + "."
         )
     return " ".join(parts)
+
+
+def _queued_cost(rows: Sequence[RunRow]) -> str:
+    """What a queued request costs the ones behind it in these runs: the opportunistic
+    requests' mean service over C (each holds one of C slots for one service), pooled."""
+    services = [s for r in rows if (s := r.get("o_service_mean_s")) is not None]
+    if not services:
+        return ""
+    cost_ms = float(np.mean(services)) / rows[0]["slots"] * 1e3
+    return f", against {cost_ms:.0f} ms measured: the served requests' mean service / C"
 
 
 def _against_published_29(rows: Sequence[RunRow]) -> str:

@@ -104,7 +104,15 @@ def _e15_reading(rows: Sequence[RunRow]) -> str:
         f"{firings} firings in all ({assured} assured, {firings - assured} opportunistic). By "
         f"counterfactual replay (the same seed with the gate off) {replayed} of them were "
         "false drops: requests that then completed on time. Against the model's own minimum, "
-        f"{false} drops could still have made it ({_constant_against_model()}). With the gate "
+        f"{false} drops could still have made it ({_constant_against_model()})"
+        + (
+            ": so the replay's on-time completions of dropped requests come from the replay "
+            "itself, not from an unsound drop — with the gate off the learner sees other loads "
+            "and admits other surplus, and the dropped request meets another queue"
+            if replayed and not false
+            else ""
+        )
+        + f". With the gate "
         f"on, on-time completions were higher than with it off in {better} of {len(on)} "
         "cells: a doomed request that is not dropped still takes a slot from one that could "
         f"finish. Why it is not near-inert here: {_e15_where(on_rows)}."

@@ -14,10 +14,12 @@ from floorguard.experiments.spec import Experiment
 _PREDICTORS = (
     "Two latency predictors (least squares over in-flight, queued and ℓ, SLO = d; "
     "`sim.probe.latency_model_for`, the builder `simulate` and `serve` use too): "
-    "`published`, as design §11 states it, 132 samples from open-loop Poisson probes at 2 to "
-    "14/s (idle to past saturation, ℓ 16 or 64), taken evenly over each probe's run, so it "
-    "sees load and sheds; `light-only`, 132 samples at Poisson 2/s alone, whose queue "
-    "feature never varied: a learner that never sheds, reported beside it."
+    "`published`, as docs/design.md §11 states it, 132 samples from open-loop Poisson probes "
+    "at 2 to 14/s (idle to past saturation) of the workload it then serves (ℓ = 16, as the "
+    "marquee's), taken evenly over each probe's run, so it sees load and sheds; `light-only`, "
+    "132 samples at Poisson 2/s alone, whose queue feature never varied: a learner that never "
+    "sheds, reported beside it. Until this version the published fit's probes mixed in 30 % "
+    "of ℓ = 64, which charged each queued 16-token request 194 ms, half again what it costs."
 )
 _MARQUEE = (
     "Marquee (C = 4, W = 1 s, B = 6, assured paced 6/s — 72 per run, each up to 20 ms late, "

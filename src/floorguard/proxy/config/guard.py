@@ -50,7 +50,7 @@ from floorguard.proxy.config.sections import (
     TracingSpec,
     UpstreamSpec,
 )
-from floorguard.sim.probe import latency_model_for
+from floorguard.sim.probe import latency_model_for, probe_lengths
 
 __all__ = [
     "BackendSpec",
@@ -416,7 +416,10 @@ class GuardServerConfig(Strict):
             beta=self.learner_options.beta,
             slo_s=slo_ms / 1e3,
             latency_model=latency_model_for(
-                self.profile, sum(b.slots for b in self.backends), self.learner_options.fit
+                self.profile,
+                sum(b.slots for b in self.backends),
+                self.learner_options.fit,
+                probe_lengths(self.limits.default_max_tokens),  # what a request asks by default
             ),
         )
 
