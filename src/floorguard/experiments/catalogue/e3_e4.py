@@ -28,20 +28,37 @@ def _e3(quick: bool) -> list[Condition]:
     ]
 
 
+def _overloaded_after_admission(rows: Sequence[RunRow]) -> str:
+    """Whether the admitted load itself exceeds capacity (FIFO can fail only there)."""
+    admitted = [s["rho_eff"] for s in summarize(rows) if s["rho_eff"] is not None]
+    if not admitted:
+        return ""
+    low, high = min(admitted), max(admitted)
+    where = "past" if low > 1 else "at or below" if high <= 1 else "on both sides of"
+    return (
+        f": the admitted load is {where} capacity (admitted ρ_eff {low:.2f}–{high:.2f}), "
+        "so a FIFO queue builds behind the surplus it admitted, and assured-first dispatch "
+        "is what keeps the floor's requests out of it"
+    )
+
+
 def _e3_reading(rows: Sequence[RunRow]) -> str:
     replayed = [r for r in rows if r["replay_admission"]]
     identical = sum(bool(r["admission_identical"]) for r in replayed)
     cells = []
     for s in summarize(rows):
+        admitted = "" if s["rho_eff"] is None else f", admitted ρ_eff {s['rho_eff']:.2f}"
         cells.append(
-            f"{s['policy']} at opportunistic {s['opp_rate']:g}/s (ρ̂ {s['rho_hat']:.2f}): "
-            f"assured miss {s['miss'].fmt()}"
+            f"{s['policy']} at opportunistic {s['opp_rate']:g}/s (ρ̂ {s['rho_hat']:.2f}"
+            f"{admitted}): assured miss {s['miss'].fmt()}"
         )
     return (
         f"Admission was byte-identical in {identical} of {len(replayed)} FIFO runs (the "
         "admitted set equal to the assured-first run's of the same seed). Per condition: "
         + "; ".join(cells)
-        + ". The only difference is the dispatch order, so the gap is what ordering alone buys."
+        + ". The only difference is the dispatch order, so the gap is what ordering alone buys"
+        + _overloaded_after_admission(rows)
+        + "."
     )
 
 
