@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from floorguard.core.contract import GuardConfig
 from floorguard.core.monitors import assumption_report
 from floorguard.errors import ConfigError, FloorguardError
 from floorguard.profiles import get_profile
@@ -45,17 +46,19 @@ def screen_config(
     service_s: float | None = None,
     aggregation: str = "p99",
     opportunistic_per_s: float = 0.0,
+    guard: GuardConfig | None = None,
 ) -> ScreenConfig:
     """The screen's view of one pool of a serve config: B = its assured floors summed, C =
     its slots summed, its window and dispatch; ŝ given, else `aggregation` of its profile's
     services under a saturating flood (simulated); `s_max` its profile's ceiling at
-    `limits.default_max_tokens`."""
+    `limits.default_max_tokens`. `guard`: the pool's core configuration, where the caller
+    built it already."""
     profile = get_profile(config.profile) if config.profile is not None else None
     if service_s is None:
         if profile is None:
             raise FloorguardError("no profile to take ŝ from: give service samples")
         service_s = aggregate(flood_services(profile), aggregation)
-    guard = config.guard_config()
+    guard = config.guard_config() if guard is None else guard
     return ScreenConfig(
         floor=max(guard.total_floor, 1),
         slots=guard.total_slots,
@@ -68,14 +71,17 @@ def screen_config(
 
 
 def start_report(config: GuardServerConfig) -> list[str]:
-    """What `serve` says before it guards, per pool: docs/design.md §6 at ℓ = the default cap, and
-    the screen's verdict (makespan, p99 ŝ of the profile) for each assured contract."""
+    """What `serve` says before it guards, per pool: docs/design.md §6 at ℓ = the default
+    cap, and the screen's verdict (makespan, p99 ŝ of the profile) for the assured
+    contracts — once per distinct deadline, naming the tenants that share it (a pool of
+    thousands of tenants is screened a few times, not once per tenant)."""
     out = []
     for name, pool in config.pools().items():
         of = f"model {name}: " if name is not None else ""
         tokens = pool.limits.default_max_tokens
-        report = assumption_report(pool.guard_config(), num_output_tokens=tokens)
-        if not any(c.assured for c in pool.guard_config().contracts):
+        guard = pool.guard_config()
+        report = assumption_report(guard, num_output_tokens=tokens)
+        if not any(c.assured for c in guard.contracts):
             out.append(f"{of}no assured floor: docs/design.md §6 has nothing to bound")
         elif report.inside and report.bound_s is not None:
             out.append(
@@ -83,26 +89,35 @@ def start_report(config: GuardServerConfig) -> list[str]:
                 f"the floor's sojourn ≤ s_max·(1+⌈B/C⌉) = {report.bound_s:.3f} s ≤ d = "
                 f"{report.min_deadline_budget_s:.3f} s)"
             )
-        out += _memory_lines(pool, of)
+        out += _memory_lines(pool, guard, of)
         if pool.profile is None:
             continue
-        view = screen_config(pool)
-        for c in pool.guard_config().contracts:
+        view = screen_config(pool, guard=guard)
+        by_deadline: dict[float, list[str]] = {}
+        for c in guard.contracts:
             if c.assured:
-                verdict = screen(view, c.deadline_budget_s, DEFAULT_MODEL)
-                out.append(
-                    f"{of}tenant {c.tenant}: screen ({DEFAULT_MODEL.value}, p99 ŝ = "
-                    f"{view.service_s * 1e3:.0f} ms) {'ACCEPT' if verdict.accept else 'REJECT'}"
-                    f": predicted {verdict.predicted_sojourn_s * 1e3:.0f} ms vs d = "
-                    f"{c.deadline_budget_s * 1e3:.0f} ms"
-                )
+                by_deadline.setdefault(c.deadline_budget_s, []).append(c.tenant)
+        for deadline_s, tenants in by_deadline.items():
+            verdict = screen(view, deadline_s, DEFAULT_MODEL)
+            out.append(
+                f"{of}{_tenants(tenants)}: screen ({DEFAULT_MODEL.value}, p99 ŝ = "
+                f"{view.service_s * 1e3:.0f} ms) {'ACCEPT' if verdict.accept else 'REJECT'}"
+                f": predicted {verdict.predicted_sojourn_s * 1e3:.0f} ms vs d = "
+                f"{deadline_s * 1e3:.0f} ms"
+            )
     return out
 
 
-def _memory_lines(pool: GuardServerConfig, of: str) -> list[str]:
-    """Under a KV budget (docs/design.md §16): what each backend holds, and what the largest metered
-    request needs (`limits.max_prompt_tokens` + `limits.max_tokens`, in blocks)."""
-    guard = pool.guard_config()
+def _tenants(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"tenant {names[0]}"
+    shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+    return f"{len(names)} tenants ({shown})"
+
+
+def _memory_lines(pool: GuardServerConfig, guard: GuardConfig, of: str) -> list[str]:
+    """Under a KV budget (docs/design.md §16): what each backend holds, and what the largest
+    metered request needs (`limits.max_prompt_tokens` + `limits.max_tokens`, in blocks)."""
     if not guard.kv_budgeted:
         return []
     limits = pool.limits
