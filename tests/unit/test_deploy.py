@@ -10,11 +10,15 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import load_config
+from floorguard.proxy.edge.identity import create_identity
+from floorguard.proxy.process.admin import admin_token
 from floorguard.proxy.process.app import GuardServer
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
@@ -45,7 +49,8 @@ def test_the_manifests_match_the_guard_config_they_ship(tmp_path, monkeypatch):
     kustomized = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
     listed = {p for p in kustomized["resources"]}
     assert listed == {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {
-        "kustomization.yaml"
+        "kustomization.yaml",
+        "secret.example.yaml",  # the operator creates the Secret: never applied unedited
     }
     deployment = manifests["Deployment", "floorguard"]
     spec = deployment["spec"]["template"]["spec"]
@@ -108,3 +113,23 @@ def test_every_metric_on_the_dashboard_is_one_the_guard_exposes(tmp_path, monkey
     assert {"$" + v for v in variables} >= {
         "$" + v for expr in exprs for v in re.findall(r"\$(\w+)", expr)
     }
+
+
+def test_the_shipped_secret_placeholders_are_refused(tmp_path, monkeypatch):
+    """The example Secret's values pass the length checks (45 and 34 characters), so an
+    unedited apply ran with a publicly known HS256 secret and admin token: the guard now
+    refuses both, naming the key, never the value."""
+    config, manifests = _guard_config(tmp_path, monkeypatch)
+    placeholders = manifests["Secret", "floorguard-secrets"]["stringData"]
+    real = {"FLOORGUARD_JWT_SECRET": "s" * 32, "FLOORGUARD_ADMIN_TOKEN": "t" * 16}
+    for variable, value in (
+        ("FLOORGUARD_JWT_SECRET", placeholders["jwt-secret"]),
+        ("FLOORGUARD_ADMIN_TOKEN", placeholders["admin-token"]),
+    ):
+        environ = {**real, variable: value}
+        with pytest.raises(ConfigError, match="refused: it is a sample value") as refused:
+            create_identity(config.identity, environ)
+            admin_token(config, environ)
+        assert value not in str(refused.value)
+    create_identity(config.identity, real)  # and real ones are taken
+    assert admin_token(config, real) == real["FLOORGUARD_ADMIN_TOKEN"]

@@ -16,7 +16,20 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["IdentitySpec", "JwtSpec", "MtlsSpec", "Strict", "TlsSpec"]
+__all__ = ["IdentitySpec", "JwtSpec", "MtlsSpec", "Strict", "TlsSpec", "sample_secret"]
+
+_SAMPLE_MARKS = ("replace", "changeme", "change-me", "change_me", "placeholder", "example")
+"""Words a shipped or documented sample secret carries, which a generated one never does."""
+
+
+def sample_secret(value: str) -> str | None:
+    """Why `value` is a sample, not a secret — a shipped placeholder (`deploy/kubernetes`'s
+    `REPLACE-with-…`) or the like, public to anyone who read the files — or None."""
+    lowered = value.lower()
+    for mark in _SAMPLE_MARKS:
+        if mark in lowered:
+            return f"it is a sample value (it says {mark!r}), public to anyone who read it"
+    return None
 
 
 class Strict(BaseModel):

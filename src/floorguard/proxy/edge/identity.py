@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from floorguard.clock import Clock, WallClock
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import IdentitySpec, JwtSpec
+from floorguard.proxy.config.identity import sample_secret
 from floorguard.proxy.edge.api_keys import KeyRing, looks_like_key
 
 __all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
@@ -230,7 +231,20 @@ def _single(headers: Mapping[str, str], name: str) -> str:
 
 def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
     """The HS256 secret: given, or from its file (read again at each reload), or from its
-    environment variable; at least 32 characters."""
+    environment variable; at least 32 characters, and not a sample (`sample_secret`)."""
+    secret, where = _hs256_secret_of(jwt_spec, environ)
+    why = sample_secret(secret)
+    if why is not None:
+        raise ConfigError(
+            where,
+            "<hidden>",
+            f"the HS256 secret is refused: {why}. Generate one: openssl rand -hex 32",
+        )
+    return secret
+
+
+def _hs256_secret_of(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The HS256 secret and the key it came from, its length checked."""
     env = jwt_spec.secret_env
     secret = jwt_spec.secret or (environ.get(env, "") if env else "")
     if jwt_spec.secret_file is not None:
@@ -246,7 +260,7 @@ def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
                 str(jwt_spec.secret_file),
                 f"HS256 needs a secret of at least 32 characters; the file holds {len(secret)}",
             )
-        return secret
+        return secret, "identity.jwt.secret_file"
     if not jwt_spec.secret and env and env not in environ:
         raise ConfigError(
             "identity.jwt.secret_env",
@@ -262,7 +276,8 @@ def _hs256_secret(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> str:
             "HS256 needs a secret of at least 32 characters; "
             f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
         )
-    return secret
+    from_env = not jwt_spec.secret and env is not None
+    return secret, "identity.jwt.secret_env" if from_env else "identity.jwt.secret"
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> float | None:

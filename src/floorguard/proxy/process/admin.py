@@ -16,6 +16,7 @@ from yarl import URL
 
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import GuardServerConfig
+from floorguard.proxy.config.identity import sample_secret
 from floorguard.proxy.edge.identity import peer_address
 from floorguard.proxy.edge.replies import json_error
 
@@ -28,14 +29,24 @@ log = logging.getLogger("floorguard.proxy")
 
 
 def admin_token(config: GuardServerConfig, environ: Mapping[str, str]) -> str | None:
+    """The admin bearer token: configured, or from its environment variable; at least 16
+    characters, and not a sample (`sample_secret`)."""
     if config.admin.token_env is None:
-        return config.admin.token
-    token = environ.get(config.admin.token_env) or None
-    if token is None or len(token) < 16:
+        token, key = config.admin.token, "admin.token"
+    else:
+        token, key = environ.get(config.admin.token_env) or None, "admin.token_env"
+        if token is None or len(token) < 16:
+            raise ConfigError(
+                key,
+                config.admin.token_env,
+                "names an environment variable that must hold a token of ≥ 16 characters",
+            )
+    why = sample_secret(token) if token is not None else None
+    if why is not None:
         raise ConfigError(
-            "admin.token_env",
-            config.admin.token_env,
-            "names an environment variable that must hold a token of ≥ 16 characters",
+            key,
+            "<hidden>",
+            f"the admin token is refused: {why}. Generate one: openssl rand -hex 16",
         )
     return token
 
