@@ -276,9 +276,9 @@ def test_a_pool_with_no_assured_floor_starts_and_says_so(monkeypatch):
 
 
 def test_the_start_report_screens_once_per_deadline_and_names_the_tenants_sharing_it():
-    """Thousands of assured tenants were screened one by one (65.8 s for 3,000 here, each
-    screen the same but for its deadline): now once per distinct deadline, one line each,
-    whose verdict is each tenant's own."""
+    """Thousands of assured tenants were screened one by one (each screen the same but for
+    its deadline): now once per distinct deadline, one line each, whose verdict is each
+    tenant's own."""
     from floorguard.proxy.process.serve import start_report  # noqa: PLC0415
 
     deadlines = {"a": 4000, "b": 4000, "c": 4000, "d": 4000, "e": 600}

@@ -268,16 +268,16 @@ def _hs256_secret_of(jwt_spec: JwtSpec, environ: Mapping[str, str]) -> tuple[str
             f"the environment variable {env} is not set: export it (HS256 needs a shared "
             "secret of at least 32 characters)",
         )
+    from_env = not jwt_spec.secret and env is not None
+    key = "identity.jwt.secret_env" if from_env else "identity.jwt.secret"
     if len(secret) < 32:
-        from_env = not jwt_spec.secret and env is not None
         raise ConfigError(
-            "identity.jwt.secret_env" if from_env else "identity.jwt.secret",
+            key,
             env if from_env else "<hidden>",
             "HS256 needs a secret of at least 32 characters; "
             f"{f'the environment variable {env}' if from_env else 'it'} has {len(secret)}",
         )
-    from_env = not jwt_spec.secret and env is not None
-    return secret, "identity.jwt.secret_env" if from_env else "identity.jwt.secret"
+    return secret, key
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> float | None:

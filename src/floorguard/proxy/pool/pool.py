@@ -83,7 +83,7 @@ class Pool:
         self.clock: Clock = edge.clock
         self.fleet = PoolFleet(self)
         """Its shared floor, slot leases and membership, and what its backends report."""
-        self.shared_floor, self.leases = self.fleet.floor, self.fleet.leases
+        self.shared_floor, self.leases = self.fleet.floor, self.fleet.leases  # set once, there
         configured = config.store.replicas if config.store is not None else 1
         guard_config = dataclasses.replace(
             config.guard_config(),
