@@ -15,7 +15,7 @@ from floorguard.clock import WallClock
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.store.leases import SlotLeases, redis_lease_script
-from floorguard.store.plan import run_plan
+from floorguard.store.plan import run_plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
 from tests.redis_server import RedisServer
@@ -345,7 +345,8 @@ def test_leases_keep_the_slots_held_while_redis_is_down_and_restore_them(server,
         assert not leases.status()["degraded"]
         with redis.Redis.from_url(server.url) as client:
             stored = client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1)
-        assert sorted(stored) == [b"A|a1", b"A|a3", b"A|a5"]  # a1 and a3 restored
+        requests = sorted(m.rsplit(b"|", 1)[0] for m in stored)  # less the acquire's number
+        assert requests == [b"A|a1", b"A|a3", b"A|a5"]  # a1 and a3 restored
     finally:
         run(store.aclose())
 
@@ -393,6 +394,9 @@ class LateReplies:
         self._server.close()
         for writer in self._writers:
             writer.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(w.wait_closed() for w in self._writers), return_exceptions=True)
         await self._server.wait_closed()
 
@@ -417,3 +421,78 @@ def test_a_take_whose_reply_came_too_late_is_charged_once(server, floors, loop):
     assert take(loop, floor, "acme", 1, schedule, capacity=4) == [False]
     loop.run_until_complete(floor.store.aclose())
     loop.run_until_complete(proxy.close())
+
+
+def _stored_leases(url):
+    with redis.Redis.from_url(url) as client:
+        return client.zcard("floorguard:slots:{http://vllm:8000}")
+
+
+def test_a_lease_whose_grant_came_too_late_is_answered_once(server, loop):
+    """A lease acquire (C = 1) that timed out (200 ms) after Redis granted it is sent again
+    naming the same lease: the script answers its first grant. Without that the retry
+    found the backend full, with its own lease, and the request waited for itself."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    proxy = loop.run_until_complete(LateReplies(port, 0.3).start())
+    store, leases = _leases(f"redis://127.0.0.1:{proxy.port}", "A", capacity=1)
+    run = loop.run_until_complete
+    try:
+        run(_renew(leases))  # connected, script loaded
+        proxy.hold = 1
+        assert run(leases.acquire_async(0, "a1", entitled=True)) == ""
+        assert leases.retried == 1 and not leases.status()["degraded"]
+        assert _stored_leases(server.url) == 1
+        run(leases.release_async(0, "a1"))
+        assert _stored_leases(server.url) == 0
+    finally:
+        run(store.aclose())
+        run(proxy.close())
+
+
+def test_a_lease_granted_by_redis_but_never_answered_is_given_back(server, loop):
+    """Both attempts of A's acquire (C = 1) time out after Redis granted them: A cannot
+    know, takes it as an outage (it held nothing, so it grants nothing locally) and
+    releases that lease on the next call Redis answers. Without it the slot stayed taken
+    by no request until the lease's ttl (2 s), and B was refused `full`."""
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    proxy = loop.run_until_complete(LateReplies(port, 0.3).start())
+    store, a = _leases(f"redis://127.0.0.1:{proxy.port}", "A", capacity=1)
+    sb, b = _leases(server.url, "B", capacity=1)
+    run = loop.run_until_complete
+    try:
+        run(_renew(a))  # connected, script loaded
+        proxy.hold = 2
+        assert run(a.acquire_async(0, "a1", entitled=True)) == "full"
+        assert a.status()["in_doubt"] == 1 and _stored_leases(server.url) == 1
+        run(asyncio.sleep(0.4))  # the late replies are through
+        run(_renew(a))
+        assert a.status()["in_doubt"] == 0 and not a.status()["degraded"]
+        assert _stored_leases(server.url) == 0
+        assert run(b.acquire_async(0, "b1", entitled=False)) == ""
+    finally:
+        run(store.aclose())
+        run(sb.aclose())
+        run(proxy.close())
+
+
+async def _renew(leases):
+    await run_plan_async(leases.plan_renew(), leases._script())
+
+
+def test_a_release_that_failed_is_sent_again_when_redis_answers(kept, loop):
+    """A Redis that keeps its data is down when A's request ends: the release fails, and A
+    sends it again once Redis answers. Without it the lease outlived its request until
+    its ttl, the backend's slot idle."""
+    store, a = _leases(kept.url, "A", capacity=1)
+    run = loop.run_until_complete
+    try:
+        assert run(a.acquire_async(0, "a1", entitled=False)) == ""
+        kept.kill()
+        run(a.release_async(0, "a1"))
+        assert a.status()["in_doubt"] == 1
+        kept.start()
+        assert _stored_leases(kept.url) == 1  # kept across the restart
+        run(_renew(a))
+        assert _stored_leases(kept.url) == 0 and a.status()["in_doubt"] == 0
+    finally:
+        run(store.aclose())

@@ -14,7 +14,9 @@
 --          replica sends), 9.. members (acquire: one; the others: any)
 -- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string)}
 --
--- acquire grants iff fewer than C leases are live and, for a request that is not
+-- acquire grants a member that already holds a live lease again (a retry of a call that
+-- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
+-- iff fewer than C leases are live and, for a request that is not
 -- floor-entitled, no *other* replica has an entitled request waiting for this backend
 -- (fleet-wide assured-first). A denied entitled request counts itself as waiting, in the
 -- same call, so the others stop starting opportunistic requests here at once. Leases not
@@ -41,7 +43,10 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
 local granted, reason = 0, ''
-if op == 'acquire' then
+if op == 'acquire' and redis.call('ZSCORE', KEYS[1], ARGV[9]) then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[9])
+  granted = 1
+elseif op == 'acquire' then
   if not entitled then
     local board = redis.call('HGETALL', KEYS[2])
     for i = 1, #board, 2 do

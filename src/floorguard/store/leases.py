@@ -11,6 +11,13 @@ request counts itself), so the board is current after each decision, and a renew
 renewing: its leases expire within `ttl_s` of its last renewal (≤ `1.25 · ttl_s` after it
 died), and its board entry with them.
 
+A call that timed out may have run. Each acquire names its lease afresh (the request and
+the call's number), so a lease whose grant never came back is one no later call reuses:
+the replica releases it, with every release whose call failed, on the next call Redis
+answers (within `ttl_s / 4`, the renewal), instead of leaving the slot idle until its ttl.
+A first acquire that times out while Redis answers is sent again, naming the same lease:
+the script grants a lease it already holds again (its first answer), never a second.
+
 When Redis cannot be reached, a replica keeps the slots it held: on each backend it grants
 a local lease only while it holds fewer there than it held when it lost Redis (it reuses
 its own slots as its requests end; it takes none of another replica's). The fleet stays
@@ -41,7 +48,7 @@ from floorguard.store.base import StoreUnavailable
 from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 
-__all__ = ["LeaseCall", "LeaseReply", "SlotLeases", "redis_lease_script"]
+__all__ = ["Held", "LeaseCall", "LeaseReply", "SlotLeases", "redis_lease_script"]
 
 SCRIPT = resources.files("floorguard.store").joinpath("lease.lua").read_text()
 log = logging.getLogger("floorguard.leases")
@@ -74,6 +81,15 @@ class LeaseReply(NamedTuple):
     """Why not: `full` (C leases live) or `order` (another replica's entitled request
     waits); '' when granted (or for release and renew)."""
     in_use: int
+
+
+class Held(NamedTuple):
+    """A lease this replica holds for a request on one backend."""
+
+    member: str
+    """Its name in the backend's set: `<replica>|<request>|<the acquire's number>`."""
+    shared: bool
+    """Granted through Redis; False: granted locally while Redis was unreachable."""
 
 
 LeaseScript = Callable[[LeaseCall], Awaitable[LeaseReply]]
@@ -127,10 +143,16 @@ class SlotLeases:
         sent: a release sent in between must not clear the board while it waits."""
         self._clock = clock
         """The caller's clock for the script (a simulation); None: the Redis server's."""
-        self.held: list[dict[str, bool]] = [{} for _ in backends]
-        """Per backend: the leases this replica holds (request → through Redis or local)."""
+        self.held: list[dict[str, Held]] = [{} for _ in backends]
+        """Per backend: the leases this replica holds (request → its lease)."""
+        self._doubt: list[set[str]] = [set() for _ in backends]
+        """Per backend: leases Redis may hold that this replica does not (an acquire whose
+        reply never came and was not granted locally, a release that failed): released on
+        the next call Redis answers."""
         self.denied: dict[str, int] = {"full": 0, "order": 0}
         self.local_grants = 0
+        self.retried = 0
+        """Acquires sent again after a timeout (the script answers a lease it holds again)."""
         self._seq = first_seq
         """The last call's number. A replica that restarts under the same name must number
         above its former self (the HTTP guard starts at the wall clock's microseconds),
@@ -144,7 +166,8 @@ class SlotLeases:
 
     def is_local(self, backend: int, request_id: str) -> bool:
         """Whether the request's lease on `backend` was granted locally (store down)."""
-        return self.held[backend].get(request_id) is False
+        held = self.held[backend].get(request_id)
+        return held is not None and not held.shared
 
     def waiting(self) -> int:
         """This replica's floor-entitled requests waiting for a slot: queued, or waiting
@@ -156,8 +179,6 @@ class SlotLeases:
     def _call(
         self, backend: int, op: str, *members: str, entitled: bool = False, waiting: int
     ) -> LeaseCall:
-        now = None if self._clock is None else self._clock()
-        self._seq += 1
         self._shown[backend] = waiting
         return LeaseCall(
             self.backends[backend],
@@ -168,33 +189,42 @@ class SlotLeases:
             waiting,
             entitled,
             members,
-            now,
-            self._seq,
+            self._now(),
+            self._next_seq(),
         )
 
-    def _member(self, request_id: str) -> str:
-        return f"{self.replica}|{request_id}"
+    def _now(self) -> float | None:
+        return None if self._clock is None else self._clock()
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def plan_acquire(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
         """'' when the request may start on `backend` (it holds a lease), else why not:
         `full` or `order`. Redis unreachable: a local lease while this replica holds fewer
         there than it did when Redis was lost."""
         others = max(self.waiting() - entitled, 0)  # the script counts this one if denied
-        call = self._call(
-            backend, "acquire", self._member(request_id), entitled=entitled, waiting=others
-        )
+        member = f"{self.replica}|{request_id}|{self._seq + 1}"  # the call's number, below
+        call = self._call(backend, "acquire", member, entitled=entitled, waiting=others)
         reply = yield call
+        if isinstance(reply, StoreUnavailable) and reply.sent and self._kept is None:
+            self.retried += 1  # it may have run: the same lease again, answered once
+            reply = yield call._replace(seq=self._next_seq(), now=self._now())
         if isinstance(reply, StoreUnavailable):
+            if reply.sent:
+                self._doubt[backend].add(member)
             kept = self._lost()
             if len(self.held[backend]) >= kept[backend]:
                 self.denied["full"] += 1
                 return "full"
-            self.held[backend][request_id] = False
+            self.held[backend][request_id] = Held(member, shared=False)
+            self._doubt[backend].discard(member)  # held: restored with the others
             self.local_grants += 1
             return ""
         yield from self._answered()
         if reply.granted:
-            self.held[backend][request_id] = True
+            self.held[backend][request_id] = Held(member, shared=True)
             return ""
         self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
         return cast(str, reply.reason)
@@ -206,36 +236,51 @@ class SlotLeases:
         return self._kept
 
     def _answered(self) -> Plan[None]:
-        """Redis answered: after an outage, put every lease held back in it."""
+        """Redis answered: release the leases in doubt, and after an outage put every
+        lease held back in it."""
+        for backend, doubt in enumerate(self._doubt):
+            if not doubt:
+                continue
+            members = sorted(doubt)
+            doubt.clear()  # a plan running beside this one leaves them to this call
+            reply = yield self._call(backend, "release", *members, waiting=self.waiting())
+            if isinstance(reply, StoreUnavailable):
+                doubt.update(members)
+                self._lost()
+                return
         if self._kept is None:
             return
         self._kept = None
         for backend, held in enumerate(self.held):
             if not held:
                 continue
-            restored = list(held)  # what is held now (it may change while the call is out)
-            members = [self._member(r) for r in restored]
+            restored = dict(held)  # what is held now (it may change while the call is out)
+            members = [lease.member for lease in restored.values()]
             reply = yield self._call(backend, "restore", *members, waiting=self.waiting())
             if isinstance(reply, StoreUnavailable):
                 self._lost()
                 return
-            for request_id in restored:
-                if request_id in held:
-                    held[request_id] = True
+            for request_id, lease in restored.items():
+                if held.get(request_id) == lease:
+                    held[request_id] = lease._replace(shared=True)
         log.warning("slot leases: Redis answers again; the leases held are restored")
 
     def plan_release(self, backend: int, request_id: str, waiting: int | None = None) -> Plan[None]:
-        """Give the lease back (a request that ended); a failed call leaves it to expire.
+        """Give the lease back (a request that ended); a failed call leaves it in doubt,
+        released again on the next call Redis answers.
         `waiting`: this replica's entitled count as of the end (the caller takes it before
         its own queue moves on, so the freed slot is not taken by another replica's
         opportunistic request ahead of this replica's entitled one). The call publishes the
         larger of that and the count when it is sent: an entitled request that arrived
         in between waits too (a release sent later than its end must not clear it)."""
-        if self.held[backend].pop(request_id, None) is None:
+        lease = self.held[backend].pop(request_id, None)
+        if lease is None:
             return
         count = self.waiting() if waiting is None else max(waiting, self.waiting())
-        reply = yield self._call(backend, "release", self._member(request_id), waiting=count)
-        if not isinstance(reply, StoreUnavailable):
+        reply = yield self._call(backend, "release", lease.member, waiting=count)
+        if isinstance(reply, StoreUnavailable):
+            self._doubt[backend].add(lease.member)
+        else:
             yield from self._answered()
 
     def plan_announce(self) -> Plan[None]:
@@ -254,7 +299,7 @@ class SlotLeases:
         """Renew this replica's leases and waiting-board entry on every backend (or on
         `backends`)."""
         for backend in range(len(self.backends)) if backends is None else backends:
-            members = [self._member(r) for r, shared in self.held[backend].items() if shared]
+            members = [lease.member for lease in self.held[backend].values() if lease.shared]
             reply = yield self._call(backend, "renew", *members, waiting=self.waiting())
             if isinstance(reply, StoreUnavailable):
                 if self._kept is None:
@@ -296,5 +341,7 @@ class SlotLeases:
             "held": {b: len(h) for b, h in zip(self.backends, self.held, strict=True)},
             "denied": dict(self.denied),
             "local_grants": self.local_grants,
+            "retried": self.retried,
+            "in_doubt": sum(map(len, self._doubt)),
             "degraded": self._kept is not None,
         }

@@ -171,7 +171,10 @@ class SimulatedRedis:
         for member in [m for m, expiry in leases.items() if expiry <= now]:
             del leases[member]
         granted, reason = False, ""
-        if op == "acquire":
+        if op == "acquire" and members[0] in leases:
+            leases[members[0]] = now + ttl_s  # a retry of a call that ran: its first grant
+            granted = True
+        elif op == "acquire":
             reason = "" if entitled else _board_order(board, replica, now)
             if not reason:
                 granted = len(leases) < capacity
