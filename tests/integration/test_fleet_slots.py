@@ -183,6 +183,11 @@ def _verify(logs):
     return done.returncode, json.loads(done.stdout)
 
 
+async def _admin_status(url):
+    async with aiohttp.ClientSession() as session, session.get(url + "/admin/status") as r:
+        return await r.json()
+
+
 def test_leased_replicas_share_one_backends_slots_assured_first(small_backend, tmp_path):
     """Three replicas, each configured with the backend's whole C = 4, leasing slots
     through Redis: under a 60-request flood the backend never holds more than 4 (its own
@@ -196,6 +201,8 @@ def test_leased_replicas_share_one_backends_slots_assured_first(small_backend, t
         assert statuses.count(200) >= 3 * REPLICAS
         peak = asyncio.run(_backend_gauge(url, "floorguard_backend_in_flight_max"))
         assert LEASED_SLOTS - 1 <= peak <= LEASED_SLOTS
+        leases = asyncio.run(_admin_status(replicas[0][0]))["store"]["leases"]
+        assert leases["in_doubt"] == 0 and not leases["degraded"], leases
         for _, process, _ in replicas:
             process.send_signal(signal.SIGTERM)
             assert process.wait(20) == 0

@@ -348,11 +348,16 @@ class PoolFleet:
         return f"backends[{i}]" if name is None else f"models.{name}.backends[{i}]"
 
     def status(self) -> dict[str, Any] | None:
-        """The shared floor's state and the membership, or None without a store."""
+        """The shared floor's state, the membership and the slot leases, or None without a
+        store."""
         if self.floor is None:
             return None
-        fleet = self.membership
-        return self.floor.status() | ({"membership": fleet.status()} if fleet else {})
+        fleet, leases = self.membership, self.leases
+        return (
+            self.floor.status()
+            | ({"membership": fleet.status()} if fleet else {})
+            | ({"leases": leases.status()} if leases else {})
+        )
 
 
 def _redis(spec: StoreSpec) -> RedisCreditStore:
