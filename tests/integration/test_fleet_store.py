@@ -149,6 +149,8 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
                                      tmp_path / f"r{n}.yaml", err)  # fmt: skip
             urls.append(url)
             processes.append(process)
+        with redis.Redis.from_url(server.url) as admin:  # learned at start, nothing taken
+            assert admin.exists("floorguard:{acme}:gen") and not admin.exists("floorguard:{acme}")
 
         async def scenario() -> list[int]:
             load = asyncio.ensure_future(_sustained(urls, 6.0, 8))

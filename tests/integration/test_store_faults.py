@@ -133,6 +133,26 @@ def test_a_redis_that_restarts_empty_inside_a_window_is_detected(server, floors,
     assert a.state == b.state == "shared"
 
 
+def test_a_replica_that_never_called_for_a_tenant_finds_the_lost_state_too(
+    server, floors, loop
+):
+    """Replica A grants 6 of B = 6; Redis restarts empty; replica C never called for the
+    tenant but learned its generation before serving (`learn_async`, as `serve` does at
+    start): C's first takes find the lost state and the window stays closed. Without the
+    learning C took the window afresh: 12 of B = 6."""
+    a, c = floors(server.url, replicas=2), floors(server.url, replicas=2)
+    schedule = mid_window(server.url)
+    assert loop.run_until_complete(c.learn_async(["acme"], schedule, time.time())) == 0
+    assert used(server.url, "acme") == 0  # a peek: nothing taken
+    assert take(loop, a, "acme", 6, schedule) == [True] * 6
+    server.kill()
+    server.start()
+    assert take(loop, c, "acme", 6, schedule) == [False] * 6
+    assert c.calls["lost_state"] == 1 and c.state == "shared"
+    assert take(loop, a, "acme", 1, schedule) == [False]
+    assert used(server.url, "acme") == 6  # A re-forced its 6
+
+
 def test_the_hand_back_comes_before_the_take(kept, floors, loop):
     """While replica A is degraded it grants 2 locally in window 1; replica Z, shared, takes
     4 of B = 6 there. A's first call after Redis returns hands its 2 back *before* taking:

@@ -385,3 +385,27 @@ def test_a_hand_back_resent_after_it_timed_out_once_redis_ran_it_is_counted_once
     assert not shared.degraded and store.calls == 8
     left = sim.client("probe").call("acme", 0, 6, schedule, 1.9, mode="peek").grant.remaining
     assert left == 6 - 2
+
+
+@pytest.mark.parametrize("learned", [True, False], ids=["learned", "never_seen"])
+def test_a_redis_that_lost_its_state_is_found_at_a_replicas_first_call_for_a_tenant(learned):
+    """Issue 46: replica A takes 3 of tenant t's B = 4; Redis restarts empty; replica B,
+    which never called for t, then takes. Having learned t's generation before serving,
+    B's first call finds the lost state and the window is closed: B grants nothing, and A's
+    re-force counts its 3. A replica that never learned it (as before) takes the window
+    afresh: 3 + 4 = 7 of B = 4 in one window."""
+    sim = SimulatedRedis()
+    schedule = WindowSchedule(1.0)
+    a, b = (SharedFloor(sim.client(name), policy=Unavailable.FAIL_STATIC, replicas=2,
+                        retry_s=0.5, clock=lambda: 0.0, backoff_s=0.0) for name in "ab")  # fmt: skip
+    for shared in (a, b):
+        assert shared.learn(["t"] if learned else [], schedule, 10.0) == 0
+    assert [a.acquire("t", 1, 4, schedule, 10.1).granted for _ in range(3)] == [True] * 3
+    sim.restart()
+    by_b = sum(b.acquire("t", 1, 4, schedule, 10.3).granted for _ in range(4))
+    by_a = sum(a.acquire("t", 1, 4, schedule, 10.4).granted for _ in range(2))
+    if learned:
+        assert (by_b, by_a) == (0, 0) and b.calls["lost_state"] == 1
+        assert sim.client("x").call("t", 0, 4, schedule, 10.5, mode="peek").grant.remaining == 1
+    else:
+        assert 3 + by_b + by_a == 7  # the hole the learning closes

@@ -54,7 +54,10 @@
 --
 -- The window index comes from the clock in use and the contract's origin t0, so replicas
 -- whose clocks disagree still share one window. The counter expires one second after its
--- window ends; the marker a week after its tenant's last call.
+-- window ends. The marker never expires: a marker gone by its ttl would read, to every
+-- replica that saw it, as a Redis that lost the tenant's state, and close a window no one
+-- lost (a tenant idle for longer than the ttl would be refused inside its floor); without
+-- a ttl, no `volatile-*` eviction policy can pick it either.
 
 local weight = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
@@ -75,7 +78,7 @@ if not generation then
   generation = ARGV[8]
   redis.call('SET', KEYS[2], generation)
 end
-redis.call('PEXPIRE', KEYS[2], 604800000)
+redis.call('PERSIST', KEYS[2])  -- a marker written by a release that gave it a ttl
 
 local stored = redis.call('HMGET', KEYS[1], 'w', 'used', 'floor')
 local used, floor = 0, nil

@@ -175,8 +175,8 @@ class RedisCreditStore(ScriptStore):
     async def eviction_risk(self) -> str | None:
         """Why the floor's keys could vanish from this Redis while it runs (its
         `maxmemory-policy` evicts keys under a `maxmemory` limit), or None where they
-        cannot. Every key the floor writes has a TTL, so `volatile-*` policies evict them
-        as surely as `allkeys-*`; only `noeviction` (or no limit) keeps them. A Redis that
+        cannot. Every floor counter has a TTL, so `volatile-*` policies evict them as
+        surely as `allkeys-*`; only `noeviction` (or no limit) keeps them. A Redis that
         refuses `CONFIG GET` (a managed one may) says so, and is taken as unknown."""
         try:
             policy = await self._async_client.config_get("maxmemory-policy")

@@ -34,7 +34,11 @@ right after the first success.
 
 A Redis that lost its state (restarted without persistence, a failover to an empty replica)
 is detected by the tenant's generation marker: a new one means the count restarted from
-nothing. The replica's next call re-forces what it had granted through Redis in the current
+nothing. A replica learns the generation of every tenant with a floor before it serves
+(`learn_async`, a peek per tenant: nothing charged), so it can tell even at its first call
+for a tenant: a first call with no generation seen cannot tell a new tenant from a
+forgotten one, and would take the window afresh while the grants others made there are
+lost. The replica's next call re-forces what it had granted through Redis in the current
 window, and that window is closed to fresh takes for every replica (none can know what the
 others granted there until they re-force it); the next window is shared as usual.
 
@@ -46,12 +50,13 @@ a window.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -244,6 +249,51 @@ class SharedFloor(CreditStore):
         if last is None or last.window_index != schedule.index_at(now + self.offset_s):
             return capacity
         return last.remaining
+
+    async def learn_async(
+        self, keys: Iterable[str], schedule: WindowSchedule, now: float, *, at_once: int = 32
+    ) -> int:
+        """Learn the generation of every one of `keys` not seen yet (`plan_learn`), at
+        most `at_once` calls in flight; how many are still unknown (Redis did not answer:
+        their first call cannot tell a lost state, as before)."""
+        store = self.store
+        todo = [key for key in dict.fromkeys(keys) if key not in self._seen]
+        unknown = 0
+
+        async def call(step: _Call) -> Reply:
+            key, weight, capacity, options = step
+            return await store.call_async(key, weight, capacity, schedule, now, **options)
+
+        for start in range(0, len(todo), at_once):
+            plans = [self.plan_learn(k, schedule, now) for k in todo[start : start + at_once]]
+            known = await asyncio.gather(*(run_plan_async(p, call) for p in plans))
+            unknown += known.count(False)
+        return unknown
+
+    def learn(self, keys: Iterable[str], schedule: WindowSchedule, now: float) -> int:
+        """`learn_async`, blocking (a simulation)."""
+        store = self.store
+
+        def call(step: _Call) -> Reply:
+            key, weight, capacity, options = step
+            return store.call(key, weight, capacity, schedule, now, **options)
+
+        plans = [self.plan_learn(key, schedule, now) for key in dict.fromkeys(keys)]
+        return [run_plan(plan, call) for plan in plans].count(False)
+
+    def plan_learn(self, key: str, schedule: WindowSchedule, now: float) -> Plan[bool]:
+        """Learn `key`'s generation by a peek (nothing taken or carried), so this replica's
+        first take for the tenant can tell a Redis that lost its state since; whether it is
+        known now."""
+        if key in self._seen:
+            return True
+        carry = Carry(schedule.index_at(now + self.offset_s))
+        reply = yield (key, 0, 0, {"mode": "peek", "seen": "", "carry": carry})
+        if not isinstance(reply, Reply):
+            return False
+        self._heard += 1
+        self._seen.setdefault(key, reply.generation)  # a take answered meanwhile stands
+        return True
 
     # -- the policy -------------------------------------------------------------------------
 

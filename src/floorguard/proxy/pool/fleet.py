@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from floorguard.core.contract import Contract
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
@@ -160,6 +161,7 @@ class PoolFleet:
         """Check the backends' reports and the store; join the fleet; its background tasks."""
         await self.check_backends(session)
         await self.check_eviction(at_start=True)
+        await self.learn(self.pool.guard.config.contracts)
         tasks = []
         if self.membership is not None:
             self.follow(self.membership.count)  # the capacities reported just now
@@ -168,6 +170,30 @@ class PoolFleet:
         if self.leases is not None:
             tasks.append(asyncio.create_task(self.leases.renew_every(self.pool.clock)))
         return tasks
+
+    async def learn(self, contracts: Iterable[Contract]) -> None:
+        """Learn the generation of every tenant with a floor before serving it
+        (`SharedFloor.learn_async`): a Redis that loses its state is then found at this
+        replica's first call for a tenant too, not only at calls after one."""
+        if self.floor is None:
+            return
+        tenants = [c.tenant for c in contracts if c.floor > 0]
+        schedule = self.pool.guard.config.schedule
+        unknown = await self.floor.learn_async(tenants, schedule, self.pool.clock.now())
+        if unknown:
+            log.warning(
+                "shared floor%s: Redis did not answer for %d of %d tenants' generations; "
+                "a state it loses before their first call cannot be told from a new tenant",
+                self.pool.where,
+                unknown,
+                len(tenants),
+            )
+
+    def reloaded(self, contracts: Iterable[Contract]) -> None:
+        """A reload's contracts: their tenants' generations are learned beside the request
+        path (a new contract holds from the next window)."""
+        if self.floor is not None:
+            self.in_background(self.learn(contracts))
 
     async def stop(self) -> None:
         if self.membership is not None:

@@ -176,6 +176,7 @@ class Pool:
         self.backends, self.removed = plan.backends, plan.removed
         self.health.reconfigure(plan.backends, plan.removed)
         self.contracts |= {c.tenant: c for c in plan.guard_config.contracts}
+        self.fleet.reloaded(plan.guard_config.contracts)
         self.edge.metrics.backends_changed(self.label, [b.url.rstrip("/") for b in plan.backends])
         self.pump.pump()
         return window
