@@ -133,9 +133,7 @@ def test_a_redis_that_restarts_empty_inside_a_window_is_detected(server, floors,
     assert a.state == b.state == "shared"
 
 
-def test_a_replica_that_never_called_for_a_tenant_finds_the_lost_state_too(
-    server, floors, loop
-):
+def test_a_replica_that_never_called_for_a_tenant_finds_the_lost_state_too(server, floors, loop):
     """Replica A grants 6 of B = 6; Redis restarts empty; replica C never called for the
     tenant but learned its generation before serving (`learn_async`, as `serve` does at
     start): C's first takes find the lost state and the window stays closed. Without the

@@ -396,8 +396,7 @@ def test_a_redis_that_lost_its_state_is_found_at_a_replicas_first_call_for_a_ten
     afresh: 3 + 4 = 7 of B = 4 in one window."""
     sim = SimulatedRedis()
     schedule = WindowSchedule(1.0)
-    a, b = (SharedFloor(sim.client(name), policy=Unavailable.FAIL_STATIC, replicas=2,
-                        retry_s=0.5, clock=lambda: 0.0, backoff_s=0.0) for name in "ab")  # fmt: skip
+    a, b = (floor(sim.client(name)) for name in "ab")
     for shared in (a, b):
         assert shared.learn(["t"] if learned else [], schedule, 10.0) == 0
     assert [a.acquire("t", 1, 4, schedule, 10.1).granted for _ in range(3)] == [True] * 3
