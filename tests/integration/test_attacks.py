@@ -24,7 +24,7 @@ from floorguard.analysis.checker import check_trace
 from floorguard.core.events import EventKind, read_jsonl
 from tests.integration.backends import ScriptedBackend
 from tests.integration.live import AUDIENCE, ISSUER, SECRET, Bearer, token
-from tests.integration.processes import emulate, serve, stop
+from tests.integration.processes import emulate, listening, serve, stop
 from tests.redis_server import free_port
 
 BEARER = Bearer("acme", "free")
@@ -55,9 +55,10 @@ def _config(urls: list[str], log: Path, **extra: Any) -> dict[str, Any]:
 
 
 class Guard:
-    def __init__(self, url: str, log: Path) -> None:
+    def __init__(self, url: str, log: Path, admin_url: str | None = None) -> None:
         self.url = url
         self.log = log
+        self.admin_url = admin_url
 
     def post(
         self,
@@ -103,7 +104,7 @@ def guard_process(
             _config(urls, log, **extra), tmp_path / "guard.yaml", err, max_files=max_files
         )
     try:
-        yield Guard(url, log)
+        yield Guard(url, log, (listening(process)[1:] or [None])[0])
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:
@@ -481,10 +482,9 @@ def test_admin_paths_need_the_token_or_their_own_listener(tmp_path, emulator):
                 asyncio.run(get(guard.url + path, {"Authorization": f"Bearer {admin_token}"}))
                 == 200
             )
-    admin_port = free_port()
-    with guard_process(tmp_path / "b", [emulator], admin={"port": admin_port}) as guard:
+    with guard_process(tmp_path / "b", [emulator], admin={"port": 0}) as guard:
         assert asyncio.run(get(guard.url + "/admin/status")) == 404
-        assert asyncio.run(get(f"http://127.0.0.1:{admin_port}/metrics")) == 200
+        assert asyncio.run(get(f"{guard.admin_url}/metrics")) == 200
 
 
 def test_a_dead_backend_gets_no_requests(tmp_path, emulator):

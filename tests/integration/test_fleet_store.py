@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.live import ISSUER, SECRET, token
 from tests.integration.processes import emulate, floorguard, serve, stop
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer
 
 
 def _config(store: dict, backend: str) -> dict:
@@ -55,7 +55,7 @@ def test_a_redis_that_can_evict_the_floor_is_refused_at_start(tmp_path, evicting
     `serve` exits non-zero naming `store.eviction`, the policy and what to set."""
     server, backend = evicting
     path = tmp_path / "guard.yaml"
-    path.write_text(yaml.safe_dump({**_config({"url": server.url}, backend), "port": free_port()}))
+    path.write_text(yaml.safe_dump({**_config({"url": server.url}, backend), "port": 0}))
     with (tmp_path / "guard.err").open("wb") as err:
         process = floorguard("serve", "--config", str(path), stderr=err)
         try:

@@ -13,9 +13,8 @@ import yaml
 
 from floorguard.core.events import EventKind, read_jsonl
 from floorguard.proxy.pool.health import parse_backend_report
-from tests.integration.processes import emulate, floorguard, stop, wait_listening
+from tests.integration.processes import emulate, floorguard, listening, stop
 from tests.integration.test_attacks import _concurrently, _config, guard_process
-from tests.redis_server import free_port
 
 BIG = ("acme", {"model": "m", "prompt": "x", "max_tokens": 40})  # 3 + 40 → 48 reserved
 SMALL = ("free", {"model": "m", "prompt": "x", "max_tokens": 8})  # 3 + 8 → 16 reserved
@@ -76,14 +75,14 @@ def test_a_kv_budget_beyond_what_the_backend_reports_refuses_to_start(tmp_path, 
     backend, emulator = emulate(slots=2, kv_blocks=4)
     config = {**_config([backend], tmp_path / "decisions.jsonl")}
     config["backends"] = [{"url": backend, "slots": 2, "kv_tokens": declared}]
-    config["port"] = free_port()
+    config["port"] = 0
     path = tmp_path / "guard.yaml"
     path.write_text(yaml.safe_dump(config))
     with (tmp_path / "guard.err").open("wb") as err:
         process = floorguard("serve", "--config", str(path), stderr=err)
     try:
         if starts:
-            wait_listening(config["port"], process)
+            listening(process)
         else:
             assert process.wait(30) == 2
             said = (tmp_path / "guard.err").read_text()

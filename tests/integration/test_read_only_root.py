@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.processes import emulate, stop, wait_listening
-from tests.redis_server import free_port
+from tests.integration.processes import emulate, listening, stop, watch
 
 READ_ONLY = r"""
 for m in $(awk '{print $2}' /proc/self/mounts | grep -Ev '^/(proc|sys|dev)' | sort -u); do
@@ -72,12 +71,11 @@ def test_the_cli_and_serve_run_on_a_read_only_root(tmp_path: Path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("floorguard ")
     emulator_url, emulator = emulate()
-    port = free_port()
     config = tmp_path / "guard.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "port": port,
+                "port": 0,
                 "contracts": [
                     {"tenant": "acme", "class": "assured", "floor": 4, "deadline_ms": 1820}
                 ],
@@ -90,12 +88,15 @@ def test_the_cli_and_serve_run_on_a_read_only_root(tmp_path: Path):
             }
         )
     )
-    server = subprocess.Popen(
-        _read_only(sys.executable, "-m", "floorguard", "serve", "--config", str(config))
+    server = watch(
+        subprocess.Popen(
+            _read_only(sys.executable, "-m", "floorguard", "serve", "--config", str(config)),
+            stdout=subprocess.PIPE,
+        )
     )
     try:
-        wait_listening(port, server)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+        url = listening(server)[0]
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as r:
             assert r.status == 200
         server.send_signal(signal.SIGTERM)  # sh and env exec'd: this is the guard itself
         assert server.wait(30) == 0

@@ -204,7 +204,7 @@ def test_mapping_fault_reaches_flow_control(capsys):
 
 
 def test_version_and_a_bad_port_are_clear_answers_not_tracebacks(capsys):
-    """`--version` prints the installed version; a port outside 1–65535 is a usage error
+    """`--version` prints the installed version; a port outside 0–65535 is a usage error
     naming the range (it was an OverflowError from bind)."""
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -213,7 +213,7 @@ def test_version_and_a_bad_port_are_clear_answers_not_tracebacks(capsys):
         main(["emulate", "--port", "99999"])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "must be 1–65535" in err and "Traceback" not in err
+    assert "must be 0–65535" in err and "Traceback" not in err
 
 
 def test_emulate_on_a_taken_port_is_a_clear_error(capsys):

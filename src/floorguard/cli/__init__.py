@@ -47,7 +47,10 @@ what a shell tool killed by it reports."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True) if getattr(args, "json", False) else Console()
+    # soft_wrap: a line is never broken at the width (80 off a terminal): a log keeps each
+    # line whole, and the listening line's URL stays readable by a program
+    stderr = getattr(args, "json", False)
+    console = Console(stderr=stderr, soft_wrap=True)
     try:
         return int(args.run(args, console))
     except FloorguardError as exc:

@@ -26,11 +26,12 @@ def print_result(result: dict[str, Any], as_json: bool, console: Console) -> Non
 
 
 def port(text: str) -> int:
-    """An argparse type: a TCP port, 1–65535 (a clear usage error, not a bind traceback)."""
+    """An argparse type: a TCP port, 0–65535 (0: one the system gives, and the listening
+    line names it); a clear usage error, not a bind traceback."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port: must be 1–65535")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: must be 0–65535")
     return value

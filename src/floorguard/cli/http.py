@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -252,8 +253,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
             raise FloorguardError(f"--worker {args.worker}: not one of workers: {config.workers}")
         mine = config.for_worker(args.worker)
 
-        def worker_listening(url: str) -> None:
-            admin = f"http://{mine.admin.host}:{mine.admin.port}"
+        def worker_listening(url: str, admin: str | None) -> None:
             console.print(
                 f"worker {args.worker} ({mine.replica}) on {url}, admin {admin}", markup=False
             )
@@ -282,8 +282,9 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         )
         return supervise(args.config, config.workers, drain_timeout_s=config.drain_timeout_s)
 
-    def listening(url: str) -> None:
-        console.print(f"floorguard guarding {backends} on {url}", markup=False)
+    def listening(url: str, admin: str | None) -> None:
+        admin_line = f" (admin on {admin})" if admin is not None else ""
+        console.print(f"floorguard guarding {backends} on {url}{admin_line}", markup=False)
 
     try:
         run_guard(config, listening, str(args.config))
@@ -332,12 +333,26 @@ def run_emulate(args: argparse.Namespace, console: Console) -> int:
         model=args.model,
         kv_blocks=args.kv_blocks,
     )
-    console.print(
-        f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{args.port}",
-        markup=False,
-    )
+
+    async def serve() -> None:
+        runner = web.AppRunner(create_emulator_app(emulator))
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        port = runner.addresses[0][1]  # `--port 0`: the one the system gave
+        console.print(
+            f"emulated backend ({args.profile}, {args.slots} slots) on http://{args.host}:{port}",
+            markup=False,
+        )
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
     try:
-        web.run_app(create_emulator_app(emulator), host=args.host, port=args.port, print=None)
+        asyncio.run(serve())
     except OSError as exc:  # the port is taken, the address is not this host's, …
         raise FloorguardError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     return 0

@@ -203,14 +203,16 @@ def _sighup_while_draining() -> None:
 async def serve_guard(
     config: GuardServerConfig,
     stop: asyncio.Event,
-    on_listening: Callable[[str], None] | None = None,
+    on_listening: Callable[[str, str | None], None] | None = None,
     config_path: str | None = None,
     worker: int | None = None,
 ) -> None:
     """Serve until `stop` is set, then drain: new requests get 503 `draining`, in-flight
     ones get up to `drain_timeout_s`, the decision log is written out. With `config_path`,
     SIGHUP reloads that file; `worker`: this process is that worker of `workers: N` (its
-    `config` is `for_worker(worker)` already), sharing the port with the others."""
+    `config` is `for_worker(worker)` already), sharing the port with the others.
+    `on_listening` is told the URLs it listens on (the guard's, the admin's or None), with
+    the ports bound: `port: 0` (and `admin.port: 0`) take one the system gives."""
     app = create_app(config)
     server = app[SERVER]
     server.config_path, server.worker = config_path, worker
@@ -235,13 +237,15 @@ async def serve_guard(
         admin_runner = GuardRunner(create_admin_app(app[SERVER]), access_log=None)
         await admin_runner.setup()
         await web.TCPSite(admin_runner, config.admin.host, config.admin.port).start()
+    scheme = "https" if ssl_context else "http"
+    url = _bound(runner, scheme, config.host)
+    admin_url = _bound(admin_runner, "http", config.admin.host) if admin_runner else None
     loop = asyncio.get_running_loop()
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, reload_on_signal, server)
     freeze_startup_heap()
     if on_listening is not None:
-        scheme = "https" if ssl_context else "http"
-        on_listening(f"{scheme}://{config.host}:{config.port}")
+        on_listening(url, admin_url)
     try:
         await stop.wait()
         # never removed: SIGHUP's default action would kill the draining guard
@@ -256,9 +260,15 @@ async def serve_guard(
         await runner.cleanup()
 
 
+def _bound(runner: web.BaseRunner, scheme: str, host: str) -> str:
+    """The URL a runner's one site listens on, with the port the system bound."""
+    port = runner.addresses[0][1]
+    return f"{scheme}://{host}:{port}"
+
+
 def run_guard(
     config: GuardServerConfig,
-    on_listening: Callable[[str], None] | None = None,
+    on_listening: Callable[[str, str | None], None] | None = None,
     config_path: str | None = None,
     worker: int | None = None,
 ) -> None:
