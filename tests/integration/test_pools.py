@@ -26,13 +26,14 @@ DEADLINE_MS = 1820
 
 def _config(llama: str, qwen: str, log: str) -> dict:
     return {
-        "window_s": 1.0,
+        "window_s": 3600.0,  # one window for the whole test, its middle now: no edge in it
+        "origin_at": time.time() - 1800,
         "models": {
             "llama": {"backends": [{"url": llama, "slots": 2}]},
             "qwen": {"backends": [{"url": qwen, "slots": 2}]},
         },
         "contracts": [
-            {"tenant": "acme", "class": "assured", "floor": 3, "deadline_ms": DEADLINE_MS,
+            {"tenant": "acme", "class": "assured", "floor": 6, "deadline_ms": DEADLINE_MS,
              "models": ["llama"]},
             {"tenant": "beta", "class": "assured", "floor": 2, "deadline_ms": DEADLINE_MS,
              "models": ["qwen"]},
@@ -97,8 +98,7 @@ def test_each_model_is_its_own_pool_with_its_own_floor(tmp_path):
 
         async def flood_and_floor():
             async with aiohttp.ClientSession() as session:
-                await _post(session, url, "acme", "llama")  # warm
-                await asyncio.sleep(1.0 - time.time() % 1.0 + 0.02)  # a fresh window
+                await _post(session, url, "acme", "llama")  # warm: 2 of acme's 6 taken
                 flood = [
                     asyncio.create_task(_post(session, url, "free", "qwen", max_tokens=30))
                     for _ in range(30)
