@@ -56,6 +56,7 @@ COMPILED = (
     "floorguard.proxy.pool.forward",
     "floorguard.proxy.pool.pump",
     "floorguard.proxy.pool.relay",
+    "floorguard.proxy.pool.upstream",
     "floorguard.proxy.edge.identity",
     "floorguard.proxy.edge.normalize",
     "floorguard.proxy.edge.ratelimit",

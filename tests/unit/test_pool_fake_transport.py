@@ -1,5 +1,5 @@
-"""A pool alone: built from a fake host (no HTTP server, no edge), its upstream a fake
-transport the test answers by hand, its clock a `ManualClock`. Two requests for one slot:
+"""A pool alone: built from a fake host (no HTTP server, no edge), its backends behind a
+fake `Upstream` (proxy/pool/upstream.py) the test answers by hand, its clock a `ManualClock`. Two requests for one slot:
 the second waits until the first's backend reply ends, both are answered 200, the guard
 ends each once, and the decision log — on virtual time — passes verify."""
 
@@ -30,71 +30,52 @@ CONFIG = {
 }
 
 
-class _Content:
-    """The upstream body: what the test feeds it, read as aiohttp's StreamReader is."""
+class _Reply:
+    """A backend's reply (`UpstreamReply`): status 200, its body what the test feeds it."""
+
+    status = 200
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
         self._eof = False
         self._more = asyncio.Event()
+        self.released = False
 
     def feed(self, chunk: bytes, *, eof: bool = True) -> None:
         self._chunks.append(chunk)
         self._eof = eof
         self._more.set()
 
-    def read_nowait(self) -> bytes:
+    async def chunk(self, timeout_s: float) -> bytes:
+        async with asyncio.timeout(timeout_s):
+            while not self._chunks and not self._eof:
+                self._more.clear()
+                await self._more.wait()
         return self._chunks.pop(0) if self._chunks else b""
 
-    def at_eof(self) -> bool:
-        return self._eof and not self._chunks
+    async def head(self, size: int) -> bytes:
+        return await self.chunk(1.0)
 
-    async def readany(self) -> bytes:
-        while not self._chunks and not self._eof:
-            self._more.clear()
-            await self._more.wait()
-        return self.read_nowait()
-
-
-class _Upstream:
-    status = 200
-
-    def __init__(self) -> None:
-        self.content = _Content()
-
-    async def __aenter__(self) -> _Upstream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class _Probe:
-    status = 200
-
-    async def __aenter__(self) -> _Probe:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
+    def release(self) -> None:
+        self.released = True
 
 
 class _Transport:
-    """The fake session: health probes answer 200; each POST is recorded with the reply
-    the test will write."""
+    """The fake `Upstream`: health probes and reports answer 200 (an empty body); each POST
+    is recorded with the reply the test will write."""
 
     def __init__(self) -> None:
-        self.posts: list[tuple[str, bytes, _Upstream]] = []
+        self.posts: list[tuple[str, bytes, _Reply]] = []
         self.posted = asyncio.Event()
 
-    def get(self, url, **_):
-        return _Probe()
+    async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        return 200, b""
 
-    async def post(self, url, *, data, headers, allow_redirects):
-        upstream = _Upstream()
-        self.posts.append((url, data, upstream))
+    async def post(self, url: str, body: bytes, headers) -> _Reply:
+        reply = _Reply()
+        self.posts.append((url, body, reply))
         self.posted.set()
-        return upstream
+        return reply
 
 
 class _ClientTransport(asyncio.Transport):
@@ -128,7 +109,8 @@ def _host(clock, transport, events):
         cutting=False,
         num_cut_at_deadline=0,
         metrics=metrics,
-        session=transport,
+        upstream=transport,
+        session=None,  # the learner callout's: this pool asks no learner over HTTP
         on_event=events.append,
         checkpoint=checkpoint,
     )
@@ -166,15 +148,16 @@ def test_a_pool_runs_two_requests_on_one_slot_with_a_fake_transport_on_virtual_t
             await asyncio.sleep(0)
         assert len(transport.posts) == 1 and pool.guard.num_queued == 1  # one slot: it waits
         clock.advance(0.5)
-        transport.posts[0][2].content.feed(b'{"choices": []}')
+        transport.posts[0][2].feed(b'{"choices": []}')
         response = await asyncio.wait_for(first, 1.0)
         assert response.status == 200
         await asyncio.wait_for(transport.posted.wait(), 1.0)
         assert [url for url, _, _ in transport.posts] == ["http://backend:8000/v1/completions"] * 2
         clock.advance(0.5)
-        transport.posts[1][2].content.feed(b'{"choices": []}')
+        transport.posts[1][2].feed(b'{"choices": []}')
         assert (await asyncio.wait_for(second, 1.0)).status == 200
         assert pool.guard.num_in_flight == pool.guard.num_queued == 0
+        assert all(reply.released for _, _, reply in transport.posts)  # each given back once
         pool.pump.close()
         return events
 

@@ -14,14 +14,13 @@ import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from floorguard.core.contract import Contract
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
 from floorguard.proxy.pool.health import backend_report
 from floorguard.proxy.pool.shares import capacities, slot_shares
+from floorguard.proxy.pool.upstream import Upstream
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.leases import SlotLeases, redis_lease_script
 from floorguard.store.members import Membership
@@ -157,9 +156,9 @@ class PoolFleet:
 
     # -- start and stop ---------------------------------------------------------------------
 
-    async def start(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+    async def start(self, upstream: Upstream) -> list[asyncio.Task[None]]:
         """Check the backends' reports and the store; join the fleet; its background tasks."""
-        await self.check_backends(session)
+        await self.check_backends(upstream)
         await self.check_eviction(at_start=True)
         await self.learn(self.pool.guard.config.contracts)
         tasks = []
@@ -303,13 +302,13 @@ class PoolFleet:
 
     # -- what the backends report -----------------------------------------------------------
 
-    async def check_backends(self, session: aiohttp.ClientSession) -> None:
+    async def check_backends(self, upstream: Upstream) -> None:
         """Each backend's capacity against what it reports as its own slot count (the gauge
         `floorguard_backend_slots` on its /metrics; vLLM does not report `--max-num-seqs`):
         a declared capacity must agree, and `slots` must fit; a mismatch refuses to start.
         What a backend reports is kept: partitioned shares follow it (`shares`)."""
         for i, backend in enumerate(self.pool.config.backends):
-            report = await backend_report(session, backend.url)
+            report = await backend_report(upstream, backend.url)
             self._check_kv(i, backend, report.kv_tokens, report.block_tokens)
             reported = report.slots
             declared = backend.capacity

@@ -1,8 +1,8 @@
 """A pool's conversation with its backend, from the forwarded request to the client's reply
 (docs/design.md §12): connect / first-byte / idle timeouts, a backend's 4xx relayed as its own, a
 non-streamed reply read whole, an SSE stream relayed through a bounded box at the backend's
-pace (relay.py), and every way it can fail ended once in the guard (`_end`, `_complete`,
-which the pool defines)."""
+pace (relay.py), and every way it can fail ended once in the guard (`Served.end`). The
+backend is reached through the edge's `Upstream` (upstream.py), never aiohttp directly."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from floorguard.proxy.edge.replies import (
     Exchange,
     end_stream,
     json_error,
-    next_chunk,
 )
 from floorguard.proxy.observe.metrics import GuardMetrics
 from floorguard.proxy.observe.tracing import TRACE_CONTEXT, Tracing
@@ -43,14 +42,11 @@ from floorguard.proxy.observe.usage import (
 )
 from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.relay import HeldReplies, ReplyBox
+from floorguard.proxy.pool.upstream import UnreachableError, Upstream, UpstreamBroke, UpstreamReply
 
 __all__ = ["Forwarder", "PoolHost", "Served", "UnreachableError"]
 
 log = logging.getLogger("floorguard.proxy")
-
-
-class UnreachableError(Exception):
-    """The backend could not be reached before any byte was sent: place the request again."""
 
 
 class PoolHost(Protocol):
@@ -71,7 +67,15 @@ class PoolHost(Protocol):
     @property
     def metrics(self) -> GuardMetrics: ...
     @property
-    def session(self) -> aiohttp.ClientSession: ...
+    def upstream(self) -> Upstream:
+        """The backends' transport (the request path, the health probes and reports)."""
+        ...
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The learner callout's HTTP session (not the backends')."""
+        ...
+
     def on_event(self, event: TraceEvent) -> None: ...
     def checkpoint(self, point: str) -> Awaitable[None]: ...
 
@@ -121,19 +125,16 @@ class Forwarder:
         await self.edge.checkpoint("connect")
         try:
             async with asyncio.timeout(upstream_config.first_byte_timeout_s):
-                upstream = await self.edge.session.post(
+                upstream = await self.edge.upstream.post(
                     backend.url.rstrip("/") + path,
-                    data=work.body,
-                    headers=self._upstream_headers(
+                    work.body,
+                    self._upstream_headers(
                         decision, headers["x-request-id"], request.get(TRACE_CONTEXT)
                     ),
-                    allow_redirects=False,
                 )
-        except aiohttp.ClientConnectorError as exc:
-            raise UnreachableError from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, UpstreamBroke) as exc:  # UnreachableError: the caller's
             return self._upstream_failed(rid, exc, headers)
-        async with upstream:
+        try:
             await self.edge.checkpoint("headers")
             if upstream.status >= 300:
                 self.pool.end(rid, "fail", f"upstream_{upstream.status}")
@@ -155,6 +156,8 @@ class Forwarder:
                 return await self._reply(request, rid, upstream, headers)
             finally:  # also when the client's leaving at the end cancels this handler
                 self._count_usage(request, decision, tap)
+        finally:
+            upstream.release()
 
     def _count_usage(self, request: web.Request, decision: Dispatch, tap: UsageTap | None) -> None:
         """What the reply cost, for the access log and `floorguard_tokens_total`: as the
@@ -222,9 +225,6 @@ class Forwarder:
         self.pool.end(rid, "fail", "upstream_error")
         return json_error(502, "upstream_error", "the backend connection failed", headers)
 
-    async def _read_chunk(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> bytes:
-        return await next_chunk(upstream.content, timeout_s)
-
     def _box(self, request: web.Request, limit_bytes: int) -> ReplyBox:
         """A reply box whose cut aborts this client's connection (relay.py)."""
         transport = request.transport
@@ -235,7 +235,7 @@ class Forwarder:
     async def _from_backend(
         self,
         rid: str,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamReply,
         box: ReplyBox,
         first: bytes = b"",
         tap: UsageTap | None = None,
@@ -252,7 +252,7 @@ class Forwarder:
         size, last, chunk = 0, self.clock.now(), first
         try:
             if not chunk:
-                chunk = await self._read_chunk(upstream, idle)
+                chunk = await upstream.chunk(idle)
             while chunk:
                 size += len(chunk)
                 if size > cap:
@@ -263,12 +263,12 @@ class Forwarder:
                 if passed and not box.put(passed):
                     return None
                 await self.edge.checkpoint("stream")
-                chunk = await self._read_chunk(upstream, idle)
+                chunk = await upstream.chunk(idle)
                 if chunk and first:
                     now = self.clock.now()
                     metrics.on_chunk_gap(self.pool.label, cls, now - last)
                     last = now
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, UpstreamBroke) as exc:
             reason = (
                 "upstream_timeout"
                 if isinstance(exc, TimeoutError)
@@ -299,7 +299,7 @@ class Forwarder:
         self,
         request: web.Request,
         rid: str,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamReply,
         headers: dict[str, str],
     ) -> web.StreamResponse:
         """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
@@ -354,7 +354,7 @@ class Forwarder:
         self,
         request: web.Request,
         rid: str,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamReply,
         headers: dict[str, str],
         *,
         exchange: Exchange,
@@ -367,8 +367,8 @@ class Forwarder:
         from it, and cut when it cannot keep up (relay.py)."""
         timeouts = self.pool.config.upstream
         try:
-            first = await self._read_chunk(upstream, timeouts.first_byte_timeout_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            first = await upstream.chunk(timeouts.first_byte_timeout_s)
+        except (TimeoutError, UpstreamBroke) as exc:
             return self._upstream_failed(rid, exc, headers)
         if not is_sse(first):  # an error page or plain text behind a 200
             self.pool.end(rid, "fail", "upstream_malformed")
@@ -433,13 +433,13 @@ _UNBOUNDED = contextlib.nullcontext()
 """A write that needs no timer (stateless: one instance serves every write)."""
 
 
-async def _rejected(upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> web.Response:
+async def _rejected(upstream: UpstreamReply, headers: dict[str, str]) -> web.Response:
     """A backend's 4xx (the request itself is wrong: a mistyped model, a field it refuses)
     relayed as that 4xx in the OpenAI shape, not retryable — a retry would cost the tenant
     another admission. Only the backend's own message goes back, clipped."""
     message = ""
     with contextlib.suppress(Exception):
-        answer = orjson.loads(await upstream.content.read(8192))
+        answer = orjson.loads(await upstream.head(8192))
         error = answer.get("error", answer) if isinstance(answer, dict) else {}
         found = error.get("message") or error.get("detail") if isinstance(error, dict) else None
         message = found if isinstance(found, str) else ""

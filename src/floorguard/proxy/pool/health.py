@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.clock import Clock
 from floorguard.core.surface import Stack
 from floorguard.proxy.config.guard import BackendSpec
+from floorguard.proxy.pool.upstream import UnreachableError, Upstream, UpstreamBroke
 
 __all__ = ["BackendHealth", "BackendReport", "backend_report", "parse_backend_report"]
 
@@ -66,18 +66,14 @@ def parse_backend_report(text: str) -> BackendReport:
     return BackendReport(slots, blocks, block)
 
 
-async def backend_report(
-    session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0
-) -> BackendReport:
+async def backend_report(upstream: Upstream, url: str, timeout_s: float = 2.0) -> BackendReport:
     """What the backend at `url` reports of itself; nothing where /metrics cannot be read."""
     try:
-        async with session.get(
-            url.rstrip("/") + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as response:
-            if response.status != 200:
-                return BackendReport()
-            text = await response.text()
-    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        status, body = await upstream.get(url.rstrip("/") + "/metrics", timeout_s)
+        if status != 200:
+            return BackendReport()
+        text = body.decode()
+    except (UnreachableError, UpstreamBroke, TimeoutError, UnicodeDecodeError):
         return BackendReport()
     return parse_backend_report(text)
 
@@ -97,7 +93,7 @@ class BackendHealth:
     ) -> None:
         self._urls: list[str] = []
         self._stack = stack
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._failures_to_down = failures_to_down
         self._on_change = on_change
         self.healthy: list[bool] = []
@@ -129,10 +125,10 @@ class BackendHealth:
         """Each backend's health now (the `floorguard_backend_up` gauge)."""
         return list(self.healthy)
 
-    async def probe_all(self, session: aiohttp.ClientSession) -> None:
+    async def probe_all(self, upstream: Upstream) -> None:
         """One probe of every backend, then hand any slot that came up to the queue."""
         probed = [b for b in range(len(self._urls)) if b not in self._removed]
-        answers = await asyncio.gather(*(self._probe(session, self._urls[b]) for b in probed))
+        answers = await asyncio.gather(*(self._probe(upstream, self._urls[b]) for b in probed))
         for backend, up in zip(probed, answers, strict=True):
             if backend in self._removed:  # a reload removed it while it was probed
                 continue
@@ -141,24 +137,22 @@ class BackendHealth:
                 self._set(backend, up)
         self._on_change()
 
-    async def probe_every(
-        self, session: aiohttp.ClientSession, interval_s: float, clock: Clock
-    ) -> None:
+    async def probe_every(self, upstream: Upstream, interval_s: float, clock: Clock) -> None:
         while True:
             await clock.sleep(interval_s)
-            await self.probe_all(session)
+            await self.probe_all(upstream)
 
     def unreachable(self, backend: int) -> None:
         """A request could not reach it: down until a probe answers again."""
         self._set(backend, False)
         self._failures[backend] = self._failures_to_down
 
-    async def _probe(self, session: aiohttp.ClientSession, url: str) -> bool:
+    async def _probe(self, upstream: Upstream, url: str) -> bool:
         try:
-            async with session.get(url, timeout=self._timeout, allow_redirects=False) as response:
-                return response.status < 300
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await upstream.get(url, self._timeout_s)
+        except (UnreachableError, UpstreamBroke, TimeoutError):
             return False
+        return status < 300
 
     def _set(self, backend: int, up: bool) -> None:
         if self.healthy[backend] != up:

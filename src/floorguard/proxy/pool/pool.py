@@ -20,14 +20,11 @@ import dataclasses
 import logging
 from typing import Any
 
-import aiohttp
-import numpy as np
 from aiohttp import web
 
 from floorguard.clock import Clock
 from floorguard.core.contract import Contract, ContractClass, reload_refusals
 from floorguard.core.events import TraceEvent
-from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.core.surface import (
     Admission,
@@ -40,7 +37,6 @@ from floorguard.core.surface import (
     StoreCall,
 )
 from floorguard.errors import ConfigError
-from floorguard.learners.registry import create_learner
 from floorguard.proxy.config.guard import BackendSpec, GuardServerConfig
 from floorguard.proxy.edge.normalize import Work
 from floorguard.proxy.edge.ratelimit import rate_limit_headers
@@ -52,12 +48,14 @@ from floorguard.proxy.edge.replies import (
 )
 from floorguard.proxy.observe.access_log import DECISION
 from floorguard.proxy.observe.tracing import SPAN, TRACE_CONTEXT, client_trace_context
+from floorguard.proxy.pool.build import pool_guard
 from floorguard.proxy.pool.fleet import PoolFleet
 from floorguard.proxy.pool.forward import Forwarder, PoolHost, UnreachableError
 from floorguard.proxy.pool.health import BackendHealth
 from floorguard.proxy.pool.pump import CutError, Pump
 from floorguard.proxy.pool.shares import Reload, merge_backends
 from floorguard.proxy.pool.status import guard_status
+from floorguard.proxy.pool.upstream import Upstream
 
 __all__ = ["Pool", "PoolHost"]
 
@@ -84,24 +82,13 @@ class Pool:
         self.fleet = PoolFleet(self)
         """Its shared floor, slot leases and membership, and what its backends report."""
         self.shared_floor, self.leases = self.fleet.floor, self.fleet.leases  # set once, there
-        configured = config.store.replicas if config.store is not None else 1
-        guard_config = dataclasses.replace(
-            config.guard_config(),
-            slots=self.fleet.shares(config.backends, frozenset(), configured),
-        )
-        learner = (
-            None  # the callout answers every learner ask (`_answer`)
-            if edge.http_learner is not None
-            else create_learner(
-                config.learner, np.random.default_rng(seed), config.learner_config()
-            )
-        )
-        self.guard = Guard(
-            guard_config,
-            learner=learner,
-            store=self.shared_floor,
+        self.guard = pool_guard(
+            config,
+            self.fleet,
+            asks_over_http=edge.http_learner is not None,  # the callout answers (`_answer`)
             sink=edge.on_event if self.name is None else self._on_event,  # one call less
-            started_at=self.clock.now(),
+            seed=seed,
+            now=self.clock.now(),
         )
         self.pump = Pump(self.guard, self.clock)
         """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
@@ -113,7 +100,7 @@ class Pool:
             failures_to_down=config.health_failures_to_down,
             on_change=self.pump.pump,
         )
-        self.contracts: dict[str, Contract] = {c.tenant: c for c in guard_config.contracts}
+        self.contracts: dict[str, Contract] = {c.tenant: c for c in self.guard.config.contracts}
         """Every tenant this pool has had a contract for, its latest (a reload adds, never
         removes: the guard core decides whom it serves; this names classes)."""
         self.backends: list[BackendSpec] = list(config.backends)
@@ -138,12 +125,12 @@ class Pool:
         """For log lines: ` (model <name>)` of a named pool."""
         return f" (model {self.name})" if self.name is not None else ""
 
-    async def start(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+    async def start(self, upstream: Upstream) -> list[asyncio.Task[None]]:
         """Probe the backends, check the partition and the store; the pool's background
         tasks."""
-        await self.health.probe_all(session)
-        fleet = await self.fleet.start(session)  # may refuse to start (ConfigError)
-        probing = self.health.probe_every(session, self.config.health_interval_s, self.clock)
+        await self.health.probe_all(upstream)
+        fleet = await self.fleet.start(upstream)  # may refuse to start (ConfigError)
+        probing = self.health.probe_every(upstream, self.config.health_interval_s, self.clock)
         return [asyncio.create_task(probing), *fleet]
 
     async def stop(self) -> None:

@@ -56,6 +56,7 @@ from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.pool import Pool
 from floorguard.proxy.pool.pump import Pump
 from floorguard.proxy.pool.relay import HeldReplies
+from floorguard.proxy.pool.upstream import HttpUpstream, Upstream
 from floorguard.proxy.process.admin import admin_routes, admin_token
 from floorguard.proxy.process.http_server import (
     GuardRunner,
@@ -84,6 +85,9 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 class GuardServer:
     """The edge and its pools: identity, bodies, the decision log, metrics, the upstream
     session; one `Pool` per model (`models:`), or one for every model."""
+
+    _upstream: Upstream | None = None
+    """The backends' transport (`HttpUpstream` over `_session`), from startup."""
 
     def __init__(
         self,
@@ -207,6 +211,13 @@ class GuardServer:
             raise RuntimeError("the guard server has not started")
         return self._session
 
+    @property
+    def upstream(self) -> Upstream:
+        """The backends' transport, over that session."""
+        if self._upstream is None:
+            raise RuntimeError("the guard server has not started")
+        return self._upstream
+
     def any_up(self) -> bool:
         return any(pool.health.any_up() for pool in self.pools.values())
 
@@ -237,12 +248,13 @@ class GuardServer:
             connector=aiohttp.TCPConnector(limit=slots + 32),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self._upstream = HttpUpstream(self._session)
         self._side_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2), cookie_jar=aiohttp.DummyCookieJar()
         )
         try:
             for pool in self.pools.values():
-                self._background += await pool.start(self._session)
+                self._background += await pool.start(self._upstream)
         except BaseException:  # refused at start (a ConfigError): nothing left open
             await self._close_sessions()
             raise
