@@ -194,3 +194,41 @@ def test_the_doom_timer_drops_alike_whenever_it_is_first_asked_for(config, scrip
     assert len(terminal) == num_offered and set(terminal.values()) <= {1}
     report = check_trace(from_start)
     assert report.ok(), report.violations[:3]
+
+
+_slot_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["acquire", "acquire", "release", "down", "up", "acquire_on", "hold"]),
+        st.integers(0, 15),
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(slots=st.lists(st.integers(0, 4), min_size=2, max_size=16), ops=_slot_ops)
+def test_the_slot_heap_chooses_as_the_scan_of_every_backend_did(slots, ops):
+    """`SlotPool.acquire` keeps its choice in a heap (O(log M)); it must pick what the scan
+    it replaced picked — the available backend with the most free slots, the lowest index
+    on a tie — through any releases, health changes, hold-offs and direct takes, so
+    dispatch order (and every experiment table) is unchanged."""
+    from floorguard.core.dispatcher import SlotPool  # noqa: PLC0415  # only this test
+
+    pool = SlotPool(tuple(slots))
+    for op, at in ops:
+        b = at % len(slots)
+        free, up = pool._free, pool._available
+        if op == "acquire" and pool.num_free > 0:
+            expected = max(range(len(free)), key=lambda i: free[i] if up[i] else -1)
+            assert pool.acquire() == expected
+        elif op == "release" and pool.in_flight(b) > 0:
+            pool.release(b)
+        elif op in ("down", "up"):
+            pool.set_available(b, op == "up")
+        elif op == "acquire_on" and free[b] > 0:
+            pool.acquire_on(b)
+        elif op == "hold":
+            pool.hold_off(b, 0.0, 1.0, 1.0)
+            if at % 2:
+                pool.lift(2.0)
+        assert pool.num_free == sum(max(0, f) for f, u in zip(free, up, strict=True) if u)

@@ -1,7 +1,8 @@
 """A pool alone: built from a fake host (no HTTP server, no edge), its backends behind a
-fake `Upstream` (proxy/pool/upstream.py) the test answers by hand, its clock a `ManualClock`. Two requests for one slot:
-the second waits until the first's backend reply ends, both are answered 200, the guard
-ends each once, and the decision log — on virtual time — passes verify."""
+fake `Upstream` (proxy/pool/upstream.py) the test answers by hand, its clock a
+`ManualClock`. Two requests for one slot: the second waits until the first's backend
+reply ends, both are answered 200, the guard ends each once, and the decision log — on
+virtual time — passes verify."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from floorguard.bench.backlog import bench_backlog, render_backlog
 from floorguard.bench.calibration import bench_calibration, render_calibration
@@ -15,6 +16,7 @@ from floorguard.bench.proxy import bench_proxy
 from floorguard.bench.sim import bench_fleet, bench_sim
 from floorguard.bench.soak import bench_soak
 from floorguard.bench.store import bench_store
+from floorguard.bench.tenants import bench_tenants
 from floorguard.bench.workers import bench_workers
 from floorguard.cli._common import print_result
 from floorguard.errors import FloorguardError
@@ -109,14 +111,24 @@ def register(commands: Any) -> None:
     bench_handoff_cmd.add_argument("--tokens", type=int, default=16, help="output tokens (16)")
     bench_handoff_cmd.add_argument("--repeats", type=int, default=2)
     bench_handoff_cmd.add_argument("--json", action="store_true")
+    bench_tenants_cmd = kinds.add_parser(
+        "tenants",
+        help="µs per decision and the core configuration's build as tenants (10 – 100,000) "
+        "and backends (1 – 256) grow, beside the smallest",
+    )
+    bench_tenants_cmd.add_argument("--requests", type=int, default=20_000, help="per cell")
+    bench_tenants_cmd.add_argument("--repeats", type=int, default=3)
+    bench_tenants_cmd.add_argument("--json", action="store_true")
     bench.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, console: Console) -> int:
+def run(args: argparse.Namespace, console: Console) -> int:  # noqa: PLR0912  # one per bench
     if args.bench == "handoff":
         return _handoff(args, console)
     if args.bench == "backlog":
         return _backlog(args, console)
+    if args.bench == "tenants":
+        return _tenants(args, console)
     if args.bench == "sim" and args.fleet:
         result = bench_fleet(repeats=args.repeats)
     elif args.bench == "sim":
@@ -151,6 +163,29 @@ def run(args: argparse.Namespace, console: Console) -> int:
             render_calibration(result, console)
             return 0
     print_result(result, args.json, console)
+    return 0
+
+
+def _tenants(args: argparse.Namespace, console: Console) -> int:
+    if args.requests < 1 or args.repeats < 1:
+        raise FloorguardError("--requests and --repeats must be ≥ 1")
+    result = bench_tenants(requests=args.requests, repeats=args.repeats)
+    if args.json:
+        print_result(result, True, console)
+        return 0
+    title = f"a decision and a configuration by tenants and backends ({result['core']})"
+    table = Table(title=title)
+    for column in ("tenants", "backends", "config built (s)", "µs / decision", "× smallest"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        table.add_row(
+            f"{row['tenants']:,}",
+            str(row["backends"]),
+            f"{row['config_s']:.3f}",
+            f"{row['decision_us']:.2f}",
+            f"{row['decision_over_smallest']:.2f}",
+        )
+    console.print(table)
     return 0
 
 

@@ -10,7 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
-from heapq import heappop, heappush, heapreplace
+from heapq import heapify, heappop, heappush, heapreplace
 
 from floorguard.core.contract import AffineEnvelope, Contract, DispatchOrder, SurplusOrder
 from floorguard.core.request import Request
@@ -366,7 +366,13 @@ class SlotPool:
     """`C` slots per backend, and under a memory budget (design §16) each backend's KV tokens.
     `acquire` picks the backend with the most free slots (lowest index on a tie) that has
     room for the request's reservation, so load spreads and no backend ever exceeds its `C`
-    or its KV cache."""
+    or its KV cache.
+
+    Without a memory budget the choice costs O(log M), not a scan of the `M` backends: a
+    heap of (−free, backend) holds an entry for every available backend with a free slot,
+    pushed when its count changes; an entry whose count or availability is out of date is
+    dropped when it reaches the top, and the heap is rebuilt when stale entries outnumber
+    the backends. (Under a budget the room must be checked per backend: a scan.)"""
 
     def __init__(self, slots: tuple[int, ...], kv_tokens: tuple[int | None, ...] = ()) -> None:
         self.capacity = slots
@@ -385,6 +391,25 @@ class SlotPool:
         """Backends held off after a denied slot lease → until when (`hold_off`)."""
         self._denials: dict[int, int] = {}
         """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
+        self._heap: list[tuple[int, int]] = []
+        """(−free, backend) entries, at least one current for every available backend with a
+        free slot (with several backends and no budget; see the class)."""
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        if self._kv_free is not None:
+            return  # a budget's choice is a scan
+        pairs = enumerate(zip(self._free, self._available, strict=True))
+        self._heap = [(-n, b) for b, (n, up) in pairs if up and n > 0]
+        heapify(self._heap)
+
+    def _push(self, backend: int) -> None:
+        """`backend`'s free count or availability changed: its current entry."""
+        n = self._free[backend]
+        if n > 0 and self._available[backend] and len(self._free) > 1 and self._kv_free is None:
+            heappush(self._heap, (-n, backend))
+            if len(self._heap) > 2 * len(self._free) + 16:
+                self._rebuild()
 
     def acquire(self, kv: int = 0) -> int:
         """A slot, with room for `kv` reserved tokens under a memory budget: its backend,
@@ -404,9 +429,22 @@ class SlotPool:
         elif len(free) == 1:
             backend = 0
         else:
-            backend = max(range(len(free)), key=lambda b: free[b] if up[b] else -1)
+            heap = self._heap
+            while True:  # the top is the most free slots, the lowest index on a tie
+                negative, backend = heap[0]
+                if up[backend] and free[backend] == -negative:
+                    break
+                heappop(heap)  # out of date
+            if free[backend] > 1:
+                heapreplace(heap, (1 - free[backend], backend))
+            else:
+                heappop(heap)
+            free[backend] -= 1
+            self.num_free -= 1
+            return backend
         free[backend] -= 1
         self.num_free -= 1
+        self._push(backend)
         return backend
 
     def resize(self, slots: tuple[int, ...], kv_tokens: tuple[int | None, ...] = ()) -> None:
@@ -428,6 +466,7 @@ class SlotPool:
         self.num_free = sum(
             max(0, f) for f, up in zip(self._free, self._available, strict=True) if up
         )
+        self._rebuild()
 
     def set_available(self, backend: int, available: bool) -> None:
         """The health probe's word: a backend that is not available keeps its running
@@ -468,6 +507,8 @@ class SlotPool:
         self._available[backend] = available
         free = max(0, self._free[backend])
         self.num_free += free if available else -free
+        if available:
+            self._push(backend)
 
     def acquire_on(self, backend: int) -> None:
         """Take a slot on one given backend (a stack whose backends keep their own queue)."""
@@ -476,6 +517,7 @@ class SlotPool:
         self._free[backend] -= 1
         if self._available[backend]:
             self.num_free -= 1
+        self._push(backend)
 
     def release(self, backend: int, kv: int = 0) -> None:
         """A slot on `backend` is free again (its request ended, or waits again), with the
@@ -489,6 +531,7 @@ class SlotPool:
             self._kv_free[backend] += kv
         if self._available[backend] and self._free[backend] > 0:
             self.num_free += 1
+            self._push(backend)
         if self.held_until:
             self._lift_one(backend)
 
