@@ -314,3 +314,17 @@ def test_simulate_config_runs_the_configs_own_learner_unless_told(tmp_path, monk
     admit_all = json.loads(capsys.readouterr().out)
     assert admit_all["learner"] == "always-admit" and admit_all["learner_from"] == "--learner"
     assert admit_all["opportunistic"]["rejected"] == 0
+
+
+def test_bench_tenants_prints_each_cell_beside_the_smallest(capsys):
+    """`bench tenants --json` (a tiny grid through the shipped Guard): one row per tenants ×
+    backends cell, the first the reference (1.00), every decision counted."""
+    from floorguard.bench.tenants import bench_tenants  # noqa: PLC0415  # only this test
+
+    result = bench_tenants(tenants=(2, 50), backends=(1, 4), requests=200, repeats=1)
+    rows = result["rows"]
+    assert [(r["tenants"], r["backends"]) for r in rows] == [(2, 1), (2, 4), (50, 1), (50, 4)]
+    assert rows[0]["decision_over_smallest"] == 1.0
+    assert all(r["decision_us"] > 0 and r["config_s"] >= 0 for r in rows)
+    assert main(["bench", "tenants", "--requests", "0"]) == 2
+    assert "must be ≥ 1" in capsys.readouterr().err
