@@ -32,8 +32,9 @@ BEARER = Bearer("acme", "free")
 def workers(tmp_path):
     redis_server = RedisServer().start()
     backend, emulator = emulate(slots=8)
-    admin = free_port_run(2)
+    admin = free_port_run(3)  # workers > 1 share one port they must be given: no port 0
     config = {
+        "port": admin + 2,
         "window_s": 1.0,
         "contracts": [
             {"tenant": "acme", "class": "assured", "floor": FLOOR, "deadline_ms": 1820},
