@@ -11,6 +11,7 @@ reload (its start report, the pydantic configuration) and its memory per tenant.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from floorguard._compiled import running
@@ -57,14 +58,16 @@ def bench_tenants(
     for t in tenants:
         reqs = _requests(t, requests)
         for b in backends:
-            config_s = _best(lambda t=t, b=b: _timed(lambda: _config(t, b)), repeats)
             config = _config(t, b)
-            decision_s = _best(
-                lambda config=config, reqs=reqs: _decision_loop(
-                    lambda: Guard(config, learner=AlwaysAdmit()), reqs
-                ),
-                repeats,
-            )
+
+            def build(t: int = t, b: int = b) -> float:
+                return _timed(lambda: _config(t, b))
+
+            def decide(config: GuardConfig = config, reqs: list[Request] = reqs) -> float:
+                return _decision_loop(lambda: Guard(config, learner=AlwaysAdmit()), reqs)
+
+            config_s = _best(build, repeats)
+            decision_s = _best(decide, repeats)
             rows.append(
                 {
                     "tenants": t,
@@ -84,7 +87,7 @@ def bench_tenants(
     }
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
