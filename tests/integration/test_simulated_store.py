@@ -131,6 +131,7 @@ _lease_calls = st.fixed_dictionaries(
         "step_s": st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 1.5]),  # binary-exact
         "capacity": st.integers(0, 3),
         "waiting": st.integers(0, 2),
+        "surplus": st.integers(0, 2),
         "entitled": st.booleans(),
         "seq": st.integers(0, 3),  # not rising: late calls, and a restarted replica's
     }
@@ -139,18 +140,22 @@ _lease_calls = st.fixed_dictionaries(
 
 def _stored_leases(client, keys):
     leases = {m.decode(): score for m, score in client.zrange(keys[0], 0, -1, withscores=True)}
-    board = {}
+    board, turn = {}, 0
     for replica, value in client.hgetall(keys[1]).items():
-        count, expiry, seq = value.decode().split("|")
-        board[replica.decode()] = (int(count), float(expiry), int(seq))
-    return leases, board
+        if replica == b"|turn":
+            turn = int(value)
+            continue
+        count, expiry, seq, surplus = value.decode().split("|")
+        board[replica.decode()] = (int(count), float(expiry), int(seq), int(surplus))
+    return leases, board, turn
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(calls=st.lists(_lease_calls, min_size=1, max_size=30))
 def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
-    """Leases, their expiry, renewal and restore, releases, the waiting board's order denials
-    and a late call (numbered below the board entry's) leaving the entry alone,
+    """Leases, their expiry, renewal and restore, releases, the waiting board's order denials,
+    a late call (numbered below the board entry's) leaving the entry alone, and each free
+    slot handed over to a waiting replica (entitled first, round-robin) in the same call,
     call for call against `lease.lua` on the caller's clock (ttl 1 s), and the leases and
     the board as stored after each call."""
     prefix = f"lease{next(PREFIXES)}"
@@ -168,10 +173,19 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
                 continue
             member = f"{call['replica']}|{call['request']}"
             args = [call["op"], call["capacity"], "1.0", call["replica"], call["waiting"]]
-            granted, reason, count, _ = script(
-                keys=keys, args=[*args, int(call["entitled"]), repr(now), call["seq"], member]
+            more = [call["surplus"], "", "b"]  # no channel: nothing published
+            granted, reason, count, _, handed, held = script(
+                keys=keys,
+                args=[*args, int(call["entitled"]), repr(now), call["seq"], *more, member],
             )
-            real = (bool(granted), reason.decode(), int(count))
+            pairs = [x.decode() for x in handed]
+            real = (
+                bool(granted),
+                reason.decode(),
+                int(count),
+                list(zip(pairs[::2], pairs[1::2], strict=True)),
+                [m.decode() for m in held],
+            )
             simulated = sim.lease(
                 "b",
                 call["op"],
@@ -183,6 +197,7 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
                 [member],
                 now,
                 call["seq"],
+                call["surplus"],
             )
             assert simulated == real, call
             assert sim.lease_state("b") == _stored_leases(client, keys), call

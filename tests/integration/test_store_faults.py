@@ -14,7 +14,7 @@ import redis
 from floorguard.clock import WallClock
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
-from floorguard.store.leases import SlotLeases, redis_lease_script
+from floorguard.store.leases import SlotLeases, handed_channel, redis_lease_script
 from floorguard.store.plan import run_plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
@@ -255,27 +255,78 @@ def _leases(url, replica, capacity=2, ttl_s=2.0, waiting=lambda: 0):
     )
 
 
-def test_slot_leases_bound_the_fleet_and_keep_it_assured_first(server, loop):
+def test_slot_leases_bound_the_fleet_and_hand_freed_slots_over_assured_first(server, loop):
     """C = 2 leases fleet-wide: a third start waits (`full`); while replica A has a
     floor-entitled request waiting, replica B may not start an opportunistic request there
-    (`order`) but may start an entitled one; leases come back on release."""
+    (`order`). Released slots are handed over in the release's own call, entitled waiters
+    first: B's release hands its slot to A, whose waiting request then starts with no call
+    of its own (its renewal found the slot; a subscriber hears it at once, below); A's
+    release hands its slot to B's waiting opportunistic request."""
     (sa, a), (sb, b) = _leases(server.url, "A"), _leases(server.url, "B")
     run = loop.run_until_complete
     try:
         assert run(a.acquire_async(0, "a1", entitled=False)) == ""
         assert run(b.acquire_async(0, "b1", entitled=False)) == ""
         assert run(a.acquire_async(0, "a2", entitled=True)) == "full"  # and A now waits
-        assert run(b.acquire_async(0, "b2", entitled=False)) == "order"  # (it would be full, too)
-        run(b.release_async(0, "b1"))
-        assert run(b.acquire_async(0, "b3", entitled=False)) == "order"  # A's entitled waits
-        assert run(b.acquire_async(0, "b4", entitled=True)) == ""  # entitled is never held back
-        run(b.release_async(0, "b4"))
-        assert run(a.acquire_async(0, "a2", entitled=True)) == ""  # A's turn; its board entry → 0
-        run(a.release_async(0, "a1"))
-        assert run(b.acquire_async(0, "b5", entitled=False)) == ""
-        assert a.denied == {"full": 1, "order": 0} and b.denied == {"full": 0, "order": 2}
+        assert run(b.acquire_async(0, "b2", entitled=False)) == "order"  # A's entitled waits
+        run(b.release_async(0, "b1"))  # its slot goes to A, in the same call
+        assert _members(server.url) == ["A|a1", "A|handed"]
+        run(_renew(a))  # A finds the slot handed to it (no subscriber in this test)
+        calls = a._seq
+        assert run(a.acquire_async(0, "a2", entitled=True)) == ""
+        assert a._seq == calls  # taken without a call
+        assert run(b.acquire_async(0, "b3", entitled=False)) == "full"  # B waits again
+        run(a.release_async(0, "a1"))  # A waits for nothing: its slot goes to B
+        assert _members(server.url) == ["A|handed", "B|handed"]
+        run(_renew(b))
+        assert run(b.acquire_async(0, "b3", entitled=False)) == ""  # the board let it
+        assert a.denied == {"full": 1, "order": 0} and b.denied == {"full": 1, "order": 1}
+        assert a.handed == {"in": 1, "used": 1, "passed_on": 0} and b.handed["used"] == 1
     finally:
         run(sa.aclose())
+        run(sb.aclose())
+
+
+def _members(url):
+    """The backend's leases, each without its number (`<replica>|<request or handed>`)."""
+    with redis.Redis.from_url(url) as client:
+        stored = client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1)
+    return sorted(m.decode().rsplit("|", 1)[0] for m in stored)
+
+
+def test_a_handed_slot_is_heard_at_once_by_a_subscriber(server, loop):
+    """A's subscriber (what `serve` runs: `RedisCreditStore.subscribe` on its channel)
+    hears the slot B's release hands it, before any renewal: `on_handed` is called with
+    the backend, and A's waiting request starts on it without a call."""
+    heard = []
+    store_a, a = _leases(server.url, "A", capacity=1)
+    a.on_handed = heard.append
+    sb, b = _leases(server.url, "B", capacity=1)
+    run = loop.run_until_complete
+
+    async def scenario():
+        channel = handed_channel(store_a, "A")
+        listening = asyncio.ensure_future(
+            store_a.subscribe(channel, lambda m: a.on_message(*m.split(" ", 1)), asyncio.sleep)
+        )
+        await asyncio.sleep(0.2)  # subscribed
+        assert await b.acquire_async(0, "b1", entitled=False) == ""
+        assert await a.acquire_async(0, "a1", entitled=True) == "full"
+        await b.release_async(0, "b1")
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+    try:
+        run(scenario())
+        assert heard == [0]
+        calls = a._seq
+        assert run(a.acquire_async(0, "a1", entitled=True)) == "" and a._seq == calls
+    finally:
+        run(store_a.aclose())
         run(sb.aclose())
 
 

@@ -89,8 +89,14 @@ def test_a_partition_share_while_the_store_is_down_would_overshoot_c(monkeypatch
     held, and a backend is handed more than C."""
     replicas = SMALL["replicas"]
     monkeypatch.setattr(SlotLeases, "_lost", lambda self: [c // replicas for c in self.capacity])
-    with pytest.raises(RuntimeError, match="over-dispatched"):
-        simulate_fleet(Fleet(**SMALL, store_outage=(2.0, 5.0)), seed=0)
+    overshot = 0
+    for seed in range(4):  # it overshoots in 6 of the first 8 seeds (not in seed 0)
+        try:
+            simulate_fleet(Fleet(**SMALL, store_outage=(2.0, 5.0)), seed=seed)
+        except RuntimeError as exc:
+            assert "over-dispatched" in str(exc)
+            overshot += 1
+    assert overshot > 0
 
 
 def test_a_partition_must_give_each_replica_whole_backends():

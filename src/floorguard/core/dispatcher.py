@@ -391,6 +391,9 @@ class SlotPool:
         """Backends held off after a denied slot lease → until when (`hold_off`)."""
         self._denials: dict[int, int] = {}
         """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
+        self._handed_starts: dict[int, tuple[int, float]] = {}
+        """Held-off backends offered again for hand-overs → (starts left, the hold-off's
+        end to return to)."""
         self._heap: list[tuple[int, int]] = []
         """(−free, backend) entries, at least one current for every available backend with a
         free slot (with several backends and no budget; see the class)."""
@@ -439,12 +442,10 @@ class SlotPool:
                 heapreplace(heap, (1 - free[backend], backend))
             else:
                 heappop(heap)
-            free[backend] -= 1
-            self.num_free -= 1
-            return backend
         free[backend] -= 1
         self.num_free -= 1
-        self._push(backend)
+        if self._handed_starts:
+            self._started_handed(backend)
         return backend
 
     def resize(self, slots: tuple[int, ...], kv_tokens: tuple[int | None, ...] = ()) -> None:
@@ -480,10 +481,41 @@ class SlotPool:
     def hold_off(self, backend: int, now: float, first_s: float, max_s: float) -> None:
         """The fleet had no slot lease on `backend`: offer it nothing for `first_s`,
         doubled for each denial there in a row, at most `max_s` (`lift` from then)."""
+        self._handed_starts.pop(backend, None)
         streak = self._denials.get(backend, 0)
         self._denials[backend] = min(streak + 1, 16)  # the hold-off is capped long before
         until = now + min(first_s * 2**streak, max_s)
         self.held_until[backend] = max(until, self.held_until.get(backend, until))
+        self._offer(backend, False)
+
+    def hold_until(self, backend: int, until: float) -> None:
+        """Offer `backend` nothing until `until` (or a hand-over: `handed`)."""
+        self._handed_starts.pop(backend, None)
+        self.held_until[backend] = max(until, self.held_until.get(backend, until))
+        self._offer(backend, False)
+
+    def handed(self, backend: int) -> None:
+        """The fleet handed a slot lease on `backend`: offer it again now, for as many
+        starts as slots were handed there while it is held off (then it is held off again
+        until its hold-off ends: the other starts would find it full)."""
+        self._denials.pop(backend, None)
+        until = self.held_until.get(backend)
+        if until is None:
+            return
+        starts, _ = self._handed_starts.get(backend, (0, until))
+        self._handed_starts[backend] = (starts + 1, until)
+        self._lift_one(backend)
+
+    def _started_handed(self, backend: int) -> None:
+        handed = self._handed_starts.get(backend)
+        if handed is None:
+            return
+        starts, until = handed
+        if starts > 1:
+            self._handed_starts[backend] = (starts - 1, until)
+            return
+        del self._handed_starts[backend]
+        self.held_until[backend] = until
         self._offer(backend, False)
 
     def leased(self, backend: int) -> None:
@@ -491,6 +523,7 @@ class SlotPool:
         self._denials.pop(backend, None)
 
     def _lift_one(self, backend: int) -> None:
+        self._handed_starts.pop(backend, None)
         if self.held_until.pop(backend, None) is not None:
             self._offer(backend, backend not in self._down)
 

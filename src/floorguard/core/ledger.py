@@ -583,16 +583,29 @@ class Ledger:
             return held if doom is None else doom
         return min(doom, held)
 
-    def lease_denied(self, request_id: RequestId, now: float) -> None:
+    def lease_denied(
+        self, request_id: RequestId, now: float, *, until: float | None = None
+    ) -> None:
         """The fleet had no slot lease for the request's start (leased slots, design §13): it
         waits again at the front of its queue (`no_lease`) and its backend is held off —
         `LEASE_HOLD_OFF_S`, doubled for each denial there in a row up to
         `LEASE_HOLD_OFF_MAX_S`, lifted when one of this guard's requests there ends — so
         the fleet's replicas do not spin on a full backend (`next_wake_at` says when to
-        poll again)."""
+        poll again). `until`: the fleet hands this guard a slot there when one frees (the
+        denial put it on the backend's waiting board): held off until then at most, or
+        until the hand-over comes (`lease_handed`)."""
         backend = self._leasing(request_id, "lease_denied").backend
         self.requeue(request_id, now, NO_LEASE)
-        self._slots.hold_off(backend, now, LEASE_HOLD_OFF_S, LEASE_HOLD_OFF_MAX_S)
+        if until is not None:
+            self._slots.hold_until(backend, until)
+        else:
+            self._slots.hold_off(backend, now, LEASE_HOLD_OFF_S, LEASE_HOLD_OFF_MAX_S)
+
+    def lease_handed(self, backend: int, now: float) -> None:
+        """The fleet handed this guard a slot lease on `backend` (a slot freed there while
+        it waited): the backend is offered again at once, its next start takes that lease
+        (`poll` dispatches there)."""
+        self._slots.handed(backend)
 
     def set_backend_available(self, backend: int, available: bool) -> None:
         """Whether `backend` may get new requests (the driver's health probe says). A down

@@ -230,6 +230,10 @@ class _FleetSimulation(Serving):
             replica=f"r{replica}",
             ttl_s=fleet.lease_ttl_s,
             waiting=lambda: guard.num_waiting_entitled,
+            surplus=lambda: guard.num_queued - guard.num_queued_entitled,
+            on_handed=lambda backend: self.engine.schedule(
+                self.engine.now, Priority.ARRIVAL, self.on_handed, (replica, backend)
+            ),
             clock=lambda: self.engine.now,
         )
 
@@ -319,28 +323,37 @@ class _FleetSimulation(Serving):
             plan = leases.plan_acquire(
                 decision.backend, str(request.request_id), entitled=decision.entitled
             )
-            reply = self._lease_call(next(plan))
+            try:
+                call = next(plan)
+            except StopIteration as handed:  # a slot handed to this replica: no call
+                self._leased(replica, decision, handed.value, now)
+                continue
+            reply = self._lease_call(call)
             self.engine.schedule(
                 now + self.fleet.store_rtt_s,
                 Priority.ARRIVAL,
                 self.on_lease,
                 (replica, decision, plan, reply),
             )
+        if leases is not None and not guard.num_queued and leases.holds_handed():
+            self._finish_plan(leases.plan_pass_on())  # nothing left to start on them
         self._arm(replica)
 
     def on_lease(self, payload: tuple[int, Dispatch, Plan[str], object], now: float) -> None:
         replica, decision, plan, reply = payload
-        why = self._finish_plan(plan, reply)
-        guard, rid = self.guards[replica], decision.request.request_id
-        if why:
-            guard.lease_denied(rid, now)
+        self._leased(replica, decision, self._finish_plan(plan, reply), now)
+        self._poll(replica, now)
+
+    def _leased(self, replica: int, decision: Dispatch, why: str, now: float) -> None:
+        """The lease's answer, `why` not ('' to start), carried to the guard."""
+        guard, leases, rid = self.guards[replica], self.leases[replica], decision.request.request_id
+        assert leases is not None
+        if why:  # on the waiting board: a slot is handed over, or the renewal looks again
+            guard.lease_denied(rid, now, until=leases.hand_over_by(why, now))
             self.no_lease += 1
         else:
-            leases = self.leases[replica]
-            assert leases is not None
             guard.lease_granted(rid, now, local=leases.is_local(decision.backend, str(rid)))
             self._start(replica, decision, now)
-        self._poll(replica, now)
 
     def _finish_plan(self, plan: Plan[_T], reply: object = None) -> _T:
         """Send a call's reply (None: start the plan); run every further call the plan
@@ -348,11 +361,35 @@ class _FleetSimulation(Serving):
         return run_plan(plan, self._lease_call, answer=reply)
 
     def _lease_call(self, call: LeaseCall) -> LeaseReply | StoreUnavailable:
+        """One run of the simulated `lease.lua`; each slot it hands another replica is
+        published to it, delivered half a round trip later (the caller learns its own
+        from the reply)."""
         self.lease_calls += 1
         try:
-            return self.redis.client(call.replica).lease(call)
+            reply = self.redis.client(call.replica).lease(call)
         except StoreUnavailable as exc:
             return exc
+        for to, member in reply.handed:
+            if to != call.replica:
+                at = self.engine.now + self.fleet.store_rtt_s / 2
+                message = (int(to[1:]), call.backend, member)
+                self.engine.schedule(at, Priority.ARRIVAL, self.on_message, message)
+        return reply
+
+    def on_message(self, message: tuple[int, str, str], now: float) -> None:
+        """A hand-over published to a replica (`handed_channel` in the HTTP guard)."""
+        replica, backend, member = message
+        leases = self.leases[replica]
+        assert leases is not None
+        leases.on_message(backend, member)
+
+    def on_handed(self, handed: tuple[int, int], now: float) -> None:
+        """A slot handed to the replica: it offers the backend again and starts there."""
+        replica, backend = handed
+        guard, leases = self.guards[replica], self.leases[replica]
+        assert leases is not None
+        guard.lease_handed(backend, now)
+        self._poll(replica, now)  # hands it on if nothing is left to start
 
     def _arm(self, replica: int) -> None:
         """One wake-up per replica at its guard's `next_wake_at` (a held-off backend)."""

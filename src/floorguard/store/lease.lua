@@ -1,31 +1,54 @@
 -- floorguard: fleet-wide slot leases for one backend (docs/design.md §13), atomically.
 --
--- KEYS[1]  the backend's leases: a sorted set, member = "<replica>|<request>", score = the
---          instant (Redis clock) the lease expires unless renewed
+-- KEYS[1]  the backend's leases: a sorted set, member = "<replica>|<request>|<n>" (or
+--          "<replica>|handed|<n>": a slot handed over), score = the instant (Redis clock)
+--          the lease expires unless renewed
 -- KEYS[2]  the backend's waiting board: a hash, field = replica, value =
---          "<count>|<expiry>|<seq>": how many floor-entitled requests that replica has
---          waiting for a slot here, as of its call numbered seq
+--          "<entitled>|<expiry>|<seq>|<surplus>": how many floor-entitled and how many
+--          other requests that replica has waiting for a slot here, as of its call
+--          numbered seq; and a field "|turn", the hand-over's round-robin count
 --          (both keys share one hash tag: one Redis Cluster slot)
 -- ARGV     1 op: "acquire", "release", "renew" or "restore"
---          2 capacity C (acquire), 3 ttl_s, 4 replica, 5 waiting (this replica's entitled
---          requests queued, not counting the one acquiring),
+--          2 capacity C, 3 ttl_s, 4 replica, 5 entitled waiting (this replica's
+--          floor-entitled requests waiting, not counting the one acquiring),
 --          6 entitled (0/1, acquire), 7 now: "" to read the Redis server's clock (TIME),
 --          or the caller's time (s), 8 seq: the call's number (rising with each call the
---          replica sends), 9.. members (acquire: one; the others: any)
--- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string)}
+--          replica sends), 9 surplus waiting (this replica's other requests waiting, not
+--          counting the one acquiring), 10 the hand-over channel's prefix ("" = publish
+--          nothing: a replica finds what it was handed at its next renewal), 11 the
+--          backend's name (what a hand-over message names),
+--          12.. members (acquire: one; the others: any)
+-- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string),
+--          {replica, member, …}: the slots this call handed over,
+--          {member, …}: renew only: the slots handed to the caller that it holds}
 --
 -- acquire grants a member that already holds a live lease again (a retry of a call that
 -- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
--- iff fewer than C leases are live and, for a request that is not
--- floor-entitled, no *other* replica has an entitled request waiting for this backend
--- (fleet-wide assured-first). A denied entitled request counts itself as waiting, in the
--- same call, so the others stop starting opportunistic requests here at once. Leases not
--- renewed within ttl_s expire: a dead replica's slots come back within ttl_s of its last
--- renewal. restore puts leases back whatever the count (a replica that held them while
--- Redis was unreachable: they run, whether granted locally or expired meanwhile).
--- A replica's calls may reach Redis out of the order it sent them (one connection each):
--- a call numbered below the board entry's leaves the entry alone (it carries an older
--- count), so a late call cannot clear an entitled request that a newer one announced.
+-- iff fewer than C leases are live and, for a request that is not floor-entitled, no
+-- *other* replica has an entitled request waiting for this backend (fleet-wide
+-- assured-first). An opportunistic start on a slot handed to its replica (the member
+-- names it) is judged by that order too: the lease stays the replica's either way. A denied request counts itself as waiting, in the same call: an entitled
+-- one holds the others' opportunistic starts back at once.
+--
+-- Slots are handed over, not polled for: each slot a release frees, while a replica waits
+-- for one, is leased to that replica in the same call — entitled waiters first, then the
+-- others, round-robin among the replicas of a class — its count goes down by one, and the
+-- slot is published on
+-- "<prefix><replica>" as "<backend> <member>". The replica starts its next request there
+-- on the handed lease without another call, and releases it (handing it on) if it has
+-- none left to start. A message lost (a subscriber reconnecting) is found by the
+-- replica's next renewal; a handed slot no one takes expires with its ttl. Only a slot a
+-- release frees is handed over, never one free for another reason: after Redis was away,
+-- its leases have expired while their requests still run, until their replicas restore
+-- them (a fresh start there is the documented brief overshoot; a hand-over of every
+-- "free" slot at once would be C of them).
+--
+-- Leases not renewed within ttl_s expire: a dead replica's slots come back within ttl_s
+-- of its last renewal. restore puts leases back whatever the count (a replica that held
+-- them while Redis was unreachable: they run, whether granted locally or expired
+-- meanwhile). A replica's calls may reach Redis out of the order it sent them (one
+-- connection each): a call numbered below the board entry's leaves the entry alone (it
+-- carries older counts), so a late call cannot clear a request that a newer one announced.
 
 local op = ARGV[1]
 local capacity = tonumber(ARGV[2])
@@ -34,6 +57,9 @@ local replica = ARGV[4]
 local waiting = tonumber(ARGV[5])
 local entitled = ARGV[6] == '1'
 local seq = tonumber(ARGV[8])
+local surplus = tonumber(ARGV[9])
+local channel = ARGV[10]
+local backend = ARGV[11]
 
 local now = tonumber(ARGV[7])
 if now == nil then
@@ -42,28 +68,38 @@ if now == nil then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
-local granted, reason = 0, ''
-if op == 'acquire' and redis.call('ZSCORE', KEYS[1], ARGV[9]) then
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[9])
-  granted = 1
-elseif op == 'acquire' then
-  if not entitled then
-    local board = redis.call('HGETALL', KEYS[2])
-    for i = 1, #board, 2 do
-      if board[i] ~= replica then
-        local count, expiry = string.match(board[i + 1], '^([^|]*)|([^|]*)')
-        count, expiry = tonumber(count), tonumber(expiry)
-        if expiry <= now then
-          redis.call('HDEL', KEYS[2], board[i])
-        elseif count > 0 then
-          reason = 'order'
-        end
+-- the board's live entries (expired ones dropped): replica -> {entitled, expiry, seq, surplus}
+local board = {}
+local stored = redis.call('HGETALL', KEYS[2])
+for i = 1, #stored, 2 do
+  if stored[i] ~= '|turn' then
+    local e, x, s, o = string.match(stored[i + 1], '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
+    x = tonumber(x)
+    if x <= now then
+      redis.call('HDEL', KEYS[2], stored[i])
+    else
+      board[stored[i]] = {tonumber(e), x, tonumber(s), tonumber(o) or 0}
+    end
+  end
+end
+
+local granted, reason, freed = 0, '', 0
+if op == 'acquire' then
+  local live = redis.call('ZSCORE', KEYS[1], ARGV[12])
+  local handed_here = string.find(ARGV[12], '|handed|', 1, true)
+  if not entitled and not (live and not handed_here) then
+    for other, entry in pairs(board) do
+      if other ~= replica and entry[1] > 0 then
+        reason = 'order'
       end
     end
   end
-  if reason == '' then
+  if reason == '' and live then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
+    granted = 1
+  elseif reason == '' then
     if redis.call('ZCARD', KEYS[1]) < capacity then
-      redis.call('ZADD', KEYS[1], now + ttl, ARGV[9])
+      redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
       granted = 1
     else
       reason = 'full'
@@ -71,34 +107,86 @@ elseif op == 'acquire' then
   end
   if granted == 0 and entitled then
     waiting = waiting + 1
+  elseif granted == 0 then
+    surplus = surplus + 1
   end
 elseif op == 'release' then
-  for i = 9, #ARGV do
-    redis.call('ZREM', KEYS[1], ARGV[i])
+  for i = 12, #ARGV do
+    freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
   end
 elseif op == 'renew' then
-  for i = 9, #ARGV do
+  for i = 12, #ARGV do
     redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
   end
 elseif op == 'restore' then
-  for i = 9, #ARGV do
+  for i = 12, #ARGV do
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
   end
 end
 
-local stale = false
-local mine = redis.call('HGET', KEYS[2], replica)
-if mine then
-  local expiry, last = string.match(mine, '^[^|]*|([^|]*)|(.*)$')
-  stale = last ~= nil and tonumber(expiry) > now and tonumber(last) > seq
-end
-if stale then
-  -- a newer call's count stands
-elseif waiting > 0 then
-  redis.call('HSET', KEYS[2], replica, waiting .. '|' .. (now + ttl) .. '|' .. ARGV[8])
+local mine = board[replica]
+if mine and mine[3] > seq then
+  -- a newer call's counts stand
+elseif waiting > 0 or surplus > 0 then
+  board[replica] = {waiting, now + ttl, seq, surplus}
+  redis.call('HSET', KEYS[2], replica, waiting .. '|' .. (now + ttl) .. '|' .. ARGV[8] .. '|' .. surplus)
 else
+  board[replica] = nil
   redis.call('HDEL', KEYS[2], replica)
+end
+
+-- hand each slot the release freed to a replica waiting for one: entitled first,
+-- round-robin
+local handed = {}
+local turn = tonumber(redis.call('HGET', KEYS[2], '|turn')) or 0
+while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
+  freed = freed - 1
+  local waiters = {}
+  for _, class in ipairs({1, 4}) do
+    for name, entry in pairs(board) do
+      if entry[class] > 0 then
+        waiters[#waiters + 1] = name
+      end
+    end
+    if #waiters > 0 then
+      table.sort(waiters)
+      local to = waiters[turn % #waiters + 1]
+      turn = turn + 1
+      local entry = board[to]
+      entry[class] = entry[class] - 1
+      local member = to .. '|handed|' .. turn
+      redis.call('ZADD', KEYS[1], now + ttl, member)
+      if entry[1] > 0 or entry[4] > 0 then
+        redis.call('HSET', KEYS[2], to, entry[1] .. '|' .. entry[2] .. '|' .. entry[3] .. '|' .. entry[4])
+      else
+        board[to] = nil
+        redis.call('HDEL', KEYS[2], to)
+      end
+      if channel ~= '' then
+        redis.call('PUBLISH', channel .. to, backend .. ' ' .. member)
+      end
+      handed[#handed + 1] = to
+      handed[#handed + 1] = member
+      break
+    end
+  end
+  if #waiters == 0 then
+    break
+  end
+end
+if #handed > 0 then
+  redis.call('HSET', KEYS[2], '|turn', turn)
+end
+
+local held = {}
+if op == 'renew' then
+  local prefix = replica .. '|handed|'
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    if string.sub(member, 1, #prefix) == prefix then
+      held[#held + 1] = member
+    end
+  end
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
 redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
-return {granted, reason, redis.call('ZCARD', KEYS[1]), tostring(now)}
+return {granted, reason, redis.call('ZCARD', KEYS[1]), tostring(now), handed, held}

@@ -25,6 +25,7 @@ tests), the HTTP guard awaits `call_async` so the event loop never blocks on Red
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -199,6 +200,29 @@ class RedisCreditStore(ScriptStore):
         self._client.close()
         for client in self._sentinels[0].sentinels if self._sentinels else ():
             client.close()
+
+    async def subscribe(
+        self,
+        channel: str,
+        on_message: Callable[[str], None],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        """Hand each message published on `channel` (its text) to `on_message`, until
+        cancelled. A lost connection is opened again, `sleep(0.5)` apart while Redis cannot
+        be reached; what was published meanwhile is lost (its readers must learn it another
+        way: `SlotLeases` finds a lost hand-over at its next renewal)."""
+        while True:
+            pubsub = self._async_client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        on_message(_text(message["data"]))
+            except _UNREACHABLE:
+                await sleep(0.5)
+            finally:
+                with contextlib.suppress(*_UNREACHABLE):
+                    await pubsub.aclose()
 
     async def aclose(self) -> None:
         """Close both clients, on the event loop the asyncio client ran on."""

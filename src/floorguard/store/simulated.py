@@ -25,7 +25,8 @@ from floorguard.windows import WindowSchedule
 
 __all__ = ["SimulatedRedis"]
 
-_Entry = tuple[int, float, int]
+_Entry = list[float]
+"""A waiting-board entry: [entitled waiting, the instant it expires, seq, others waiting]."""
 """A waiting-board entry: (count, expiry, the number of the call that wrote it)."""
 
 
@@ -60,7 +61,9 @@ class SimulatedRedis:
         self._leases: dict[str, dict[str, float]] = {}
         """Per backend: lease member → the instant it expires unless renewed."""
         self._boards: dict[str, dict[str, _Entry]] = {}
-        """Per backend: replica → (entitled requests waiting, the instant the entry expires)."""
+        """Per backend: replica → its entry (`_Entry`)."""
+        self._turns: dict[str, int] = {}
+        """Per backend: the hand-over's round-robin count."""
         self._tokens = itertools.count()
 
     def restart(self) -> None:
@@ -69,6 +72,7 @@ class SimulatedRedis:
         self._generations.clear()
         self._leases.clear()
         self._boards.clear()
+        self._turns.clear()
 
     def _unreachable(self, now: float) -> bool:
         outage = self.outage
@@ -144,10 +148,14 @@ class SimulatedRedis:
         grant = Grant(granted, index, limit - used, window_floor)
         return Reply(grant, generation, now, restored, closed)
 
-    def lease_state(self, backend: str) -> tuple[dict[str, float], dict[str, _Entry]]:
-        """A backend's leases (member → expiry) and waiting board (replica → (count,
-        expiry, seq)), as stored."""
-        return dict(self._leases.get(backend, {})), dict(self._boards.get(backend, {}))
+    def lease_state(
+        self, backend: str
+    ) -> tuple[dict[str, float], dict[str, tuple[int, float, int, int]], int]:
+        """A backend's leases (member → expiry), waiting board (replica → (entitled,
+        expiry, seq, others)) and hand-over turn, as stored."""
+        stored = self._boards.get(backend, {})
+        board = {r: (int(e[0]), e[1], int(e[2]), int(e[3])) for r, e in stored.items()}
+        return dict(self._leases.get(backend, {})), board, self._turns.get(backend, 0)
 
     def lease(  # noqa: PLR0917  # the script's arguments, in its order
         self,
@@ -161,65 +169,104 @@ class SimulatedRedis:
         members: list[str],
         now: float,
         seq: int = 0,
-    ) -> tuple[bool, str, int]:
+        surplus: int = 0,
+    ) -> tuple[bool, str, int, list[tuple[str, str]], list[str]]:
         """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
-        `order`, leases in use)."""
+        `order`, leases in use, the slots handed over (replica, member), and for a renewal
+        the slots handed to the caller that it holds). Publishing is the driver's: it
+        delivers each hand-over to its replica."""
         if self._unreachable(now):
             raise StoreUnavailable("simulated outage", sent=False)
         leases = self._leases.setdefault(backend, {})
         board = self._boards.setdefault(backend, {})
         for member in [m for m, expiry in leases.items() if expiry <= now]:
             del leases[member]
-        granted, reason = False, ""
-        if op == "acquire" and members[0] in leases:
-            leases[members[0]] = now + ttl_s  # a retry of a call that ran: its first grant
-            granted = True
-        elif op == "acquire":
-            reason = "" if entitled else _board_order(board, replica, now)
-            if not reason:
+        for name in [r for r, entry in board.items() if entry[1] <= now]:
+            del board[name]
+        granted, reason, freed = False, "", 0
+        if op == "acquire":
+            live = members[0] in leases  # a retry of a call that ran: its first grant
+            judged = not entitled and (not live or "|handed|" in members[0])
+            reason = _board_order(board, replica, now) if judged else ""
+            if not reason and live:
+                leases[members[0]] = now + ttl_s
+                granted = True
+            elif not reason:
                 granted = len(leases) < capacity
                 if granted:
                     leases[members[0]] = now + ttl_s
                 else:
                     reason = "full"
             waiting += not granted and entitled
+            surplus += not granted and not entitled
         else:
-            _update(leases, op, members, now + ttl_s)
+            freed = _update(leases, op, members, now + ttl_s)
         mine = board.get(replica)
-        if mine is not None and mine[1] > now and mine[2] > seq:
-            pass  # a newer call's count stands
-        elif waiting > 0:
-            board[replica] = (waiting, now + ttl_s, seq)
+        if mine is not None and mine[2] > seq:
+            pass  # a newer call's counts stand
+        elif waiting > 0 or surplus > 0:
+            board[replica] = [waiting, now + ttl_s, seq, surplus]
         else:
             board.pop(replica, None)
-        return granted, reason, len(leases)
+        handed = self._hand_over(backend, leases, board, capacity, freed=freed, expiry=now + ttl_s)
+        prefix = f"{replica}|handed|"
+        held = sorted(m for m in leases if m.startswith(prefix)) if op == "renew" else []
+        return granted, reason, len(leases), handed, held
+
+    def _hand_over(
+        self,
+        backend: str,
+        leases: dict[str, float],
+        board: dict[str, _Entry],
+        capacity: int,
+        *,
+        freed: int,
+        expiry: float,
+    ) -> list[tuple[str, str]]:
+        """Each slot a release freed leased to a waiting replica: entitled first,
+        round-robin."""
+        handed: list[tuple[str, str]] = []
+        turn = self._turns.get(backend, 0)
+        while freed > 0 and len(leases) < capacity:
+            freed -= 1
+            for column in (0, 3):
+                waiters = sorted(r for r, e in board.items() if e[column] > 0)
+                if waiters:
+                    break
+            else:
+                break
+            to = waiters[turn % len(waiters)]
+            turn += 1
+            entry = board[to]
+            entry[column] -= 1
+            member = f"{to}|handed|{turn}"
+            leases[member] = expiry
+            if entry[0] <= 0 and entry[3] <= 0:
+                del board[to]
+            handed.append((to, member))
+        if handed:
+            self._turns[backend] = turn
+        return handed
 
 
-def _update(leases: dict[str, float], op: str, members: list[str], expiry: float) -> None:
-    """`release`, `renew` (only live leases) or `restore` (whatever the count) `members`."""
+def _update(leases: dict[str, float], op: str, members: list[str], expiry: float) -> int:
+    """`release`, `renew` (only live leases) or `restore` (whatever the count) `members`;
+    how many leases a release freed."""
     if op == "release":
-        for member in members:
-            leases.pop(member, None)
-    elif op == "renew":
+        return sum(leases.pop(member, None) is not None for member in members)
+    if op == "renew":
         for member in (m for m in members if m in leases):
             leases[member] = expiry
     elif op == "restore":
         for member in members:
             leases[member] = expiry
+    return 0
 
 
 def _board_order(board: dict[str, _Entry], replica: str, now: float) -> str:
-    """`order` if another replica's board entry shows entitled requests waiting; expired
-    entries are dropped on the way (all of them, as the script's loop does)."""
-    reason = ""
-    for other, (count, expiry, _) in list(board.items()):
-        if other == replica:
-            continue
-        if expiry <= now:
-            del board[other]
-        elif count > 0:
-            reason = "order"
-    return reason
+    """`order` if another replica's board entry shows entitled requests waiting (the
+    expired entries are gone already)."""
+    return "order" if any(r != replica and e[0] > 0 for r, e in board.items()) else ""
 
 
 class SimulatedClient(ScriptStore):
@@ -265,7 +312,7 @@ class SimulatedClient(ScriptStore):
         """One `LeaseCall`, on the caller's clock (a simulated Redis has none of its own)."""
         if call.now is None:
             raise ValueError("a simulated Redis runs on the caller's clock: give SlotLeases one")
-        granted, reason, in_use = self.server.lease(
+        granted, reason, in_use, handed, held = self.server.lease(
             call.backend,
             call.op,
             call.capacity,
@@ -276,5 +323,6 @@ class SimulatedClient(ScriptStore):
             list(call.members),
             call.now,
             call.seq,
+            call.surplus,
         )
-        return LeaseReply(granted, reason, in_use)
+        return LeaseReply(granted, reason, in_use, tuple(handed), tuple(held))

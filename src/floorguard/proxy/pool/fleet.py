@@ -22,7 +22,7 @@ from floorguard.proxy.pool.health import backend_report
 from floorguard.proxy.pool.shares import capacities, slot_shares
 from floorguard.proxy.pool.upstream import Upstream
 from floorguard.store.base import StoreUnavailable
-from floorguard.store.leases import SlotLeases, redis_lease_script
+from floorguard.store.leases import SlotLeases, handed_channel, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
@@ -86,6 +86,8 @@ class PoolFleet:
             replica=pool.edge.replica,
             ttl_s=store.lease_ttl_s,
             waiting=lambda: pool.guard.num_waiting_entitled,
+            surplus=lambda: pool.guard.num_queued - pool.guard.num_queued_entitled,
+            on_handed=self._handed,
             first_seq=int(pool.clock.now() * 1e6),  # above any former self's under this name
         )
 
@@ -168,6 +170,10 @@ class PoolFleet:
             tasks.append(asyncio.create_task(self.membership.beat_every()))
         if self.leases is not None:
             tasks.append(asyncio.create_task(self.leases.renew_every(self.pool.clock)))
+            assert self.redis is not None  # leases are the store's
+            channel = handed_channel(self.redis, self.leases.replica)
+            listening = self.redis.subscribe(channel, self._hand_over, self.pool.clock.sleep)
+            tasks.append(asyncio.create_task(listening))
         return tasks
 
     async def learn(self, contracts: Iterable[Contract]) -> None:
@@ -272,9 +278,28 @@ class PoolFleet:
         if not why:
             self._leased[rid] = (decision.backend, None)
             guard.lease_granted(rid, now, local=leases.is_local(decision.backend, rid))
+            if not guard.num_queued and leases.holds_handed():  # nothing left to start there
+                self.in_background(leases.pass_on_async())
             return True
-        guard.lease_denied(rid, now)  # its next turn's pump arms the hold-off's end
+        guard.lease_denied(rid, now, until=leases.hand_over_by(why, now))
         return False
+
+    def _hand_over(self, message: str) -> None:
+        """A slot handed to this replica, as published: `<backend> <member>`."""
+        backend, _, member = message.partition(" ")
+        assert self.leases is not None
+        self.leases.on_message(backend, member)
+
+    def _handed(self, backend: int) -> None:
+        """A slot on `backend` was handed to this replica: offer the backend again and
+        start the next request there (it takes the handed lease, no call); with nothing
+        queued, hand it on."""
+        guard, leases = self.pool.guard, self.leases
+        assert leases is not None
+        guard.lease_handed(backend, self.pool.clock.now())
+        if not guard.num_queued:  # nothing to start: hand it on at once
+            self.in_background(leases.pass_on_async(backend))
+        self.pool.pump.pump()
 
     def release(self, rid: str) -> None:
         """Give a request's lease back (it ended, or its backend was unreachable); the
