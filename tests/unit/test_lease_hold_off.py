@@ -209,3 +209,36 @@ def test_a_release_between_an_entitled_dispatch_and_its_lease_call_keeps_it_on_t
     assert (release.op, release.waiting) == ("release", 1)
     acquire = next(leases.plan_acquire(0, str(entitled), entitled=True))
     assert (acquire.op, acquire.entitled, acquire.waiting) == ("acquire", True, 0)
+
+
+def test_a_hand_over_offers_the_backend_for_one_start_then_holds_it_again():
+    """Denied on both backends with a hand-over promised (`until`: the renewal), nothing
+    starts; a slot handed on one backend offers it for one start — the next request starts
+    there — and it is held off again until `until` (a second start would find it full)."""
+    config = dataclasses.replace(make_config(slots=(2, 2)), slot_leases=True)
+    guard = make_guard(config)
+    requests = [make_request(assured=False, at=0.0) for _ in range(3)]
+    for request in requests:
+        guard.on_arrival(request, 0.0)
+    started = guard.poll(0.0)
+    assert len(started) == 3
+    for decision in started:
+        guard.lease_denied(decision.request.request_id, 0.0, until=0.5)
+    assert guard.poll(0.1) == [] and guard.next_wake_at() == 0.5
+    guard.lease_handed(1, 0.2)
+    (one,) = guard.poll(0.2)
+    assert one.backend == 1
+    assert guard.poll(0.2) == []  # held off again: one hand-over, one start
+    assert guard.next_wake_at() == 0.5
+
+
+def test_two_hand_overs_before_a_start_offer_two_starts():
+    config = dataclasses.replace(make_config(slots=(3,)), slot_leases=True)
+    guard = make_guard(config)
+    for _ in range(3):
+        guard.on_arrival(make_request(assured=False, at=0.0), 0.0)
+    for decision in guard.poll(0.0):
+        guard.lease_denied(decision.request.request_id, 0.0, until=0.5)
+    guard.lease_handed(0, 0.1)
+    guard.lease_handed(0, 0.1)
+    assert len(guard.poll(0.1)) == 2

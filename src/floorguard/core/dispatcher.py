@@ -499,12 +499,15 @@ class SlotPool:
         starts as slots were handed there while it is held off (then it is held off again
         until its hold-off ends: the other starts would find it full)."""
         self._denials.pop(backend, None)
+        handed = self._handed_starts.get(backend)
+        if handed is not None:  # offered for hand-overs already: one start more
+            self._handed_starts[backend] = (handed[0] + 1, handed[1])
+            return
         until = self.held_until.get(backend)
         if until is None:
             return
-        starts, _ = self._handed_starts.get(backend, (0, until))
-        self._handed_starts[backend] = (starts + 1, until)
         self._lift_one(backend)
+        self._handed_starts[backend] = (1, until)
 
     def _started_handed(self, backend: int) -> None:
         handed = self._handed_starts.get(backend)
