@@ -81,8 +81,6 @@ def test_every_answer_carries_the_floors_rate_limit_headers(tmp_path, emulator, 
             status, headers = _call(free)
         assert status == 200 and headers["x-floorguard-decision"] == "surplus"
         _no_empty_header(headers)
-        assert headers[f"x-ratelimit-limit-{unit}"] == "0"  # nothing reserved for it
-        assert headers[f"x-ratelimit-remaining-{unit}"] == "0"
-        assert 0 < _seconds(headers[f"x-ratelimit-reset-{unit}"]) <= 3600
-        other = "tokens" if unit == "requests" else "requests"
-        assert not any(name.startswith("x-ratelimit-") and name.endswith(other) for name in headers)
+        # nothing is reserved for it: no rate-limit headers a client would back off on
+        assert not any(name.startswith("x-ratelimit-") for name in headers)
+        assert headers["x-floorguard-window"].isdigit()

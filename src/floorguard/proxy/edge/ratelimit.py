@@ -40,7 +40,9 @@ def rate_limit_headers(
 ) -> dict[str, str]:
     """The headers for the arrival `pending` (decided), at `now` on the guard's clock: the
     window it was counted in (`x-floorguard-window`; a surplus request, counted in none,
-    the window it arrived in) and the tenant's floor in it."""
+    the window it arrived in) and the tenant's floor in it. An opportunistic tenant gets no
+    `x-ratelimit-*` headers: nothing is reserved for it, and a `remaining: 0` would tell a
+    client that backs off on it to stop, while the surplus it is served from has room."""
     contract = pending.contract
     if contract is None:  # no contract: nothing reserved to speak of
         return {}
@@ -49,12 +51,10 @@ def rate_limit_headers(
     if window is None:  # a surplus request is counted in no window: the clock's
         window = schedule.index_at(now)
     reset_s = min(max(0.0, schedule.start_of(window + 1) - now), schedule.window_s)
+    if not contract.assured:
+        return {"x-floorguard-window": str(window)}
     reset, limit, remaining = _NAMES[meter]
     out = {"x-floorguard-window": str(window), reset: duration(reset_s)}
-    if not contract.assured:
-        out[limit] = "0"
-        out[remaining] = "0"
-        return out
     if pending.remaining is None:  # refused before its floor was asked (cost-excess)
         out[limit] = str(contract.floor)
         return out
