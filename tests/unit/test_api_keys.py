@@ -132,3 +132,49 @@ def test_mode_api_key_takes_keys_only(tmp_path):
         identity.tenant_of({})
     with pytest.raises(ValueError, match="api_keys_file"):
         IdentitySpec.model_validate({"mode": "api_key"})
+
+
+def test_an_expired_key_is_refused_and_a_label_is_kept(tmp_path):
+    """`keys create --expires-in`: accepted until its expiry, refused from then (on the
+    ring's wall clock); the label shows in the list. An old file's keys (no such fields)
+    read as unlabelled and never expiring."""
+    path = tmp_path / "keys.json"
+    wall = Clock()
+    wall.now = 1000.0
+    key, entry = create_key(path, "acme", now=1000.0, label="batch job", expires_at=1060.0)
+    ring = KeyRing(path, wall=wall)
+    assert ring.tenant_of(key) == "acme"
+    wall.now = 1060.0
+    assert ring.tenant_of(key) is None
+    assert [(k.label, k.expires_at) for k in list_keys(path)] == [("batch job", 1060.0)]
+    with pytest.raises(ConfigError, match="after the key's creation"):
+        create_key(path, "acme", now=1000.0, expires_at=1000.0)
+    data = json.loads(path.read_text())
+    for old in data["keys"]:
+        del old["label"], old["expires_at"]
+    path.write_text(json.dumps(data))
+    assert [(k.label, k.expires_at) for k in list_keys(path)] == [("", None)]
+
+
+def test_keys_create_refuses_a_tenant_the_config_has_no_contract_for(tmp_path, capsys):
+    """With `--config`, a typo is refused (naming the tenants there), not issued a key that
+    never works; the right tenant gets its key, its label and its expiry."""
+    from floorguard.cli import main  # noqa: PLC0415  # only this test
+
+    config = tmp_path / "guard.yaml"
+    config.write_text(
+        "contracts:\n"
+        "  - {tenant: acme, class: assured, floor: 4, deadline_ms: 1820}\n"
+        "backends: [{url: 'http://127.0.0.1:8000', slots: 4}]\n"
+        "identity: {mode: api_key, api_keys_file: keys.json}\n"
+    )
+    keys = tmp_path / "keys.json"
+    args = ["keys", "create", "--file", str(keys), "--config", str(config)]
+    assert main([*args, "acem"]) == 2
+    err = capsys.readouterr().err
+    assert "no contract for it" in err and "acme" in err
+    assert not keys.exists()
+    assert main([*args, "acme", "--label", "ci", "--expires-in", "30d", "--json"]) == 0
+    issued = json.loads(capsys.readouterr().out)
+    assert issued["label"] == "ci"
+    assert issued["expires_at"] == pytest.approx(issued["created_at"] + 30 * 86400)

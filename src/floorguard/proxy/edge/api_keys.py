@@ -61,6 +61,10 @@ class ApiKey:
     sha256: str
     created_at: float
     revoked_at: float | None = None
+    label: str = ""
+    """What the operator said it is for (`keys create --label`)."""
+    expires_at: float | None = None
+    """Seconds since the epoch after which it is refused (None: never)."""
 
 
 def looks_like_key(token: str) -> bool:
@@ -111,11 +115,21 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def create_key(path: Path, tenant: str, *, now: float) -> tuple[str, ApiKey]:
+def create_key(
+    path: Path,
+    tenant: str,
+    *,
+    now: float,
+    label: str = "",
+    expires_at: float | None = None,
+) -> tuple[str, ApiKey]:
     """Issue a key for `tenant` in the keys file at `path` (created if missing): the key,
-    shown this once, and its entry; `now`: seconds since the epoch, its creation time."""
+    shown this once, and its entry; `now`: seconds since the epoch, its creation time;
+    `expires_at`: when it stops being accepted (None: never)."""
     if not tenant or tenant != tenant.strip():
         raise ConfigError("tenant", tenant, "must be a non-empty name without spaces around it")
+    if expires_at is not None and not expires_at > now:
+        raise ConfigError("expires", expires_at, "must be after the key's creation")
     with _locked(path):
         try:
             namespace, keys = _read(path)
@@ -126,7 +140,7 @@ def create_key(path: Path, tenant: str, *, now: float) -> tuple[str, ApiKey]:
         while key_id in taken:
             key_id = secrets.token_hex(4)
         secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
-        entry = ApiKey(key_id, tenant, _digest(namespace, secret), now)
+        entry = ApiKey(key_id, tenant, _digest(namespace, secret), now, None, label, expires_at)
         _write(path, namespace, [*keys, entry])
     return f"{KEY_PREFIX}{key_id}_{secret}", entry
 
@@ -153,9 +167,11 @@ def revoke_key(path: Path, key_id: str, *, now: float) -> ApiKey:
 class KeyRing:
     """The keys file as the guard reads it: the tenant of a presented key, or None."""
 
-    def __init__(self, path: Path, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, path: Path, *, clock: Any = time.monotonic, wall: Any = time.time) -> None:
         self.path = path
         self._clock = clock
+        self._wall = wall
+        """Seconds since the epoch, for a key's expiry (the file's times are the epoch's)."""
         self._namespace = ""
         self._by_id: dict[str, ApiKey] = {}
         self._stamp: tuple[int, int] | None = None
@@ -199,5 +215,7 @@ class KeyRing:
             return None
         presented = _digest(self._namespace, match.group(2))
         if not hmac.compare_digest(presented, entry.sha256) or entry.revoked_at is not None:
+            return None
+        if entry.expires_at is not None and self._wall() >= entry.expires_at:
             return None
         return entry.tenant

@@ -317,7 +317,8 @@ def create_identity(
     spec: IdentitySpec, environ: Mapping[str, str] | None = None, *, clock: Clock | None = None
 ) -> Identity:
     environ = os.environ if environ is None else environ
-    keys = KeyRing(spec.api_keys_file) if spec.api_keys_file is not None else None
+    clock = WallClock() if clock is None else clock  # a key's expiry: the epoch's seconds
+    keys = KeyRing(spec.api_keys_file, wall=clock.now) if spec.api_keys_file is not None else None
     if spec.mode == "api_key":
         return Identity(spec, None, keys=keys, clock=clock)
     if spec.mode == "mtls":
