@@ -141,7 +141,7 @@ def test_an_expired_key_is_refused_and_a_label_is_kept(tmp_path):
     path = tmp_path / "keys.json"
     wall = Clock()
     wall.now = 1000.0
-    key, entry = create_key(path, "acme", now=1000.0, label="batch job", expires_at=1060.0)
+    key, _ = create_key(path, "acme", now=1000.0, label="batch job", expires_at=1060.0)
     ring = KeyRing(path, wall=wall)
     assert ring.tenant_of(key) == "acme"
     wall.now = 1060.0
