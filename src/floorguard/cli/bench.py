@@ -1,42 +1,41 @@
-"""`floorguard bench …`: each benchmark beside a reference measured in the same run."""
+"""`floorguard bench …`: each benchmark beside a reference measured in the same run. A
+bench's modules are imported when it runs, not when the parser is built (`--help` stays
+fast: the experiment suite and the simulator load in a second or more)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from floorguard.bench.backlog import bench_backlog, render_backlog
-from floorguard.bench.calibration import bench_calibration, render_calibration
-from floorguard.bench.handoff import bench_handoff, render_handoff
-from floorguard.bench.proxy import bench_proxy
-from floorguard.bench.sim import bench_fleet, bench_sim
-from floorguard.bench.soak import bench_soak
-from floorguard.bench.store import bench_store
-from floorguard.bench.tenants import bench_tenants
-from floorguard.bench.workers import bench_workers
 from floorguard.cli._common import print_result
 from floorguard.errors import FloorguardError
 
 __all__ = ["register", "run"]
 
 
+def _bench(name: str) -> Any:
+    """`floorguard.bench.<name>`, imported now (a bench's modules are heavy)."""
+    return importlib.import_module(f"floorguard.bench.{name}")
+
+
 def register(commands: Any) -> None:
     bench = commands.add_parser("bench", help="benchmarks, each beside a reference")
     kinds = bench.add_subparsers(dest="bench", required=True)
-    bench_sim = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
-    bench_sim.add_argument("--duration-s", type=float, default=600.0)
-    bench_sim.add_argument("--repeats", type=int, default=3)
-    bench_sim.add_argument(
+    sim_cmd = kinds.add_parser("sim", help="simulated requests/s and µs per decision")
+    sim_cmd.add_argument("--duration-s", type=float, default=600.0)
+    sim_cmd.add_argument("--repeats", type=int, default=3)
+    sim_cmd.add_argument(
         "--fleet",
         action="store_true",
         help="requests per wall second at fleet scale (16 replicas × 256 backends × 200 "
         "tenants) beside the single-backend figure",
     )
-    bench_sim.add_argument("--json", action="store_true")
+    sim_cmd.add_argument("--json", action="store_true")
     bench_proxy_cmd = kinds.add_parser("proxy", help="latency and throughput the guard adds")
     bench_proxy_cmd.add_argument("--requests", type=int, default=400)
     bench_proxy_cmd.add_argument("--repeats", type=int, default=2)
@@ -130,23 +129,23 @@ def run(args: argparse.Namespace, console: Console) -> int:  # noqa: PLR0912  # 
     if args.bench == "tenants":
         return _tenants(args, console)
     if args.bench == "sim" and args.fleet:
-        result = bench_fleet(repeats=args.repeats)
+        result = _bench("sim").bench_fleet(repeats=args.repeats)
     elif args.bench == "sim":
-        result = bench_sim(duration_s=args.duration_s, repeats=args.repeats)
+        result = _bench("sim").bench_sim(duration_s=args.duration_s, repeats=args.repeats)
     elif args.bench == "proxy" and args.workers is not None:
-        result = bench_workers(
+        result = _bench("workers").bench_workers(
             workers=args.workers, requests=args.requests, repeats=args.repeats, client=args.client
         )
     elif args.bench == "proxy":
-        result = bench_proxy(requests=args.requests, repeats=args.repeats)
+        result = _bench("proxy").bench_proxy(requests=args.requests, repeats=args.repeats)
     elif args.bench == "soak":
         if not args.minutes > 0 or not args.overload > 0:
             raise FloorguardError("--minutes and --overload must be > 0")
-        result = bench_soak(minutes=args.minutes, overload=args.overload)
+        result = _bench("soak").bench_soak(minutes=args.minutes, overload=args.overload)
     elif args.bench == "store":
         if args.requests < args.concurrency or args.concurrency < 1:
             raise FloorguardError("--requests must be ≥ --concurrency ≥ 1")
-        result = bench_store(
+        result = _bench("store").bench_store(
             redis_url=args.redis,
             requests=args.requests,
             concurrency=args.concurrency,
@@ -158,9 +157,9 @@ def run(args: argparse.Namespace, console: Console) -> int:  # noqa: PLR0912  # 
             if evaluations % 50 == 0:
                 console.print(f"fit: {evaluations} evaluations, sum of squares {cost:.4f}")
 
-        result = bench_calibration(fit=args.fit, progress=progress)
+        result = _bench("calibration").bench_calibration(fit=args.fit, progress=progress)
         if not args.json:
-            render_calibration(result, console)
+            _bench("calibration").render_calibration(result, console)
             return 0
     print_result(result, args.json, console)
     return 0
@@ -169,7 +168,7 @@ def run(args: argparse.Namespace, console: Console) -> int:  # noqa: PLR0912  # 
 def _tenants(args: argparse.Namespace, console: Console) -> int:
     if args.requests < 1 or args.repeats < 1:
         raise FloorguardError("--requests and --repeats must be ≥ 1")
-    result = bench_tenants(requests=args.requests, repeats=args.repeats)
+    result = _bench("tenants").bench_tenants(requests=args.requests, repeats=args.repeats)
     if args.json:
         print_result(result, True, console)
         return 0
@@ -195,11 +194,11 @@ def _handoff(args: argparse.Namespace, console: Console) -> int:
             f"rep {rep + 1}: {name}: median hand-off {row['median_ms']:.1f} ms", style="dim"
         )
 
-    result = bench_handoff(
+    result = _bench("handoff").bench_handoff(
         args.backend, args.model, slots=args.slots, requests=args.requests,
         tokens=args.tokens, repeats=args.repeats, progress=None if args.json else on_path,
     )  # fmt: skip
-    return _emit(result, args, console, render_handoff)
+    return _emit(result, args, console, _bench("handoff").render_handoff)
 
 
 def _backlog(args: argparse.Namespace, console: Console) -> int:
@@ -217,11 +216,11 @@ def _backlog(args: argparse.Namespace, console: Console) -> int:
             style="dim",
         )
 
-    result = bench_backlog(
+    result = _bench("backlog").bench_backlog(
         args.backend, args.model, slots=args.slots, sizes=sizes, repeats=args.repeats,
         progress=None if args.json else on_rep,
     )  # fmt: skip
-    return _emit(result, args, console, render_backlog)
+    return _emit(result, args, console, _bench("backlog").render_backlog)
 
 
 def _emit(

@@ -9,9 +9,6 @@ from typing import Any
 from rich.console import Console
 
 from floorguard.errors import FloorguardError
-from floorguard.experiments.catalogue import catalogue
-from floorguard.experiments.real import MEMORY_EXPERIMENTS, REAL_EXPERIMENTS, run_on_backend
-from floorguard.experiments.report import run_suite
 
 __all__ = ["register", "run"]
 
@@ -62,6 +59,15 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    # the suite loads in a second or more: imported when it runs, not for `--help`
+    from floorguard.experiments.catalogue import catalogue  # noqa: PLC0415
+    from floorguard.experiments.real import (  # noqa: PLC0415
+        MEMORY_EXPERIMENTS,
+        REAL_EXPERIMENTS,
+        run_on_backend,
+    )
+    from floorguard.experiments.report import run_suite  # noqa: PLC0415
+
     experiments = catalogue(getattr(args, "burstgpt", None))
     if args.action == "list":
         for e in experiments.values():
