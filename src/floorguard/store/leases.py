@@ -3,13 +3,24 @@ every replica, and no opportunistic start on a backend while another replica has
 floor-entitled request waiting for it.
 
 A replica dispatches a request only with a lease on its backend (`lease.lua`, one EVALSHA
-per decision): granted iff fewer than `C` leases are live and, for a request that is not
-floor-entitled, no other replica's entry on the backend's waiting board is positive. Every
+per decision, or a slot handed to it): granted iff fewer than `C` leases are live and, for
+a request that is not floor-entitled, no other replica's entry on the backend's waiting
+board is positive. Every
 call publishes this replica's count of entitled requests waiting (and a denied entitled
 request counts itself), so the board is current after each decision, and a renewal every
 `ttl_s / 4` keeps both the leases and the board entry alive. A replica that dies stops
 renewing: its leases expire within `ttl_s` of its last renewal (≤ `1.25 · ttl_s` after it
 died), and its board entry with them.
+
+Freed slots are handed over, not polled for. A denied start counts itself on the board
+(entitled, or other), and each slot a release frees goes, in that same call, to a waiting
+replica (entitled first, round-robin): leased in its name and published on its channel
+(`handed_channel`). That replica's next start there takes the handed lease — an entitled
+one with no call, an opportunistic one with a call that reads the board (and hands the
+slot on if another replica's entitled request waits) — and a slot it cannot use is handed
+on (`plan_pass_on`; at the latest at its second renewal). A renewal lists the slots handed
+to the caller, so a lost message costs at most `ttl_s / 4`. A denied start's backend is
+held off until a hand-over or that renewal (`hand_over_by`).
 
 A call that timed out may have run. Each acquire names its lease afresh (the request and
 the call's number), so a lease whose grant never came back is one no later call reuses:
