@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version as package_version
+from typing import Any
 
 from rich.console import Console
 
@@ -24,8 +25,39 @@ from floorguard.errors import FloorguardError
 __all__ = ["build_parser", "main"]
 
 
+class _Help(argparse.HelpFormatter):
+    """Each option's default after its help, where it has one its help does not say already
+    (not a flag's False, not None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default is None or isinstance(default, bool) or default is argparse.SUPPRESS:
+            return text
+        if "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser (subparsers are made of their parent's class): its `--help`
+    shows the defaults (`_Help`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        default = action.default
+        shown = default is not None and not isinstance(default, bool)
+        if action.help is None and action.option_strings and shown:
+            action.help = "(default: %(default)s)"  # no words of help: its default, still
+        return action
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="floorguard",
         description="A trusted floor under an untrusted learner, for multi-tenant LLM serving.",
     )

@@ -13,26 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jwt
-import numpy as np
-from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from floorguard.analysis.summary import pool_runs
-from floorguard.calibrate import calibrate
 from floorguard.cli._common import fmt, port, print_result
 from floorguard.errors import FloorguardError
 from floorguard.profiles import PROFILES
-from floorguard.proxy.config.guard import load_config
-from floorguard.proxy.edge.identity import create_identity
-from floorguard.proxy.process.serve import event_loop_line, run_guard, start_report, start_warnings
-from floorguard.proxy.process.workers import supervise
-from floorguard.rig.demo import CAPTION, run_demo
-from floorguard.rig.emulator import Emulator, create_emulator_app
-from floorguard.rig.loadgen import measure_client, refusals, replay
-from floorguard.sim.scenarios import SCENARIOS, create_scenario, trace_replay
-from floorguard.sim.workloads import build_requests
+from floorguard.sim.scenarios import SCENARIOS
+
+# Each command imports what it runs (the HTTP guard, the emulator, the rig) when it runs:
+# the parser, and `--help`, need none of them.
 
 __all__ = ["register"]
 
@@ -128,6 +118,8 @@ def register(commands: Any) -> None:
 
 
 def run_demo_command(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.rig.demo import CAPTION, run_demo  # noqa: PLC0415  # see the imports
+
     if args.duration_s <= 0:
         raise FloorguardError(f"--duration-s = {args.duration_s}: must be > 0")
     console.print(
@@ -168,6 +160,13 @@ def run_demo_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_load(args: argparse.Namespace, console: Console) -> int:
+    import numpy as np  # noqa: PLC0415  # see the imports
+
+    from floorguard.analysis.summary import pool_runs  # noqa: PLC0415
+    from floorguard.rig.loadgen import measure_client, refusals, replay  # noqa: PLC0415
+    from floorguard.sim.scenarios import create_scenario, trace_replay  # noqa: PLC0415
+    from floorguard.sim.workloads import build_requests  # noqa: PLC0415
+
     scenario = (
         trace_replay(args.trace, duration_s=args.trace_duration_s)
         if args.trace
@@ -210,6 +209,11 @@ def run_load(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_token(args: argparse.Namespace, console: Console) -> int:
+    import jwt  # noqa: PLC0415  # see the imports
+
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415
+    from floorguard.proxy.edge.identity import create_identity  # noqa: PLC0415
+
     """Print a JWT the guard of `--config` accepts for `--tenant`: signed HS256 with its
     secret, the claims it checks (`exp`, `iss` and `aud` where configured, the tenant in
     `tenant_claim`). Public-key configs are signed by the identity provider, not here."""
@@ -239,6 +243,15 @@ def run_token(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_serve(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415  # see the imports
+    from floorguard.proxy.process.serve import (  # noqa: PLC0415
+        event_loop_line,
+        run_guard,
+        start_report,
+        start_warnings,
+    )
+    from floorguard.proxy.process.workers import supervise  # noqa: PLC0415
+
     config = load_config(args.config)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -294,6 +307,8 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_calibrate(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.calibrate import calibrate  # noqa: PLC0415  # see the imports
+
     if args.reps < 1:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
     if not args.json:
@@ -324,6 +339,10 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_emulate(args: argparse.Namespace, console: Console) -> int:
+    from aiohttp import web  # noqa: PLC0415  # see the imports
+
+    from floorguard.rig.emulator import Emulator, create_emulator_app  # noqa: PLC0415
+
     if args.slots < 1:
         raise FloorguardError(f"--slots = {args.slots}: must be ≥ 1")
     emulator = Emulator(

@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
 
 from floorguard.errors import FloorguardError
-from floorguard.proxy.config.guard import GuardServerConfig, load_config
-from floorguard.proxy.process.serve import screen_config
 from floorguard.screen.model import (
     AGGREGATIONS,
     DEFAULT_MODEL,
@@ -22,6 +20,9 @@ from floorguard.screen.model import (
     read_service_samples,
     screen,
 )
+
+if TYPE_CHECKING:  # a serve config's modules load with it (`_from_serve_config`), not for --help
+    from floorguard.proxy.config.guard import GuardServerConfig
 
 __all__ = ["register", "run"]
 
@@ -81,6 +82,8 @@ def _from_serve_config(
     dispatch; ŝ from `--service-samples`, else `--aggregation` of its profile's services
     under a saturating flood (simulated, C = 4); `s_max` its profile's ceiling at
     `limits.default_max_tokens`."""
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415  # see the imports
+
     config = load_config(args.config)
     return {
         name: _pool_screen(args, pool, service_s, console, name)
@@ -99,6 +102,8 @@ def _pool_screen(
         raise FloorguardError(
             f"--config {args.config}: no profile to take ŝ from; give --service-samples"
         )
+    from floorguard.proxy.process.serve import screen_config  # noqa: PLC0415
+
     derived = screen_config(
         config,
         service_s=service_s,
@@ -119,6 +124,8 @@ def _pool_screen(
 
 def _contract_deadlines(args: argparse.Namespace) -> dict[str | None, float]:
     """Per pool of a serve config, its tightest assured contract's deadline budget (s)."""
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415  # see the imports
+
     out = {}
     for name, pool in load_config(args.config).pools().items():
         budgets = [c.deadline_budget_s for c in pool.guard_config().contracts if c.assured]

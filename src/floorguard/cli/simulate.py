@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -15,11 +15,8 @@ from floorguard.baselines.flow_control import FlowControlOptions, MappingFault
 from floorguard.baselines.registry import POLICIES, RateLimits, StackOptions
 from floorguard.cli._common import fmt
 from floorguard.errors import FloorguardError
-from floorguard.experiments.figures import fleet_figure
 from floorguard.learners.registry import LEARNERS, LearnerOptions
 from floorguard.profiles import PROFILES, get_profile
-from floorguard.proxy.config.guard import GuardServerConfig, load_config
-from floorguard.sim.fleet import Fleet, SlotMode, simulate_fleet
 from floorguard.sim.scenarios import (
     PACE_JITTER_S,
     SCENARIOS,
@@ -27,8 +24,6 @@ from floorguard.sim.scenarios import (
     create_scenario,
     trace_replay,
 )
-from floorguard.sim.simulate import simulate
-from floorguard.sim.targets import saturated_capacity
 from floorguard.sim.workloads import (
     FixedLength,
     PacedArrivals,
@@ -36,6 +31,10 @@ from floorguard.sim.workloads import (
     Stream,
     SyntheticStream,
 )
+
+if TYPE_CHECKING:  # each loads when its command runs, not for the parser (`--help`)
+    from floorguard.proxy.config.guard import GuardServerConfig
+    from floorguard.sim.fleet import Fleet
 
 __all__ = ["pool_scenarios", "register", "run", "scenario_from", "stack_options_from"]
 
@@ -219,6 +218,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return _run_fleet(args, console)
     if args.config is not None:
         return _run_pools(args, console)
+    from floorguard.sim.simulate import simulate  # noqa: PLC0415  # see the imports
+
     scenario = scenario_from(args)
     with Progress(console=console, transient=True, disable=args.reps == 1) as progress:
         task = progress.add_task(f"{scenario.name} × {args.reps} reps", total=args.reps)
@@ -247,6 +248,8 @@ def pool_scenarios(
     meter, profile and doom gate as the guard would run them; every assured tenant paced at
     its floor (B per window, design §10's jitter), the opportunistic tenants sharing a Poisson
     flood of `flood` × the pool's saturated capacity; ℓ = `limits.default_max_tokens`."""
+    from floorguard.sim.targets import saturated_capacity  # noqa: PLC0415  # see the imports
+
     tokens = config.limits.default_max_tokens
     out: dict[str | None, Scenario] = {}
     for name, pool in config.pools().items():
@@ -294,6 +297,9 @@ def pool_scenarios(
 def _run_pools(args: argparse.Namespace, console: Console) -> int:
     if not args.duration_s > 0 or args.flood < 0:
         raise FloorguardError("--duration-s must be > 0 and --flood ≥ 0")
+    from floorguard.proxy.config.guard import load_config  # noqa: PLC0415  # see the imports
+    from floorguard.sim.simulate import simulate  # noqa: PLC0415
+
     config = load_config(args.config)
     pools = config.pools()
     summaries = {}
@@ -363,6 +369,8 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
 
 
 def _fleets(args: argparse.Namespace) -> list[Fleet]:
+    from floorguard.sim.fleet import Fleet, SlotMode  # noqa: PLC0415  # see the imports
+
     try:
         skews = [float(x) for x in str(args.skew).split(",")]
         outage = (
@@ -395,6 +403,9 @@ def _fleets(args: argparse.Namespace) -> list[Fleet]:
 
 
 def _run_fleet(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.experiments.figures import fleet_figure  # noqa: PLC0415  # see the imports
+    from floorguard.sim.fleet import simulate_fleet  # noqa: PLC0415
+
     fleets = _fleets(args)
     results = []
     with Progress(console=console, transient=True) as progress:

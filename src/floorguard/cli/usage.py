@@ -16,8 +16,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from floorguard.analysis.usage import USAGE_KEYS, usage_report
 from floorguard.errors import ConfigError
-from floorguard.proxy.observe.usage import USAGE_KEYS, usage_report
 
 __all__ = ["register", "run"]
 
