@@ -204,3 +204,25 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
     finally:
         client.delete(*keys)
         client.close()
+
+
+def test_a_slot_handed_to_a_replica_expires_with_its_waiting_entry(module_redis):
+    """B waits for a full backend at t = 1000 (its board entry lives to 1001) and calls no
+    more — it died. A releases at 1000.9: the slot is handed to B, expiring at 1001 (B's
+    entry), not at 1001.9: a dead replica holds nothing past ttl_s after its last call."""
+    prefix = f"lease{next(PREFIXES)}"
+    client = redis.Redis.from_url(module_redis.url)
+    script = client.register_script(LEASE_SCRIPT)
+    keys = [f"{prefix}:slots:{{b}}", f"{prefix}:slots:{{b}}:wait"]
+    sim = SimulatedRedis()
+    steps = [("A", "acquire", 1000.0, "A|1"), ("B", "acquire", 1000.0, "B|1"),
+             ("A", "release", 1000.9, "A|1")]  # fmt: skip
+    try:
+        for replica, op, now, member in steps:
+            script(keys=keys, args=[op, 1, "1.0", replica, 0, 1, repr(now), 0, 0, "", "b", member])
+            sim.lease("b", op, 1, 1.0, replica, 0, True, [member], now)
+        leases, _, _ = _stored_leases(client, keys)
+        assert leases == {"B|handed|1": 1001.0} == sim.lease_state("b")[0]
+    finally:
+        client.delete(*keys)
+        client.close()

@@ -118,7 +118,8 @@ def test_one_slow_call_is_retried_not_an_outage(server, floors, loop):
 def test_a_redis_that_restarts_empty_inside_a_window_is_detected(server, floors, loop):
     """Two replicas grant 3 + 3 of B = 6; Redis restarts without its data inside the window.
     Each replica sees the tenant's new generation and re-forces its 3 before taking more, so
-    the window grants nothing more: 6, not 12; both report `shared`."""
+    the window grants nothing more: 6, not 12; both report `recovering` (Redis was away:
+    others may still grant their fail-static shares), not degraded."""
     a, b = floors(server.url, replicas=2), floors(server.url, replicas=2)
     schedule = mid_window(server.url)
     assert take(loop, a, "acme", 3, schedule) == [True] * 3
@@ -130,7 +131,7 @@ def test_a_redis_that_restarts_empty_inside_a_window_is_detected(server, floors,
     assert take(loop, b, "acme", 3, schedule) == [False] * 3
     assert used(server.url, "acme") == 6
     assert a.calls["restored"] == 3 and b.calls["restored"] == 3
-    assert a.state == b.state == "shared"
+    assert a.state == b.state == "recovering"
 
 
 def test_a_replica_that_never_called_for_a_tenant_finds_the_lost_state_too(server, floors, loop):
@@ -146,7 +147,7 @@ def test_a_replica_that_never_called_for_a_tenant_finds_the_lost_state_too(serve
     server.kill()
     server.start()
     assert take(loop, c, "acme", 6, schedule) == [False] * 6
-    assert c.calls["lost_state"] == 1 and c.state == "shared"
+    assert c.calls["lost_state"] == 1 and c.state == "recovering"
     assert take(loop, a, "acme", 1, schedule) == [False]
     assert used(server.url, "acme") == 6  # A re-forced its 6
 

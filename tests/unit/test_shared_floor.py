@@ -408,3 +408,27 @@ def test_a_redis_that_lost_its_state_is_found_at_a_replicas_first_call_for_a_ten
         assert sim.client("x").call("t", 0, 4, schedule, 10.5, mode="peek").grant.remaining == 1
     else:
         assert 3 + by_b + by_a == 7  # the hole the learning closes
+
+
+def test_a_replica_that_finds_a_lost_state_holds_its_take_down_while_others_may_be_degraded():
+    """A CI chaos run (a Redis restart within one beat): replicas b and c met the restart
+    and went degraded; replica a never did, and its first call found the state lost. In the
+    next window b and c granted their fail-static ⌊3/3⌋ locally and a took the whole B = 3
+    through Redis: 5 of 3 (verify: "acme was granted 4 > B = 3"). A lost state is an outage
+    seen: a holds its take down as a replica back from one does, and the window holds 3."""
+    sim = SimulatedRedis()
+    schedule = WindowSchedule(1.0)
+    a, b, c = (floor(sim.client(name), replicas=3) for name in "abc")
+    for shared in (a, b, c):
+        shared.learn(["t"], schedule, 10.0)
+    assert a.acquire("t", 1, 3, schedule, 10.1).granted
+    sim.down = True
+    for shared in (b, c):  # the onset window: degraded, nothing granted
+        assert not shared.acquire("t", 1, 3, schedule, 10.95).granted and shared.degraded
+    sim.restart()
+    sim.down = False
+    assert not a.acquire("t", 1, 3, schedule, 10.97).granted  # window 10 closed: lost
+    granted = sum(s.acquire("t", 1, 3, schedule, 11.0 + i / 100).granted
+                  for i in range(10) for s in (b, c, a))  # fmt: skip
+    assert b.degraded and c.degraded  # their probes are not due before 11.45
+    assert granted == 3 and a.state == "recovering"

@@ -37,7 +37,9 @@
 -- "<prefix><replica>" as "<backend> <member>". The replica starts its next request there
 -- on the handed lease without another call, and releases it (handing it on) if it has
 -- none left to start. A message lost (a subscriber reconnecting) is found by the
--- replica's next renewal; a handed slot no one takes expires with its ttl. Only a slot a
+-- replica's next renewal; a handed slot no one takes expires with its ttl, or with the
+-- waiter's board entry if that is sooner (a replica that died waiting holds nothing past
+-- ttl_s after its last call). Only a slot a
 -- release frees is handed over, never one free for another reason: after Redis was away,
 -- its leases have expired while their requests still run, until their replicas restore
 -- them (a fresh start there is the documented brief overshoot; a hand-over of every
@@ -155,7 +157,9 @@ while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
       local entry = board[to]
       entry[class] = entry[class] - 1
       local member = to .. '|handed|' .. turn
-      redis.call('ZADD', KEYS[1], now + ttl, member)
+      -- no later than the waiter's board entry: a replica that died waiting is handed
+      -- nothing that outlives its own last call's ttl
+      redis.call('ZADD', KEYS[1], math.min(now + ttl, entry[2]), member)
       if entry[1] > 0 or entry[4] > 0 then
         redis.call('HSET', KEYS[2], to, entry[1] .. '|' .. entry[2] .. '|' .. entry[3] .. '|' .. entry[4])
       else

@@ -40,7 +40,12 @@ for a tenant: a first call with no generation seen cannot tell a new tenant from
 forgotten one, and would take the window afresh while the grants others made there are
 lost. The replica's next call re-forces what it had granted through Redis in the current
 window, and that window is closed to fresh takes for every replica (none can know what the
-others granted there until they re-force it); the next window is shared as usual.
+others granted there until they re-force it). The next window is shared as after any
+outage: this replica holds its take down (`_recovery_capacity`) while the replicas that met
+the restart as an outage may still grant their fail-static shares. (A restart shorter than a
+membership beat is found by the lost state alone: a replica that never failed a call took
+the whole floor in the next window while two others granted their ⌊B/N⌋ locally, 5 of
+B = 3, in a chaos run.)
 
 Bound: while every replica sees the same Redis (up or down) the fleet admits at most `B`
 per window under `fail-static`; while replicas disagree (a partial partition, or the
@@ -468,6 +473,9 @@ class SharedFloor(CreditStore):
             self.calls["lost_state"] += 1
             if self.on_lost_state is not None:
                 self.on_lost_state(key, grant.window_index, now)
+            # a Redis that lost its state was away: others may be granting their
+            # fail-static shares until their probes find it back
+            self.outage_seen(now)
         self._seen[key] = reply.generation
         self.offset_s = reply.clock_s - now
         if grant.granted:

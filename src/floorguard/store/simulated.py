@@ -240,7 +240,7 @@ class SimulatedRedis:
             entry = board[to]
             entry[column] -= 1
             member = f"{to}|handed|{turn}"
-            leases[member] = expiry
+            leases[member] = min(expiry, entry[1])  # no later than the waiter's entry
             if entry[0] <= 0 and entry[3] <= 0:
                 del board[to]
             handed.append((to, member))
