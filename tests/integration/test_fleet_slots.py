@@ -21,8 +21,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from floorguard.store.leases import lease_keys, pool_tag
 from tests.integration.live import ISSUER, SECRET, token
-from tests.integration.processes import emulate, serve, stop
+from tests.integration.processes import emulate, floorguard, serve, stop
 
 BACKEND_SLOTS, REPLICAS = 6, 3
 
@@ -230,7 +231,7 @@ def test_a_killed_replica_gives_its_leases_back_within_the_ttl(small_backend, tm
     for config in configs:  # the killed replica's log is lost, so the floor is not at stake
         config["contracts"][0]["floor"] = 1000
     replicas = _start(configs, tmp_path)
-    key = f"floorguard:slots:{{{url}}}"
+    key = lease_keys("floorguard", pool_tag(None), url)[0]
 
     async def scenario():
         flood = asyncio.ensure_future(_flood([u for u, _, _ in replicas], 12))  # noqa: RUF006
@@ -265,3 +266,25 @@ def test_a_killed_replica_gives_its_leases_back_within_the_ttl(small_backend, tm
         stop(*(p for _, p, _ in replicas))
     code, report = _verify([log for *_, log in replicas[1:]])
     assert code == 0, report["violations"][:3]
+
+
+def test_a_leased_replica_does_not_lease_beside_an_earlier_versions_leases(small_backend, tmp_path):
+    """Replicas of an earlier floorguard kept a backend's leases under `slots:{<backend>}`;
+    this one keeps them under the pool's tag. Started while such a key lives (a rolling
+    upgrade), the two would count apart and fill the backend past C: `serve` waits a
+    lease ttl for the key to go, then exits non-zero naming it and what to do."""
+    url, redis_url = small_backend
+    with redis.Redis.from_url(redis_url) as client:
+        client.zadd(f"floorguard:slots:{{{url}}}", {"old|1|1": 4e9})
+    config = _leased(url, redis_url, 0, tmp_path / "r0.jsonl", ttl_s=0.5)
+    path = tmp_path / "r0.yaml"
+    path.write_text(yaml.safe_dump({"port": 0, **config}))
+    with (tmp_path / "r0.err").open("wb") as err:
+        process = floorguard("serve", "--config", str(path), stderr=err)
+        try:
+            assert process.wait(60) != 0
+        finally:
+            stop(process)
+    said = (tmp_path / "r0.err").read_text()
+    assert "earlier floorguard" in said and f"slots:{{{url}}}" in said and "docs/deploy.md" in said
+    assert "Traceback" not in said

@@ -8,6 +8,7 @@ same pattern of generations."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -15,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from floorguard.store.leases import SCRIPT as LEASE_SCRIPT
+from floorguard.store.leases import LeaseCall, lease_keys, redis_lease_script
 from floorguard.store.redis_store import Carry, RedisCreditStore
 from floorguard.store.simulated import SimulatedRedis
 from floorguard.windows import WindowSchedule
@@ -126,8 +127,10 @@ _lease_calls = st.fixed_dictionaries(
         "op": st.sampled_from(
             ["acquire", "acquire", "acquire", "release", "renew", "restore", "restart"]
         ),
+        "backend": st.sampled_from(["b", "b", "c"]),
         "replica": st.sampled_from(["A", "B", "C"]),
         "request": st.integers(0, 4),
+        "handed": st.integers(0, 6),
         "step_s": st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 1.5]),  # binary-exact
         "capacity": st.integers(0, 3),
         "waiting": st.integers(0, 2),
@@ -138,72 +141,94 @@ _lease_calls = st.fixed_dictionaries(
 )
 
 
-def _stored_leases(client, keys):
+def _stored_leases(client, prefix, backend):
+    """A backend's leases and its pool's board, as `SimulatedRedis.lease_state` gives them."""
+    keys = lease_keys(prefix, "pool", backend)
     leases = {m.decode(): score for m, score in client.zrange(keys[0], 0, -1, withscores=True)}
-    board, turn = {}, 0
-    for replica, value in client.hgetall(keys[1]).items():
-        if replica == b"|turn":
-            turn = int(value)
-            continue
-        count, expiry, seq, surplus = value.decode().split("|")
-        board[replica.decode()] = (int(count), float(expiry), int(seq), int(surplus))
-    return leases, board, turn
+    board: dict[str, object] = {}
+    for name, value in client.hgetall(keys[1]).items():
+        field, text = name.decode(), value.decode()
+        if field == "|turn":
+            board[field] = int(text)
+        elif field.startswith("|use:"):
+            used, capacity = text.split("|")
+            board[field] = (int(used), int(capacity))
+        elif field.startswith("|h:"):
+            where, expiry = text.rsplit("|", 1)
+            board[field] = (where, float(expiry))
+        else:
+            count, expiry, seq, surplus = text.split("|")
+            board[field] = (int(count), float(expiry), int(seq), int(surplus))
+    return leases, board
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(calls=st.lists(_lease_calls, min_size=1, max_size=30))
 def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
-    """Leases, their expiry, renewal and restore, releases, the waiting board's order denials,
-    a late call (numbered below the board entry's) leaving the entry alone, and each free
-    slot handed over to a waiting replica (entitled first, round-robin) in the same call,
-    call for call against `lease.lua` on the caller's clock (ttl 1 s), and the leases and
-    the board as stored after each call."""
+    """Leases, their expiry, renewal and restore, releases, the pool's one waiting board's
+    order denials, a late call (numbered below the board entry's) leaving the entry alone,
+    each freed slot handed over to a replica waiting in the pool (entitled first,
+    round-robin) in the same call, the handed slots a renewal lists on any backend, and
+    the other backends a full denial names, on two backends of one pool, call for call
+    against `lease.lua` on the caller's clock (ttl 1 s), and the leases and the board as
+    stored after each call."""
     prefix = f"lease{next(PREFIXES)}"
     client = redis.Redis.from_url(module_redis.url)
-    script = client.register_script(LEASE_SCRIPT)
-    keys = [f"{prefix}:slots:{{b}}", f"{prefix}:slots:{{b}}:wait"]
+    run = redis_lease_script(_Store(client, prefix))
     sim = SimulatedRedis()
     now = 1000.0
+    loop = asyncio.new_event_loop()
     try:
         for call in calls:
             now += call["step_s"]
             if call["op"] == "restart":
-                client.delete(*keys)
+                client.delete(*(k for b in "bc" for k in lease_keys(prefix, "pool", b)))
                 sim.restart()
                 continue
             member = f"{call['replica']}|{call['request']}"
-            args = [call["op"], call["capacity"], "1.0", call["replica"], call["waiting"]]
-            more = [call["surplus"], "", "b"]  # no channel: nothing published
-            granted, reason, count, _, handed, held = script(
-                keys=keys,
-                args=[*args, int(call["entitled"]), repr(now), call["seq"], *more, member],
-            )
-            pairs = [x.decode() for x in handed]
-            real = (
-                bool(granted),
-                reason.decode(),
-                int(count),
-                list(zip(pairs[::2], pairs[1::2], strict=True)),
-                [m.decode() for m in held],
-            )
-            simulated = sim.lease(
-                "b",
+            if call["op"] != "restore" and call["request"] == 4:  # a handed slot, maybe
+                member = f"{call['replica']}|handed|{call['handed']}"
+            lease = LeaseCall(
+                call["backend"],
                 call["op"],
                 call["capacity"],
                 1.0,
                 call["replica"],
                 call["waiting"],
                 call["entitled"],
-                [member],
+                (member,),
                 now,
                 call["seq"],
                 call["surplus"],
             )
-            assert simulated == real, call
-            assert sim.lease_state("b") == _stored_leases(client, keys), call
+            real = loop.run_until_complete(run(lease))
+            assert sim.lease(lease) == real, call
+            for backend in "bc":
+                stored = _stored_leases(client, prefix, backend)
+                assert sim.lease_state("pool", backend) == stored, call
     finally:
-        client.delete(*keys)
+        loop.close()
+        client.delete(*(k for b in "bc" for k in lease_keys(prefix, "pool", b)))
         client.close()
+
+
+class _Store:
+    """What `redis_lease_script` reads of a `RedisCreditStore`, over one blocking client run
+    on the asyncio path (no channel: nothing published)."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def register_async(self, script: str):
+        registered = self.client.register_script(script)
+
+        async def run(*, keys, args):
+            args = list(args)
+            args[9] = ""  # publish nothing
+            return registered(keys=keys, args=args)
+
+        return run
 
 
 def test_a_slot_handed_to_a_replica_expires_with_its_waiting_entry(module_redis):
@@ -212,17 +237,18 @@ def test_a_slot_handed_to_a_replica_expires_with_its_waiting_entry(module_redis)
     entry), not at 1001.9: a dead replica holds nothing past ttl_s after its last call."""
     prefix = f"lease{next(PREFIXES)}"
     client = redis.Redis.from_url(module_redis.url)
-    script = client.register_script(LEASE_SCRIPT)
-    keys = [f"{prefix}:slots:{{b}}", f"{prefix}:slots:{{b}}:wait"]
+    run = redis_lease_script(_Store(client, prefix))
     sim = SimulatedRedis()
     steps = [("A", "acquire", 1000.0, "A|1"), ("B", "acquire", 1000.0, "B|1"),
              ("A", "release", 1000.9, "A|1")]  # fmt: skip
+    loop = asyncio.new_event_loop()
     try:
         for replica, op, now, member in steps:
-            script(keys=keys, args=[op, 1, "1.0", replica, 0, 1, repr(now), 0, 0, "", "b", member])
-            sim.lease("b", op, 1, 1.0, replica, 0, True, [member], now)
-        leases, _, _ = _stored_leases(client, keys)
-        assert leases == {"B|handed|1": 1001.0} == sim.lease_state("b")[0]
+            lease = LeaseCall("b", op, 1, 1.0, replica, 0, True, (member,), now, 0)
+            assert sim.lease(lease) == loop.run_until_complete(run(lease))
+        leases, _ = _stored_leases(client, prefix, "b")
+        assert leases == {"B|handed|1": 1001.0} == sim.lease_state("pool", "b")[0]
     finally:
-        client.delete(*keys)
+        loop.close()
+        client.delete(*lease_keys(prefix, "pool", "b"))
         client.close()

@@ -14,7 +14,13 @@ import redis
 from floorguard.clock import WallClock
 from floorguard.core.contract import WindowSchedule
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
-from floorguard.store.leases import SlotLeases, handed_channel, redis_lease_script
+from floorguard.store.leases import (
+    SlotLeases,
+    handed_channel,
+    lease_keys,
+    pool_tag,
+    redis_lease_script,
+)
 from floorguard.store.plan import run_plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor, Unavailable
@@ -291,7 +297,9 @@ def test_slot_leases_bound_the_fleet_and_hand_freed_slots_over_assured_first(ser
 def _members(url):
     """The backend's leases, each without its number (`<replica>|<request or handed>`)."""
     with redis.Redis.from_url(url) as client:
-        stored = client.zrange("floorguard:slots:{http://vllm:8000}", 0, -1)
+        stored = client.zrange(
+            lease_keys("floorguard", pool_tag(None), "http://vllm:8000")[0], 0, -1
+        )
     return sorted(m.decode().rsplit("|", 1)[0] for m in stored)
 
 

@@ -55,9 +55,14 @@ def test_a_store_outage_under_grants_and_is_conditional_not_a_violation():
 def test_the_fleet_check_catches_a_fleet_that_ignores_the_waiting_board(monkeypatch):
     """Attack the lease script: a store whose waiting board never holds an opportunistic
     start back lets replicas start surplus work while another replica's entitled request
-    waits for the backend, and check_fleet says so (fleet ORDER)."""
-    monkeypatch.setattr(simulated, "_board_order", lambda board, replica, now: "")
-    result = simulate_fleet(Fleet(**SMALL, floor=2, skew=1.0), seed=0)
+    waits for a slot, and check_fleet says so (fleet ORDER). (The pool's hand-over gives
+    every freed slot to the entitled waiters first, so only a slot free when it was asked
+    for slips past: two backends, where the replicas' views of which is free go stale
+    fastest.)"""
+    fleet = Fleet(**{**SMALL, "backends": 2}, floor=2, skew=2.0)
+    assert simulate_fleet(fleet, seed=0).verify_ok
+    monkeypatch.setattr(simulated, "_board_order", lambda board, replica: "")
+    result = simulate_fleet(fleet, seed=0)
     assert not result.verify_ok
     assert any(v.startswith("ORDER: fleet") for v in result.violations)
 

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from floorguard.core.events import EventKind
+from floorguard.core.leasing import lease_answered
 from floorguard.core.surface import LEASE_HOLD_OFF_MAX_S, LEASE_HOLD_OFF_S, NO_LEASE, Dispatch
 from floorguard.errors import ProtocolError
 from floorguard.store.leases import LeaseReply, SlotLeases
@@ -242,3 +243,66 @@ def test_two_hand_overs_before_a_start_offer_two_starts():
     guard.lease_handed(0, 0.1)
     guard.lease_handed(0, 0.1)
     assert len(guard.poll(0.1)) == 2
+
+
+def _three_backends():
+    config = dataclasses.replace(make_config(slots=(1, 1, 1)), slot_leases=True)
+    guard = make_guard(config)
+    leases = SlotLeases(
+        None, backends=["b0", "b1", "b2"], capacity=[1, 1, 1], replica="r1",
+        waiting=lambda: guard.num_waiting_entitled, clock=lambda: 0.0,
+    )  # fmt: skip
+    return guard, leases
+
+
+def _denied_full(leases, backend, rid, full):
+    """Run the acquire plan for `rid` on `backend`, answered `full` naming `full`."""
+    plan = leases.plan_acquire(backend, str(rid), entitled=False)
+    next(plan)
+    with pytest.raises(StopIteration) as answered:
+        plan.send(LeaseReply(False, "full", 1, full=full))
+    return answered.value.value
+
+
+def test_a_full_denial_holds_off_the_other_backends_it_names_full():
+    """The pool's board names the other backends full as of their last call: the start
+    waits for a hand-over instead of asking each in turn (one denial, not three), and a
+    backend it does not name is still offered."""
+    guard, leases = _three_backends()
+    decision = _first(guard)
+    rid, backend = decision.request.request_id, decision.backend
+    others = [b for b in range(3) if b != backend]
+    why = _denied_full(leases, backend, rid, (f"b{others[0]}",))
+    assert lease_answered(guard, leases, decision, why, 0.0) is False
+    (again,) = guard.poll(0.001)
+    assert again.backend == others[1]  # the one not named full
+    guard.lease_denied(rid, 0.001)
+    assert guard.poll(0.002) == []  # all three held until a hand-over or the renewal
+
+
+def test_a_backend_handed_over_meanwhile_is_not_held_off_by_a_full_denial():
+    """A slot on b was handed to this replica while its denial elsewhere was out, and that
+    denial names b full as of its last call: b stays offered, so the handed slot is
+    taken at once (held off, it idled until the second renewal handed it on)."""
+    guard, leases = _three_backends()
+    decision = _first(guard)
+    rid, backend = decision.request.request_id, decision.backend
+    other = (backend + 1) % 3
+    plan = leases.plan_acquire(backend, str(rid), entitled=False)
+    next(plan)
+    leases.on_message(f"b{other}", "r1|handed|7")  # the hand-over's message comes first
+    guard.lease_handed(other, 0.0)
+    with pytest.raises(StopIteration) as answered:
+        plan.send(LeaseReply(False, "full", 1, full=(f"b{other}",)))
+    assert leases.full_backends() == ()
+    lease_answered(guard, leases, decision, answered.value.value, 0.0)
+    (again,) = guard.poll(0.001)
+    assert again.backend == other
+
+
+def _first(guard):
+    request = make_request(assured=False, at=0.0)
+    guard.on_arrival(request, 0.0)
+    (decision,) = guard.poll(0.0)
+    assert type(decision) is Dispatch
+    return decision

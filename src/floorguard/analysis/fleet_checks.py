@@ -4,6 +4,7 @@ shared store reported it."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter
@@ -75,6 +76,21 @@ def _waits_and_starts(
     return waits, [(*start, rid) for rid, start in starts.items()]
 
 
+class _Cover:
+    """Waits (since, until), asked whether one began before `a` and lasted past `b`: the
+    waits sorted by their start, with the latest end of each prefix (a bisection per
+    question, not a scan: a fleet run asks it for every opportunistic start)."""
+
+    def __init__(self, waits: Sequence[tuple[float, float]]) -> None:
+        ordered = sorted(waits)
+        self.starts = [since for since, _ in ordered]
+        self.latest = list(itertools.accumulate((until for _, until in ordered), max))
+
+    def spans(self, a: float, b: float) -> bool:
+        began = bisect.bisect_left(self.starts, a)  # the waits with since < a
+        return began > 0 and self.latest[began - 1] > b
+
+
 def fleet_order(
     logs: Sequence[Sequence[TraceEvent]], configs: Sequence[GuardConfig], report: CheckReport
 ) -> None:
@@ -85,13 +101,14 @@ def fleet_order(
     could consult the waiting board."""
     per_log = [_waits_and_starts(events, c) for events, c in zip(logs, configs, strict=True)]
     fronts = [set(c.backend_ids or tuple(str(i) for i in range(len(c.slots)))) for c in configs]
+    covers = [_Cover(waits) for waits, _ in per_log]
     eps = ORDER_TOLERANCE_S
     for number, (_, starts) in enumerate(per_log):
         for at, backend, index, local, rid in starts:
-            for other, (waits, _) in enumerate(per_log):
+            for other, cover in enumerate(covers):
                 if other == number or backend not in fronts[other]:
                     continue
-                if any(since < at - eps and until > at + eps for since, until in waits):
+                if cover.spans(at - eps, at + eps):
                     (report.conditional if local else report.violations).append(
                         Violation(
                             "ORDER",

@@ -389,6 +389,9 @@ class SlotPool:
         """Backends the driver's health probe marked unavailable."""
         self.held_until: dict[int, float] = {}
         """Backends held off after a denied slot lease → until when (`hold_off`)."""
+        self._lift_at = math.inf
+        """No hold-off ends before this (a lower bound, exact after each `lift` that
+        scans): `lift` and `next_lift_at` need not scan every held backend each time."""
         self._denials: dict[int, int] = {}
         """Backends → slot leases denied there in a row (the hold-off doubles with each)."""
         self._handed_starts: dict[int, tuple[int, float]] = {}
@@ -486,13 +489,26 @@ class SlotPool:
         self._denials[backend] = min(streak + 1, 16)  # the hold-off is capped long before
         until = now + min(first_s * 2**streak, max_s)
         self.held_until[backend] = max(until, self.held_until.get(backend, until))
+        self._lift_at = min(self._lift_at, until)
         self._offer(backend, False)
 
     def hold_until(self, backend: int, until: float) -> None:
         """Offer `backend` nothing until `until` (or a hand-over: `handed`)."""
         self._handed_starts.pop(backend, None)
         self.held_until[backend] = max(until, self.held_until.get(backend, until))
+        self._lift_at = min(self._lift_at, until)
         self._offer(backend, False)
+
+    def hold_full(self, backends: tuple[int, ...], until: float) -> None:
+        """The fleet found `backends` full (a denial elsewhere named them): offer them
+        nothing until `until`, except one offered for a hand-over already."""
+        held, handed, count = self.held_until, self._handed_starts, len(self._free)
+        for backend in backends:
+            if held.get(backend, -1.0) >= until or backend in handed or not 0 <= backend < count:
+                continue
+            held[backend] = until
+            self._lift_at = min(self._lift_at, until)
+            self._offer(backend, False)
 
     def handed(self, backend: int) -> None:
         """The fleet handed a slot lease on `backend`: offer it again now, for as many
@@ -519,6 +535,7 @@ class SlotPool:
             return
         del self._handed_starts[backend]
         self.held_until[backend] = until
+        self._lift_at = min(self._lift_at, until)
         self._offer(backend, False)
 
     def leased(self, backend: int) -> None:
@@ -532,10 +549,18 @@ class SlotPool:
 
     def lift(self, now: float) -> None:
         """Offer again every held-off backend whose hold-off has ended (unless down)."""
+        if now < self._lift_at:
+            return
         for backend, until in list(self.held_until.items()):
             if until <= now:
                 del self.held_until[backend]
                 self._offer(backend, backend not in self._down)
+        self._lift_at = min(self.held_until.values(), default=math.inf)
+
+    def next_lift_at(self) -> float | None:
+        """When the next hold-off ends (or earlier: a `poll` then finds what to lift);
+        None: no backend is held off."""
+        return self._lift_at if self.held_until else None
 
     def _offer(self, backend: int, available: bool) -> None:
         if self._available[backend] == available:

@@ -578,13 +578,18 @@ class Ledger:
         """When the driver must call again without being asked: the next doom instant
         (call `expire`), or the end of a hold-off (call `poll`); None: neither waits."""
         doom = self.next_doom_at()
-        held = min(self._slots.held_until.values(), default=None)
+        held = self._slots.next_lift_at()
         if doom is None or held is None:
             return held if doom is None else doom
         return min(doom, held)
 
     def lease_denied(
-        self, request_id: RequestId, now: float, *, until: float | None = None
+        self,
+        request_id: RequestId,
+        now: float,
+        *,
+        until: float | None = None,
+        full: tuple[int, ...] = (),
     ) -> None:
         """The fleet had no slot lease for the request's start (leased slots, design §13): it
         waits again at the front of its queue (`no_lease`) and its backend is held off —
@@ -593,11 +598,14 @@ class Ledger:
         the fleet's replicas do not spin on a full backend (`next_wake_at` says when to
         poll again). `until`: the fleet hands this guard a slot there when one frees (the
         denial put it on the backend's waiting board): held off until then at most, or
-        until the hand-over comes (`lease_handed`)."""
+        until the hand-over comes (`lease_handed`). `full`: the pool's other backends the
+        fleet found full too (as of their last call): held off with it until `until`, so
+        the next start does not ask each in turn."""
         backend = self._leasing(request_id, "lease_denied").backend
         self.requeue(request_id, now, NO_LEASE)
         if until is not None:
             self._slots.hold_until(backend, until)
+            self._slots.hold_full(full, until)
         else:
             self._slots.hold_off(backend, now, LEASE_HOLD_OFF_S, LEASE_HOLD_OFF_MAX_S)
 

@@ -323,7 +323,12 @@ class Stack(Protocol):
     def set_backend_available(self, backend: int, available: bool) -> None: ...
     def lease_granted(self, request_id: RequestId, now: float, *, local: bool = False) -> None: ...
     def lease_denied(
-        self, request_id: RequestId, now: float, *, until: float | None = None
+        self,
+        request_id: RequestId,
+        now: float,
+        *,
+        until: float | None = None,
+        full: tuple[int, ...] = (),
     ) -> None: ...
     def lease_handed(self, backend: int, now: float) -> None: ...
     def store_changed(

@@ -38,6 +38,7 @@ from floorguard.core.contract import (
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
+from floorguard.core.leasing import lease_answered
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
 from floorguard.learners.adversaries import AlwaysAdmit
@@ -346,14 +347,12 @@ class _FleetSimulation(Serving):
 
     def _leased(self, replica: int, decision: Dispatch, why: str, now: float) -> None:
         """The lease's answer, `why` not ('' to start), carried to the guard."""
-        guard, leases, rid = self.guards[replica], self.leases[replica], decision.request.request_id
+        guard, leases = self.guards[replica], self.leases[replica]
         assert leases is not None
-        if why:  # on the waiting board: a slot is handed over, or the renewal looks again
-            guard.lease_denied(rid, now, until=leases.hand_over_by(why, now))
-            self.no_lease += 1
-        else:
-            guard.lease_granted(rid, now, local=leases.is_local(decision.backend, str(rid)))
+        if lease_answered(guard, leases, decision, why, now):
             self._start(replica, decision, now)
+        else:  # on the waiting board: a slot is handed over, or the renewal looks again
+            self.no_lease += 1
 
     def _finish_plan(self, plan: Plan[_T], reply: object = None) -> _T:
         """Send a call's reply (None: start the plan); run every further call the plan

@@ -1,13 +1,22 @@
--- floorguard: fleet-wide slot leases for one backend (docs/design.md §13), atomically.
+-- floorguard: fleet-wide slot leases for one backend of a pool (docs/design.md §13),
+-- atomically.
 --
 -- KEYS[1]  the backend's leases: a sorted set, member = "<replica>|<request>|<n>" (or
 --          "<replica>|handed|<n>": a slot handed over), score = the instant (Redis clock)
 --          the lease expires unless renewed
--- KEYS[2]  the backend's waiting board: a hash, field = replica, value =
---          "<entitled>|<expiry>|<seq>|<surplus>": how many floor-entitled and how many
---          other requests that replica has waiting for a slot here, as of its call
---          numbered seq; and a field "|turn", the hand-over's round-robin count
---          (both keys share one hash tag: one Redis Cluster slot)
+-- KEYS[2]  the pool's waiting board, one for all its backends (a request waits for a
+--          slot on any of them): a hash with
+--            field <replica> = "<entitled>|<expiry>|<seq>|<surplus>": how many
+--              floor-entitled and how many other requests that replica has waiting for a
+--              slot in the pool, as of its call numbered seq;
+--            field "|turn": the hand-over's round-robin count;
+--            field "|use:<backend>" = "<in use>|<capacity>": each backend's leases as of
+--              the last call there (a full denial names the other backends that were
+--              full then, so the caller does not ask each in turn);
+--            field "|h:<member>" = "<backend>|<expiry>": a slot handed over and not yet
+--              released (a renewal lists the caller's, whatever backend they are on, so a
+--              lost message is found by any renewal)
+--          (both keys share the pool's hash tag: one Redis Cluster slot)
 -- ARGV     1 op: "acquire", "release", "renew" or "restore"
 --          2 capacity C, 3 ttl_s, 4 replica, 5 entitled waiting (this replica's
 --          floor-entitled requests waiting, not counting the one acquiring),
@@ -16,34 +25,36 @@
 --          replica sends), 9 surplus waiting (this replica's other requests waiting, not
 --          counting the one acquiring), 10 the hand-over channel's prefix ("" = publish
 --          nothing: a replica finds what it was handed at its next renewal), 11 the
---          backend's name (what a hand-over message names),
+--          backend's name (what a hand-over message and the use record name),
 --          12.. members (acquire: one; the others: any)
 -- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string),
---          {replica, member, …}: the slots this call handed over,
---          {member, …}: renew only: the slots handed to the caller that it holds}
+--          {replica, member, …}: the slots this call handed over (on this backend),
+--          {backend, member, …}: renew only: the slots handed to the caller, not released,
+--          {backend, …}: a full denial only: the pool's other backends full as of their
+--          last call}
 --
 -- acquire grants a member that already holds a live lease again (a retry of a call that
 -- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
 -- iff fewer than C leases are live and, for a request that is not floor-entitled, no
--- *other* replica has an entitled request waiting for this backend (fleet-wide
+-- *other* replica has an entitled request waiting in the pool (fleet-wide
 -- assured-first). An opportunistic start on a slot handed to its replica (the member
--- names it) is judged by that order too: the lease stays the replica's either way. A denied request counts itself as waiting, in the same call: an entitled
--- one holds the others' opportunistic starts back at once.
+-- names it) is judged by that order too: the lease stays the replica's either way. A
+-- denied request counts itself as waiting, in the same call: an entitled one holds the
+-- others' opportunistic starts back at once.
 --
 -- Slots are handed over, not polled for: each slot a release frees, while a replica waits
 -- for one, is leased to that replica in the same call — entitled waiters first, then the
 -- others, round-robin among the replicas of a class — its count goes down by one, and the
--- slot is published on
--- "<prefix><replica>" as "<backend> <member>". The replica starts its next request there
--- on the handed lease without another call, and releases it (handing it on) if it has
--- none left to start. A message lost (a subscriber reconnecting) is found by the
--- replica's next renewal; a handed slot no one takes expires with its ttl, or with the
--- waiter's board entry if that is sooner (a replica that died waiting holds nothing past
--- ttl_s after its last call). Only a slot a
--- release frees is handed over, never one free for another reason: after Redis was away,
--- its leases have expired while their requests still run, until their replicas restore
--- them (a fresh start there is the documented brief overshoot; a hand-over of every
--- "free" slot at once would be C of them).
+-- slot is published on "<prefix><replica>" as "<backend> <member>". The replica starts
+-- its next request there on the handed lease without another call, and releases it
+-- (handing it on) if it has none left to start. A message lost (a subscriber
+-- reconnecting) is found by the replica's next renewal on any backend of the pool; a
+-- handed slot no one takes expires with its ttl, or with the waiter's board entry if
+-- that is sooner (a replica that died waiting holds nothing past ttl_s after its last
+-- call). Only a slot a release frees is handed over, never one free for another reason:
+-- after Redis was away, its leases have expired while their requests still run, until
+-- their replicas restore them (a fresh start there is the documented brief overshoot; a
+-- hand-over of every "free" slot at once would be C of them).
 --
 -- Leases not renewed within ttl_s expire: a dead replica's slots come back within ttl_s
 -- of its last renewal. restore puts leases back whatever the count (a replica that held
@@ -70,18 +81,41 @@ if now == nil then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
--- the board's live entries (expired ones dropped): replica -> {entitled, expiry, seq, surplus}
-local board = {}
+-- the board's live entries (expired ones dropped): replica -> {entitled, expiry, seq,
+-- surplus}; the use records: backend -> {in use, capacity}; the handed index: member ->
+-- {backend, expiry}
+local board, uses, index = {}, {}, {}
+local turn = 0
 local stored = redis.call('HGETALL', KEYS[2])
 for i = 1, #stored, 2 do
-  if stored[i] ~= '|turn' then
-    local e, x, s, o = string.match(stored[i + 1], '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
+  local name, value = stored[i], stored[i + 1]
+  if name == '|turn' then
+    turn = tonumber(value)
+  elseif string.sub(name, 1, 5) == '|use:' then
+    local n, c = string.match(value, '^([^|]*)|(.*)$')
+    uses[string.sub(name, 6)] = {tonumber(n), tonumber(c)}
+  elseif string.sub(name, 1, 3) == '|h:' then
+    local b, x = string.match(value, '^(.*)|([^|]*)$')
+    if tonumber(x) <= now then
+      redis.call('HDEL', KEYS[2], name)
+    else
+      index[string.sub(name, 4)] = {b, tonumber(x)}
+    end
+  else
+    local e, x, s, o = string.match(value, '^([^|]*)|([^|]*)|([^|]*)|?(.*)$')
     x = tonumber(x)
     if x <= now then
-      redis.call('HDEL', KEYS[2], stored[i])
+      redis.call('HDEL', KEYS[2], name)
     else
-      board[stored[i]] = {tonumber(e), x, tonumber(s), tonumber(o) or 0}
+      board[name] = {tonumber(e), x, tonumber(s), tonumber(o) or 0}
     end
+  end
+end
+
+local function unindex(member)
+  if index[member] then
+    index[member] = nil
+    redis.call('HDEL', KEYS[2], '|h:' .. member)
   end
 end
 
@@ -99,6 +133,7 @@ if op == 'acquire' then
   if reason == '' and live then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
     granted = 1
+    unindex(ARGV[12])  -- a handed slot taken: its replica renews it from now on
   elseif reason == '' then
     if redis.call('ZCARD', KEYS[1]) < capacity then
       redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
@@ -115,6 +150,7 @@ if op == 'acquire' then
 elseif op == 'release' then
   for i = 12, #ARGV do
     freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
+    unindex(ARGV[i])
   end
 elseif op == 'renew' then
   for i = 12, #ARGV do
@@ -140,7 +176,7 @@ end
 -- hand each slot the release freed to a replica waiting for one: entitled first,
 -- round-robin
 local handed = {}
-local turn = tonumber(redis.call('HGET', KEYS[2], '|turn')) or 0
+local turned = false
 while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
   freed = freed - 1
   local waiters = {}
@@ -154,12 +190,15 @@ while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
       table.sort(waiters)
       local to = waiters[turn % #waiters + 1]
       turn = turn + 1
+      turned = true
       local entry = board[to]
       entry[class] = entry[class] - 1
       local member = to .. '|handed|' .. turn
       -- no later than the waiter's board entry: a replica that died waiting is handed
       -- nothing that outlives its own last call's ttl
-      redis.call('ZADD', KEYS[1], math.min(now + ttl, entry[2]), member)
+      local expiry = math.min(now + ttl, entry[2])
+      redis.call('ZADD', KEYS[1], expiry, member)
+      redis.call('HSET', KEYS[2], '|h:' .. member, backend .. '|' .. expiry)
       if entry[1] > 0 or entry[4] > 0 then
         redis.call('HSET', KEYS[2], to, entry[1] .. '|' .. entry[2] .. '|' .. entry[3] .. '|' .. entry[4])
       else
@@ -178,19 +217,39 @@ while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
     break
   end
 end
-if #handed > 0 then
+if turned then
   redis.call('HSET', KEYS[2], '|turn', turn)
 end
+
+local in_use = redis.call('ZCARD', KEYS[1])
+redis.call('HSET', KEYS[2], '|use:' .. backend, in_use .. '|' .. capacity)
 
 local held = {}
 if op == 'renew' then
   local prefix = replica .. '|handed|'
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local members = {}
+  for member, _ in pairs(index) do
     if string.sub(member, 1, #prefix) == prefix then
-      held[#held + 1] = member
+      members[#members + 1] = member
     end
   end
+  table.sort(members)
+  for _, member in ipairs(members) do
+    held[#held + 1] = index[member][1]
+    held[#held + 1] = member
+  end
+end
+local full = {}
+if reason == 'full' then
+  local names = {}
+  for name, use in pairs(uses) do
+    if name ~= backend and use[1] >= use[2] then
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+  full = names
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
 redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
-return {granted, reason, redis.call('ZCARD', KEYS[1]), tostring(now), handed, held}
+return {granted, reason, in_use, tostring(now), handed, held, full}

@@ -59,7 +59,16 @@ from floorguard.store.base import StoreUnavailable
 from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
 
-__all__ = ["Held", "LeaseCall", "LeaseReply", "SlotLeases", "redis_lease_script"]
+__all__ = [
+    "Held",
+    "LeaseCall",
+    "LeaseReply",
+    "SlotLeases",
+    "lease_keys",
+    "parse_lease_reply",
+    "pool_tag",
+    "redis_lease_script",
+]
 
 SCRIPT = resources.files("floorguard.store").joinpath("lease.lua").read_text()
 log = logging.getLogger("floorguard.leases")
@@ -93,6 +102,8 @@ class LeaseCall(NamedTuple):
     surplus: int = 0
     """This replica's other (not floor-entitled) requests waiting (not counting the one
     acquiring)."""
+    pool: str = "pool"
+    """The pool's hash tag: its backends' keys and its one waiting board hang off it."""
 
 
 class LeaseReply(NamedTuple):
@@ -102,9 +113,13 @@ class LeaseReply(NamedTuple):
     waits); '' when granted (or for release and renew)."""
     in_use: int
     handed: tuple[tuple[str, str], ...] = ()
-    """The slots this call handed over: (replica, member) each."""
-    held: tuple[str, ...] = ()
-    """A renewal's: the slots handed to the caller that Redis holds (a lost message's)."""
+    """The slots this call handed over: (replica, member) each, on the call's backend."""
+    held: tuple[tuple[str, str], ...] = ()
+    """A renewal's: the slots handed to the caller and not released, on any backend of
+    the pool (a lost message's): (backend, member) each."""
+    full: tuple[str, ...] = ()
+    """A `full` denial's: the pool's other backends that were full as of their last call
+    (the caller waits for a hand-over instead of asking each in turn)."""
 
 
 class Held(NamedTuple):
@@ -130,6 +145,32 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def pool_tag(pool: str | None) -> str:
+    """A pool's hash tag in the store: `pool` for the one unnamed pool, `pool:<name>`."""
+    return "pool" if pool is None else f"pool:{pool}"
+
+
+def lease_keys(prefix: str, pool: str, backend: str) -> list[str]:
+    """`lease.lua`'s keys: the backend's leases and its pool's waiting board, under the
+    pool's hash tag (one Redis Cluster slot for the whole pool)."""
+    return [f"{prefix}:slots:{{{pool}}}:{backend}", f"{prefix}:slots:{{{pool}}}:wait"]
+
+
+def parse_lease_reply(reply: list[object]) -> LeaseReply:
+    """`lease.lua`'s reply → a `LeaseReply`."""
+    granted, reason, in_use, _, handed, held, full = reply
+    pairs = [_text(x) for x in cast(list[object], handed)]
+    kept = [_text(x) for x in cast(list[object], held)]
+    return LeaseReply(
+        bool(granted),
+        _text(reason),
+        int(cast(int, in_use)),
+        tuple(zip(pairs[::2], pairs[1::2], strict=True)),
+        tuple(zip(kept[::2], kept[1::2], strict=True)),
+        tuple(_text(b) for b in cast(list[object], full)),
+    )
+
+
 def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
     """`lease.lua` on `store`'s Redis (its asyncio pool and timeouts); hand-overs are
     published on `handed_channel`."""
@@ -137,23 +178,14 @@ def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
     prefix, channel = store.prefix, handed_channel(store)
 
     async def run(call: LeaseCall) -> LeaseReply:
-        key = f"{prefix}:slots:{{{call.backend}}}"
         args = [call.op, call.capacity, repr(call.ttl_s), call.replica, call.waiting]
         now = "" if call.now is None else repr(call.now)
         more = [call.surplus, channel, call.backend]
         reply = await script(
-            keys=[key, f"{key}:wait"],
+            keys=lease_keys(prefix, call.pool, call.backend),
             args=[*args, int(call.entitled), now, call.seq, *more, *call.members],
         )
-        granted, reason, in_use, _, handed, held = reply
-        pairs = [_text(x) for x in handed]
-        return LeaseReply(
-            bool(granted),
-            _text(reason),
-            int(in_use),
-            tuple(zip(pairs[::2], pairs[1::2], strict=True)),
-            tuple(_text(m) for m in held),
-        )
+        return parse_lease_reply(reply)
 
     return run
 
@@ -172,6 +204,7 @@ class SlotLeases:
         on_handed: Callable[[int], None] | None = None,
         clock: Callable[[], float] | None = None,
         first_seq: int = 0,
+        pool: str = "pool",
     ) -> None:
         self.script = script
         """The script the async shells run the plans through; None: a driver runs the plans
@@ -180,6 +213,8 @@ class SlotLeases:
         self.capacity = list(capacity)
         self.replica = replica
         self.ttl_s = ttl_s
+        self.pool = pool
+        """The pool's hash tag (`pool_tag`): one waiting board for all its backends."""
         self._waiting = waiting
         """This replica's floor-entitled requests waiting for a slot, the guard's count:
         queued, or dispatched and waiting for a lease (`num_waiting_entitled`). The core
@@ -217,9 +252,11 @@ class SlotLeases:
         """The last call's number. A replica that restarts under the same name must number
         above its former self (the HTTP guard starts at the wall clock's microseconds),
         or its board entries would stand still until the old ones expire."""
-        self._shown = [0] * len(self.backends)
-        """Per backend: the count of entitled requests waiting that the newest call sent
-        there carries (what the board shows once it has run, or more)."""
+        self._shown = 0
+        """The count of entitled requests waiting that the newest call carries (what the
+        pool's board shows once it has run, or more)."""
+        self._full: tuple[int, ...] = ()
+        """The backends the latest `full` denial named full as of their last call."""
         self._kept: list[int] | None = None
         """While Redis is unreachable: the leases held on each backend when it was lost, the
         most this replica may hold there until Redis answers; None while it answers."""
@@ -239,7 +276,7 @@ class SlotLeases:
     def _call(
         self, backend: int, op: str, *members: str, entitled: bool = False, waiting: int
     ) -> LeaseCall:
-        self._shown[backend] = waiting
+        self._shown = waiting
         return LeaseCall(
             self.backends[backend],
             op,
@@ -252,6 +289,7 @@ class SlotLeases:
             self._now(),
             self._next_seq(),
             self._surplus(),
+            self.pool,
         )
 
     def _now(self) -> float | None:
@@ -294,6 +332,8 @@ class SlotLeases:
             self._hold(backend, request_id, Held(member, shared=True))
             return ""
         self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
+        if reply.reason == "full":
+            self._full = tuple(self._names[n] for n in reply.full if n in self._names)
         if reply.reason == "full" and self._handed[backend]:  # handed while this call was out
             return (yield from self._take_handed_slot(backend, request_id, entitled=entitled))
         return cast(str, reply.reason)
@@ -390,6 +430,13 @@ class SlotLeases:
             return None
         return now + (self.ttl_s / 4 if why == "full" else ORDER_RETRY_S)
 
+    def full_backends(self) -> tuple[int, ...]:
+        """The pool's other backends the latest `full` denial found full as of their last
+        call: a start denied `full` waits for a hand-over there too, instead of asking
+        each in turn (each denial a call: ~9 a request at 8 replicas × 64 backends). Not
+        one where a slot was handed to this replica meanwhile: it waits to be taken."""
+        return tuple(b for b in self._full if not self._handed[b])
+
     def holds_handed(self) -> bool:
         """Whether a slot handed to this replica waits to be taken."""
         return any(self._handed)
@@ -468,29 +515,40 @@ class SlotLeases:
             yield from self._answered()
 
     def plan_announce(self) -> Plan[None]:
-        """An entitled request was just queued: publish the count on every backend whose
-        board its newest call left at zero (a board shows a replica's count only from its
-        last call there; a held-off backend may not be called again for a while, and
-        another replica's opportunistic start must not slip past). Not only when it is
-        the first one waiting: an entitled request whose lease call is out counts as
-        waiting, but its call carries the count without it, so if granted it clears the
-        board while this one waits."""
-        unshown = [b for b, shown in enumerate(self._shown) if shown < 1]
-        if unshown and self.waiting() > 0:
-            yield from self.plan_renew(unshown)
+        """An entitled request was just queued: publish the count if the newest call left
+        the pool's board at zero (the board shows a replica's count only from its last
+        call; the backends may be held off for a while, and another replica's
+        opportunistic start must not slip past). Not only when it is the first one
+        waiting: an entitled request whose lease call is out counts as waiting, but its
+        call carries the count without it, so if granted it clears the board while this
+        one waits."""
+        if self._shown < 1 and self.waiting() > 0:
+            yield from self.plan_renew(self._renewed()[:1])
+
+    def _renewed(self) -> list[int]:
+        """The backends a renewal calls on: every one where this replica holds a lease or
+        a handed slot; at least one (the pool's board entry and the slots handed here
+        whose message was lost are the pool's, kept and found by a call on any)."""
+        busy = [
+            b
+            for b in range(len(self.backends))
+            if self._handed[b] or any(lease.shared for lease in self.held[b].values())
+        ]
+        return busy or [0]
 
     def plan_renew(self, backends: Sequence[int] | None = None) -> Plan[None]:
-        """Renew this replica's leases and waiting-board entry on every backend (or on
-        `backends`)."""
-        for backend in range(len(self.backends)) if backends is None else backends:
+        """Renew this replica's leases, handed slots and board entry (on `_renewed`'s
+        backends, or on `backends`)."""
+        for backend in self._renewed() if backends is None else backends:
             yield from self._pass_on(backend)
             members = [lease.member for lease in self.held[backend].values() if lease.shared]
             members += self._handed[backend]
             reply = yield self._call(backend, "renew", *members, waiting=self.waiting())
             if not isinstance(reply, StoreUnavailable):
                 self._learn(backend, reply)
-                for member in reply.held:  # a hand-over whose message was lost
-                    self._take_handed(backend, member)
+                for name, member in reply.held:  # a hand-over whose message was lost
+                    if name in self._names:
+                        self._take_handed(self._names[name], member)
             if isinstance(reply, StoreUnavailable):
                 if self._kept is None:
                     log.warning(

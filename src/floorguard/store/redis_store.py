@@ -195,6 +195,15 @@ class RedisCreditStore(ScriptStore):
             "memory pressure, and an evicted floor counter re-grants a window's floor"
         )
 
+    async def existing(self, keys: list[str]) -> list[str]:
+        """Which of `keys` exist (one EXISTS each: a cluster may keep them in different
+        slots)."""
+        try:
+            found = [key for key in keys if await self._async_client.exists(key)]
+        except _UNREACHABLE as exc:
+            raise _unavailable(exc) from exc
+        return found
+
     def close(self) -> None:
         """Close the blocking client (a store never used asynchronously needs no more)."""
         self._client.close()

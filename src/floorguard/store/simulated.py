@@ -27,7 +27,6 @@ __all__ = ["SimulatedRedis"]
 
 _Entry = list[float]
 """A waiting-board entry: [entitled waiting, the instant it expires, seq, others waiting]."""
-"""A waiting-board entry: (count, expiry, the number of the call that wrote it)."""
 
 
 @dataclass
@@ -61,9 +60,13 @@ class SimulatedRedis:
         self._leases: dict[str, dict[str, float]] = {}
         """Per backend: lease member → the instant it expires unless renewed."""
         self._boards: dict[str, dict[str, _Entry]] = {}
-        """Per backend: replica → its entry (`_Entry`)."""
+        """Per pool: replica → its waiting-board entry (`_Entry`)."""
+        self._uses: dict[str, dict[str, tuple[int, int]]] = {}
+        """Per pool: backend → (leases in use, capacity) as of the last call there."""
+        self._index: dict[str, dict[str, tuple[str, float]]] = {}
+        """Per pool: a handed member not yet released → (its backend, its expiry)."""
         self._turns: dict[str, int] = {}
-        """Per backend: the hand-over's round-robin count."""
+        """Per pool: the hand-over's round-robin count."""
         self._tokens = itertools.count()
 
     def restart(self) -> None:
@@ -72,6 +75,8 @@ class SimulatedRedis:
         self._generations.clear()
         self._leases.clear()
         self._boards.clear()
+        self._uses.clear()
+        self._index.clear()
         self._turns.clear()
 
     def _unreachable(self, now: float) -> bool:
@@ -148,86 +153,80 @@ class SimulatedRedis:
         grant = Grant(granted, index, limit - used, window_floor)
         return Reply(grant, generation, now, restored, closed)
 
-    def lease_state(
-        self, backend: str
-    ) -> tuple[dict[str, float], dict[str, tuple[int, float, int, int]], int]:
-        """A backend's leases (member → expiry), waiting board (replica → (entitled,
-        expiry, seq, others)) and hand-over turn, as stored."""
-        stored = self._boards.get(backend, {})
-        board = {r: (int(e[0]), e[1], int(e[2]), int(e[3])) for r, e in stored.items()}
-        return dict(self._leases.get(backend, {})), board, self._turns.get(backend, 0)
+    def lease_state(self, pool: str, backend: str) -> tuple[dict[str, float], dict[str, object]]:
+        """A backend's leases (member → expiry) and its pool's waiting board as stored,
+        field by field: replica → (entitled, expiry, seq, others), `|turn` → the hand-over's
+        count, `|use:<backend>` → (in use, capacity), `|h:<member>` → (backend, expiry)."""
+        board: dict[str, object] = {
+            r: (int(e[0]), e[1], int(e[2]), int(e[3]))
+            for r, e in self._boards.get(pool, {}).items()
+        }
+        if pool in self._turns:
+            board["|turn"] = self._turns[pool]
+        board |= {f"|use:{b}": use for b, use in self._uses.get(pool, {}).items()}
+        board |= {f"|h:{m}": handed for m, handed in self._index.get(pool, {}).items()}
+        return dict(self._leases.get(backend, {})), board
 
-    def lease(  # noqa: PLR0917  # the script's arguments, in its order
-        self,
-        backend: str,
-        op: str,
-        capacity: int,
-        ttl_s: float,
-        replica: str,
-        waiting: int,
-        entitled: bool,
-        members: list[str],
-        now: float,
-        seq: int = 0,
-        surplus: int = 0,
-    ) -> tuple[bool, str, int, list[tuple[str, str]], list[str]]:
-        """One run of `lease.lua` on `backend`, step for step: (granted, why not: `full` or
-        `order`, leases in use, the slots handed over (replica, member), and for a renewal
-        the slots handed to the caller that it holds). Publishing is the driver's: it
-        delivers each hand-over to its replica."""
+    def lease(self, call: LeaseCall) -> LeaseReply:
+        """One run of `lease.lua` on the call's backend and its pool's board, step for step,
+        on the caller's clock. Publishing is the driver's: it delivers each hand-over to
+        its replica."""
+        now = call.now
+        if now is None:
+            raise ValueError("a simulated Redis runs on the caller's clock: give SlotLeases one")
         if self._unreachable(now):
             raise StoreUnavailable("simulated outage", sent=False)
+        backend, members = call.backend, list(call.members)
         leases = self._leases.setdefault(backend, {})
-        board = self._boards.setdefault(backend, {})
-        for member in [m for m, expiry in leases.items() if expiry <= now]:
-            del leases[member]
-        for name in [r for r, entry in board.items() if entry[1] <= now]:
-            del board[name]
+        board = self._boards.setdefault(call.pool, {})
+        uses = self._uses.setdefault(call.pool, {})
+        index = self._index.setdefault(call.pool, {})
+        _prune(leases, board, index, now)
+        waiting, surplus = call.waiting, call.surplus
         granted, reason, freed = False, "", 0
-        if op == "acquire":
-            live = members[0] in leases  # a retry of a call that ran: its first grant
-            judged = not entitled and (not live or "|handed|" in members[0])
-            reason = _board_order(board, replica, now) if judged else ""
-            if not reason and live:
-                leases[members[0]] = now + ttl_s
-                granted = True
-            elif not reason:
-                granted = len(leases) < capacity
-                if granted:
-                    leases[members[0]] = now + ttl_s
-                else:
-                    reason = "full"
-            waiting += not granted and entitled
-            surplus += not granted and not entitled
+        if call.op == "acquire":
+            granted, reason = _acquire(call, leases, board, index, now)
+            waiting += not granted and call.entitled
+            surplus += not granted and not call.entitled
         else:
-            freed = _update(leases, op, members, now + ttl_s)
-        mine = board.get(replica)
-        if mine is not None and mine[2] > seq:
+            freed = _update(leases, call.op, members, now + call.ttl_s)
+            if call.op == "release":
+                for member in members:
+                    index.pop(member, None)
+        mine = board.get(call.replica)
+        if mine is not None and mine[2] > call.seq:
             pass  # a newer call's counts stand
         elif waiting > 0 or surplus > 0:
-            board[replica] = [waiting, now + ttl_s, seq, surplus]
+            board[call.replica] = [waiting, now + call.ttl_s, call.seq, surplus]
         else:
-            board.pop(replica, None)
-        handed = self._hand_over(backend, leases, board, capacity, freed=freed, expiry=now + ttl_s)
-        prefix = f"{replica}|handed|"
-        held = sorted(m for m in leases if m.startswith(prefix)) if op == "renew" else []
-        return granted, reason, len(leases), handed, held
+            board.pop(call.replica, None)
+        handed = self._hand_over(call, leases, board, index, freed=freed)
+        uses[backend] = (len(leases), call.capacity)
+        held: tuple[tuple[str, str], ...] = ()
+        if call.op == "renew":
+            prefix = f"{call.replica}|handed|"
+            held = tuple((index[m][0], m) for m in sorted(index) if m.startswith(prefix))
+        full: tuple[str, ...] = ()
+        if reason == "full":
+            full = tuple(sorted(b for b, (n, c) in uses.items() if b != backend and n >= c))
+        return LeaseReply(granted, reason, len(leases), tuple(handed), held, full)
 
     def _hand_over(
         self,
-        backend: str,
+        call: LeaseCall,
         leases: dict[str, float],
         board: dict[str, _Entry],
-        capacity: int,
+        index: dict[str, tuple[str, float]],
         *,
         freed: int,
-        expiry: float,
     ) -> list[tuple[str, str]]:
-        """Each slot a release freed leased to a waiting replica: entitled first,
-        round-robin."""
+        """Each slot a release freed leased to a replica waiting in the pool: entitled
+        first, round-robin; each expires with its ttl, or with the waiter's board entry if
+        that is sooner."""
         handed: list[tuple[str, str]] = []
-        turn = self._turns.get(backend, 0)
-        while freed > 0 and len(leases) < capacity:
+        turn = self._turns.get(call.pool, 0)
+        assert call.now is not None
+        while freed > 0 and len(leases) < call.capacity:
             freed -= 1
             for column in (0, 3):
                 waiters = sorted(r for r, e in board.items() if e[column] > 0)
@@ -240,13 +239,54 @@ class SimulatedRedis:
             entry = board[to]
             entry[column] -= 1
             member = f"{to}|handed|{turn}"
-            leases[member] = min(expiry, entry[1])  # no later than the waiter's entry
+            expiry = min(call.now + call.ttl_s, entry[1])
+            leases[member] = expiry
+            index[member] = (call.backend, expiry)
             if entry[0] <= 0 and entry[3] <= 0:
                 del board[to]
             handed.append((to, member))
         if handed:
-            self._turns[backend] = turn
+            self._turns[call.pool] = turn
         return handed
+
+
+def _prune(
+    leases: dict[str, float],
+    board: dict[str, _Entry],
+    index: dict[str, tuple[str, float]],
+    now: float,
+) -> None:
+    """Drop the expired leases, board entries and handed-index entries."""
+    for member in [m for m, expiry in leases.items() if expiry <= now]:
+        del leases[member]
+    for name in [r for r, entry in board.items() if entry[1] <= now]:
+        del board[name]
+    for member in [m for m, (_, expiry) in index.items() if expiry <= now]:
+        del index[member]
+
+
+def _acquire(
+    call: LeaseCall,
+    leases: dict[str, float],
+    board: dict[str, _Entry],
+    index: dict[str, tuple[str, float]],
+    now: float,
+) -> tuple[bool, str]:
+    """An acquire's answer: (granted, why not)."""
+    member = call.members[0]
+    live = member in leases  # a retry of a call that ran: its first grant
+    judged = not call.entitled and (not live or "|handed|" in member)
+    reason = _board_order(board, call.replica) if judged else ""
+    if reason:
+        return False, reason
+    if live:
+        leases[member] = now + call.ttl_s
+        index.pop(member, None)  # a handed slot taken: its replica renews it from now on
+        return True, ""
+    if len(leases) < call.capacity:
+        leases[member] = now + call.ttl_s
+        return True, ""
+    return False, "full"
 
 
 def _update(leases: dict[str, float], op: str, members: list[str], expiry: float) -> int:
@@ -263,7 +303,7 @@ def _update(leases: dict[str, float], op: str, members: list[str], expiry: float
     return 0
 
 
-def _board_order(board: dict[str, _Entry], replica: str, now: float) -> str:
+def _board_order(board: dict[str, _Entry], replica: str) -> str:
     """`order` if another replica's board entry shows entitled requests waiting (the
     expired entries are gone already)."""
     return "order" if any(r != replica and e[0] > 0 for r, e in board.items()) else ""
@@ -310,19 +350,4 @@ class SimulatedClient(ScriptStore):
 
     def lease(self, call: LeaseCall) -> LeaseReply:
         """One `LeaseCall`, on the caller's clock (a simulated Redis has none of its own)."""
-        if call.now is None:
-            raise ValueError("a simulated Redis runs on the caller's clock: give SlotLeases one")
-        granted, reason, in_use, handed, held = self.server.lease(
-            call.backend,
-            call.op,
-            call.capacity,
-            call.ttl_s,
-            call.replica,
-            call.waiting,
-            call.entitled,
-            list(call.members),
-            call.now,
-            call.seq,
-            call.surplus,
-        )
-        return LeaseReply(granted, reason, in_use, tuple(handed), tuple(held))
+        return self.server.lease(call)

@@ -15,6 +15,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from floorguard.core.contract import Contract
+from floorguard.core.leasing import lease_answered
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
@@ -22,7 +23,7 @@ from floorguard.proxy.pool.health import backend_report
 from floorguard.proxy.pool.shares import capacities, slot_shares
 from floorguard.proxy.pool.upstream import Upstream
 from floorguard.store.base import StoreUnavailable
-from floorguard.store.leases import SlotLeases, handed_channel, redis_lease_script
+from floorguard.store.leases import SlotLeases, handed_channel, pool_tag, redis_lease_script
 from floorguard.store.members import Membership
 from floorguard.store.redis_store import RedisCreditStore
 from floorguard.store.shared import SharedFloor
@@ -89,6 +90,7 @@ class PoolFleet:
             surplus=lambda: pool.guard.num_queued - pool.guard.num_queued_entitled,
             on_handed=self._handed,
             first_seq=int(pool.clock.now() * 1e6),  # above any former self's under this name
+            pool=pool_tag(pool.name),
         )
 
     def _create_membership(self, store: StoreSpec | None) -> Membership | None:
@@ -156,12 +158,43 @@ class PoolFleet:
         level = logging.ERROR if known else logging.WARNING
         log.log(level, "shared floor%s: Redis %s (docs/deploy.md, Redis)", self.pool.where, risk)
 
+    async def check_former_leases(self) -> None:
+        """A leased replica does not lease beside replicas of an earlier floorguard, which
+        keep a backend's leases under the former keys (`<prefix>:slots:{<backend>}`, before
+        the pool's one waiting board): the two would count apart and fill a backend past
+        its `C`. Such a key goes within `lease_ttl_s` (+1 s) of the former replicas' last
+        call; one still there after that refuses the start (docs/deploy.md, "Stopping and
+        rolling")."""
+        if self.leases is None or self.redis is None:
+            return
+        redis, clock = self.redis, self.pool.clock
+        former = [f"{redis.prefix}:slots:{{{backend}}}" for backend in self.leases.backends]
+        deadline = clock.now() + self.leases.ttl_s + 2.0
+        while True:
+            try:
+                held = await redis.existing(former)
+            except StoreUnavailable:
+                return  # unreachable: the leases' fallback holds nothing to overfill
+            if not held:
+                return
+            if clock.now() >= deadline:
+                raise ConfigError(
+                    "store.slots",
+                    "leased",
+                    f"replicas of an earlier floorguard still lease under {held[0]} (the "
+                    "former key layout): the two would fill the backend past its capacity; "
+                    "stop them before starting this one (docs/deploy.md, Stopping and "
+                    "rolling)",
+                )
+            await clock.sleep(0.1)
+
     # -- start and stop ---------------------------------------------------------------------
 
     async def start(self, upstream: Upstream) -> list[asyncio.Task[None]]:
         """Check the backends' reports and the store; join the fleet; its background tasks."""
         await self.check_backends(upstream)
         await self.check_eviction(at_start=True)
+        await self.check_former_leases()
         await self.learn(self.pool.guard.config.contracts)
         tasks = []
         if self.membership is not None:
@@ -274,15 +307,12 @@ class PoolFleet:
         except asyncio.CancelledError:  # the client went away: give back what it may get
             self._leased[rid] = (decision.backend, taking)
             raise
-        now = self.pool.clock.now()
-        if not why:
-            self._leased[rid] = (decision.backend, None)
-            guard.lease_granted(rid, now, local=leases.is_local(decision.backend, rid))
-            if not guard.num_queued and leases.holds_handed():  # nothing left to start there
-                self.in_background(leases.pass_on_async())
-            return True
-        guard.lease_denied(rid, now, until=leases.hand_over_by(why, now))
-        return False
+        if not lease_answered(guard, leases, decision, why, self.pool.clock.now()):
+            return False
+        self._leased[rid] = (decision.backend, None)
+        if not guard.num_queued and leases.holds_handed():  # nothing left to start there
+            self.in_background(leases.pass_on_async())
+        return True
 
     def _hand_over(self, message: str) -> None:
         """A slot handed to this replica, as published: `<backend> <member>`."""

@@ -1,0 +1,27 @@
+"""The fleet's answer for a leased start, carried to the stack the same way by every driver
+(the HTTP guard's pool and the fleet simulator): granted, the request starts (a `lease`
+event, local if the store was unreachable); denied, it waits again at the front of its
+queue and its backend — with the pool's other backends the denial found full — is held
+off until the hand-over the denial put it on the waiting board for (`SlotLeases`)."""
+
+from __future__ import annotations
+
+from floorguard.core.surface import Dispatch, Stack
+from floorguard.store.leases import SlotLeases
+
+__all__ = ["lease_answered"]
+
+
+def lease_answered(
+    stack: Stack, leases: SlotLeases, decision: Dispatch, why: str, now: float
+) -> bool:
+    """`why` is the lease plan's answer for `decision`'s start ('' granted, else `full` or
+    `order`); True when the request may start."""
+    request_id = decision.request.request_id
+    if why:
+        full = leases.full_backends() if why == "full" else ()
+        stack.lease_denied(request_id, now, until=leases.hand_over_by(why, now), full=full)
+        return False
+    local = leases.is_local(decision.backend, str(request_id))
+    stack.lease_granted(request_id, now, local=local)
+    return True
