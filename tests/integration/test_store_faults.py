@@ -426,6 +426,30 @@ def test_leases_keep_the_slots_held_while_redis_is_down_and_restore_them(server,
         run(store.aclose())
 
 
+def test_a_renewal_puts_back_the_leases_a_quick_restart_lost(server, loop):
+    """Redis restarts empty between two of replica A's calls (no call of A's fails, so A
+    never falls back): A's 2 requests still run on C = 2. Its next renewal puts their
+    leases back (`put_back`), and replica B is refused `full` again. Renewing only the
+    leases Redis still held (as before), B was granted a slot A's requests were running
+    on: 3 on a backend of 2, until A's requests ended."""
+    (sa, a), (sb, b) = _leases(server.url, "A"), _leases(server.url, "B")
+    fresh = RedisCreditStore(server.url, timeout_s=0.2)  # no pooled connection broken by
+    run = loop.run_until_complete  # the restart: no call of A's fails
+    try:
+        assert [run(a.acquire_async(0, f"a{i}", entitled=True)) for i in range(2)] == ["", ""]
+        server.kill()
+        server.start()
+        a.script = redis_lease_script(fresh)
+        run(run_plan_async(a.plan_renew(), a.script))
+        assert a.put_back == 2 and not a.status()["degraded"]
+        assert _members(server.url) == ["A|a0", "A|a1"]
+        assert run(b.acquire_async(0, "b0", entitled=True)) == "full"
+    finally:
+        run(sa.aclose())
+        run(sb.aclose())
+        run(fresh.aclose())
+
+
 class LateReplies:
     """A TCP proxy in front of Redis on the test's loop that holds back the next
     `hold` replies by `delay_s`: Redis has run the call when the caller gives up on it."""

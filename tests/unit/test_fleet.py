@@ -10,7 +10,8 @@ import pytest
 from floorguard.cli import main
 from floorguard.sim.fleet import Fleet, simulate_fleet
 from floorguard.store import simulated
-from floorguard.store.leases import SlotLeases
+from floorguard.store.leases import LeaseCall, SlotLeases
+from floorguard.store.simulated import SimulatedRedis
 
 SMALL = {"replicas": 3, "backends": 6, "tenants": 12, "duration_s": 6.0}
 
@@ -127,3 +128,18 @@ def test_simulate_fleet_cli(capsys, tmp_path):
     assert figure.stat().st_size > 10_000
     assert main([*args[:-1], "--slot-mode", "partition", "--backends", "3"]) == 2
     assert "do not divide" in capsys.readouterr().err
+
+
+def test_a_slot_handed_on_never_comes_back_to_the_replica_that_passed_it():
+    """A replica hands on a slot it cannot use while its own entitled request's lease call
+    is out (its count shows 1 waiting): released as a plain release, the slot was handed
+    straight back to it, which handed it on again, at one instant, for ever (this fleet,
+    W = 2 s and the random learner, never ended). A `pass` hands it to the others only."""
+    result = simulate_fleet(Fleet(replicas=3, window_s=2.0, learner="random"), seed=0)
+    assert result.verify_ok and result.num_requests > 1000
+    for op, to in (("pass", []), ("release", ["A"])):
+        sim = SimulatedRedis()
+        held = LeaseCall("b", "acquire", 1, 1.0, "A", 0, True, ("A|1",), 10.0, 1)
+        assert sim.lease(held).granted
+        answer = sim.lease(held._replace(op=op, waiting=1, seq=2))  # A shows 1 waiting
+        assert [r for r, _ in answer.handed] == to

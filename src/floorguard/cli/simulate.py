@@ -170,6 +170,9 @@ def _fleet_arguments(sim: argparse.ArgumentParser) -> None:
     fleet.add_argument("--opportunistic-per-s", type=float, help="default: 2× the capacity")
     fleet.add_argument("--store-rtt-ms", type=float, default=0.5)
     fleet.add_argument(
+        "--window-s", type=float, default=1.0, help="W: the floor's window (default 1.0)"
+    )
+    fleet.add_argument(
         "--store-outage", metavar="START:END", help="Redis unreachable from START to END s"
     )
     fleet.add_argument("--figure", type=Path, help="with a --skew sweep: draw it here (PNG)")
@@ -382,6 +385,8 @@ def _fleets(args: argparse.Namespace) -> list[Fleet]:
         raise FloorguardError("--store-outage is START:END in seconds")
     if args.replicas < 1 or args.backends < 1 or args.tenants < 1:
         raise FloorguardError("--replicas, --backends and --tenants must be ≥ 1")
+    if not args.window_s > 0:
+        raise FloorguardError("--window-s must be > 0")
     modes: list[SlotMode] = ["partition", "leased"] if len(skews) > 1 else [args.slot_mode]
     base: dict[str, Any] = {
         "replicas": args.replicas,
@@ -390,6 +395,8 @@ def _fleets(args: argparse.Namespace) -> list[Fleet]:
         "store_rtt_s": args.store_rtt_ms / 1e3,
         "store_outage": outage,
         "opportunistic_per_s": args.opportunistic_per_s,
+        "learner": args.learner or "always-admit",
+        "window_s": args.window_s,
     }
     for name, value in (("floor", args.floor), ("slots", args.slots), ("profile", args.profile)):
         if value is not None:

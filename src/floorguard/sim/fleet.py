@@ -41,7 +41,7 @@ from floorguard.core.learner import consult
 from floorguard.core.leasing import lease_answered
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
-from floorguard.learners.adversaries import AlwaysAdmit
+from floorguard.learners.registry import create_learner
 from floorguard.profiles import get_profile
 from floorguard.sim.backend import create_backend
 from floorguard.sim.engine import Engine, Priority
@@ -82,6 +82,10 @@ class Fleet:
     (the floor) and to local leases in the slots each replica held (leased slots)."""
     lease_ttl_s: float = 2.0
     """The slot leases' expiry (`store.lease_ttl_s`); renewed every quarter of it."""
+    window_s: float = 1.0
+    """W: the floor's tumbling window (each tenant offers `floor` per window)."""
+    learner: str = "always-admit"
+    """The surplus learner, by the name `serve`'s `learner` takes (`create_learner`)."""
     duration_s: float = 12.0
     deadline_ms: float = 1820.0
     tokens: int = 16
@@ -159,7 +163,7 @@ class _FleetSimulation(Serving):
         self.running = [0] * fleet.backends
         """Requests in flight on each backend, fleet-wide."""
         self.peak = 0
-        self.schedule = WindowSchedule(1.0)
+        self.schedule = WindowSchedule(fleet.window_s)
         self.redis = SimulatedRedis(outage=fleet.store_outage)
         self.logs: list[list[TraceEvent]] = [[] for _ in range(fleet.replicas)]
         per = fleet.backends // fleet.replicas
@@ -185,7 +189,7 @@ class _FleetSimulation(Serving):
             self.guards.append(self._guard(replica, floor))
         self.leases = [self._leases(r) for r in range(fleet.replicas)]
         self.owner: dict[RequestId, int] = {}
-        self.learner = AlwaysAdmit()
+        self.learner = create_learner(fleet.learner, rng)
         self._wake_at = [math.inf] * fleet.replicas
         self.lease_calls = 0
         self.no_lease = 0
@@ -247,9 +251,10 @@ class _FleetSimulation(Serving):
         weights /= weights.sum()
         arrivals: list[tuple[float, str]] = []
         for t in range(fleet.tenants):  # each assured tenant: exactly B per window, paced
-            phase = rng.uniform(0, 1.0 / fleet.floor)
-            n = int(fleet.duration_s * fleet.floor)
-            arrivals += [(phase + i / fleet.floor, f"t{t}") for i in range(n)]
+            spacing = fleet.window_s / fleet.floor
+            phase = rng.uniform(0, spacing)
+            n = int(fleet.duration_s / fleet.window_s * fleet.floor)
+            arrivals += [(phase + i * spacing, f"t{t}") for i in range(n)]
         capacity = fleet.backends * _mu_sat(fleet.profile, fleet.tokens, fleet.slots)
         rate = fleet.opportunistic_per_s if fleet.opportunistic_per_s is not None else 2 * capacity
         at = 0.0

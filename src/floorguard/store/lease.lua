@@ -17,7 +17,8 @@
 --              released (a renewal lists the caller's, whatever backend they are on, so a
 --              lost message is found by any renewal)
 --          (both keys share the pool's hash tag: one Redis Cluster slot)
--- ARGV     1 op: "acquire", "release", "renew" or "restore"
+-- ARGV     1 op: "acquire", "release", "pass" (a release of handed slots the caller
+--            cannot use: handed on to the others, never back to it), "renew" or "restore"
 --          2 capacity C, 3 ttl_s, 4 replica, 5 entitled waiting (this replica's
 --          floor-entitled requests waiting, not counting the one acquiring),
 --          6 entitled (0/1, acquire), 7 now: "" to read the Redis server's clock (TIME),
@@ -31,7 +32,8 @@
 --          {replica, member, …}: the slots this call handed over (on this backend),
 --          {backend, member, …}: renew only: the slots handed to the caller, not released,
 --          {backend, …}: a full denial only: the pool's other backends full as of their
---          last call}
+--          last call,
+--          renew and restore: how many of the members Redis did not hold}
 --
 -- acquire grants a member that already holds a live lease again (a retry of a call that
 -- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
@@ -57,9 +59,12 @@
 -- hand-over of every "free" slot at once would be C of them).
 --
 -- Leases not renewed within ttl_s expire: a dead replica's slots come back within ttl_s
--- of its last renewal. restore puts leases back whatever the count (a replica that held
--- them while Redis was unreachable: they run, whether granted locally or expired
--- meanwhile). A replica's calls may reach Redis out of the order it sent them (one
+-- of its last renewal. renew and restore put the caller's leases back whatever the count:
+-- its requests run on them, whether Redis lost them (restarted without persistence, a
+-- quick restart no call of the replica's met), they expired while it was paused, or they
+-- were granted locally while Redis was unreachable (restore). A renewal lists only the
+-- caller's running requests' leases, so the count is whole again within ttl_s / 4; the
+-- reply says how many were missing. A replica's calls may reach Redis out of the order it sent them (one
 -- connection each): a call numbered below the board entry's leaves the entry alone (it
 -- carries older counts), so a late call cannot clear a request that a newer one announced.
 
@@ -119,7 +124,7 @@ local function unindex(member)
   end
 end
 
-local granted, reason, freed = 0, '', 0
+local granted, reason, freed, lost = 0, '', 0, 0
 if op == 'acquire' then
   local live = redis.call('ZSCORE', KEYS[1], ARGV[12])
   local handed_here = string.find(ARGV[12], '|handed|', 1, true)
@@ -147,18 +152,14 @@ if op == 'acquire' then
   elseif granted == 0 then
     surplus = surplus + 1
   end
-elseif op == 'release' then
+elseif op == 'release' or op == 'pass' then
   for i = 12, #ARGV do
     freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
     unindex(ARGV[i])
   end
-elseif op == 'renew' then
+else  -- renew, restore: the caller's requests run on these, whatever Redis kept
   for i = 12, #ARGV do
-    redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
-  end
-elseif op == 'restore' then
-  for i = 12, #ARGV do
-    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    lost = lost + redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
   end
 end
 
@@ -182,7 +183,7 @@ while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
   local waiters = {}
   for _, class in ipairs({1, 4}) do
     for name, entry in pairs(board) do
-      if entry[class] > 0 then
+      if entry[class] > 0 and not (op == 'pass' and name == replica) then
         waiters[#waiters + 1] = name
       end
     end
@@ -252,4 +253,4 @@ if reason == 'full' then
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
 redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
-return {granted, reason, in_use, tostring(now), handed, held, full}
+return {granted, reason, in_use, tostring(now), handed, held, full, lost}

@@ -1,26 +1,29 @@
 """Fleet-wide slot leases (docs/design.md §13): at most `C` requests in flight per backend across
-every replica, and no opportunistic start on a backend while another replica has a
-floor-entitled request waiting for it.
+every replica, and no opportunistic start while another replica has a floor-entitled
+request waiting for a slot in the pool.
 
 A replica dispatches a request only with a lease on its backend (`lease.lua`, one EVALSHA
 per decision, or a slot handed to it): granted iff fewer than `C` leases are live and, for
-a request that is not floor-entitled, no other replica's entry on the backend's waiting
-board is positive. Every
+a request that is not floor-entitled, no other replica's entry on the pool's waiting board
+is positive (one board per pool: a request waits for a slot on any of its backends). Every
 call publishes this replica's count of entitled requests waiting (and a denied entitled
 request counts itself), so the board is current after each decision, and a renewal every
-`ttl_s / 4` keeps both the leases and the board entry alive. A replica that dies stops
-renewing: its leases expire within `ttl_s` of its last renewal (≤ `1.25 · ttl_s` after it
-died), and its board entry with them.
+`ttl_s / 4` — on each backend where it holds a lease or a handed slot, at least one — keeps
+the leases and the board entry alive, and puts back a running request's lease that Redis
+lost. A replica that dies stops renewing: its leases expire within `ttl_s` of its last
+call (≤ `1.25 · ttl_s` after it died), and its board entry with them.
 
 Freed slots are handed over, not polled for. A denied start counts itself on the board
-(entitled, or other), and each slot a release frees goes, in that same call, to a waiting
-replica (entitled first, round-robin): leased in its name and published on its channel
-(`handed_channel`). That replica's next start there takes the handed lease — an entitled
-one with no call, an opportunistic one with a call that reads the board (and hands the
-slot on if another replica's entitled request waits) — and a slot it cannot use is handed
-on (`plan_pass_on`; at the latest at its second renewal). A renewal lists the slots handed
-to the caller, so a lost message costs at most `ttl_s / 4`. A denied start's backend is
-held off until a hand-over or that renewal (`hand_over_by`).
+(entitled, or other), and each slot a release frees goes, in that same call, to a replica
+waiting in the pool (entitled first, round-robin): leased in its name and published on its
+channel (`handed_channel`). That replica's next start there takes the handed lease — an
+entitled one with no call, an opportunistic one with a call that reads the board (and hands
+the slot on if another replica's entitled request waits) — and a slot it cannot use is
+handed on (`plan_pass_on`; at the latest at its second renewal). A renewal lists the slots
+handed to the caller on any backend of the pool, so a lost message costs at most
+`ttl_s / 4`. A denied start's backend is held off until a hand-over or that renewal
+(`hand_over_by`), and so are the pool's other backends a `full` denial names full
+(`full_backends`): a waiting request asks once, not each backend in turn.
 
 A call that timed out may have run. Each acquire names its lease afresh (the request and
 the call's number), so a lease whose grant never came back is one no later call reuses:
@@ -86,7 +89,8 @@ class LeaseCall(NamedTuple):
     backend: str
     """The backend's fleet-wide name (its URL): the keys hang off it."""
     op: str
-    """`acquire`, `release`, `renew` or `restore`."""
+    """`acquire`, `release`, `pass` (a release handing on what this replica cannot use),
+    `renew` or `restore`."""
     capacity: int
     ttl_s: float
     replica: str
@@ -120,6 +124,8 @@ class LeaseReply(NamedTuple):
     full: tuple[str, ...] = ()
     """A `full` denial's: the pool's other backends that were full as of their last call
     (the caller waits for a hand-over instead of asking each in turn)."""
+    lost: int = 0
+    """A renewal's or a restore's: how many of its leases Redis did not hold (put back)."""
 
 
 class Held(NamedTuple):
@@ -158,7 +164,7 @@ def lease_keys(prefix: str, pool: str, backend: str) -> list[str]:
 
 def parse_lease_reply(reply: list[object]) -> LeaseReply:
     """`lease.lua`'s reply → a `LeaseReply`."""
-    granted, reason, in_use, _, handed, held, full = reply
+    granted, reason, in_use, _, handed, held, full, lost = reply
     pairs = [_text(x) for x in cast(list[object], handed)]
     kept = [_text(x) for x in cast(list[object], held)]
     return LeaseReply(
@@ -168,6 +174,7 @@ def parse_lease_reply(reply: list[object]) -> LeaseReply:
         tuple(zip(pairs[::2], pairs[1::2], strict=True)),
         tuple(zip(kept[::2], kept[1::2], strict=True)),
         tuple(_text(b) for b in cast(list[object], full)),
+        int(cast(int, lost)),
     )
 
 
@@ -248,6 +255,8 @@ class SlotLeases:
         self.local_grants = 0
         self.retried = 0
         """Acquires sent again after a timeout (the script answers a lease it holds again)."""
+        self.put_back = 0
+        """Leases a renewal found missing in Redis and put back (its requests run on them)."""
         self._seq = first_seq
         """The last call's number. A replica that restarts under the same name must number
         above its former self (the HTTP guard starts at the wall clock's microseconds),
@@ -442,13 +451,16 @@ class SlotLeases:
         return any(self._handed)
 
     def _hand_on(self, backend: int, members: list[str]) -> Plan[None]:
-        """Release slots handed here (taken out of `_handed`): the script hands them on."""
+        """Release slots handed here (taken out of `_handed`): the script hands them on to
+        the others (`pass`), never back here — this replica's count may include an
+        entitled request whose own lease call is out, and handed back, the slot went round
+        and round at one instant (a fleet simulation that never ended)."""
         if not members:
             return
         self.handed["passed_on"] += len(members)
         self._releasing[backend].update(members)
         try:
-            reply = yield self._call(backend, "release", *members, waiting=self.waiting())
+            reply = yield self._call(backend, "pass", *members, waiting=self.waiting())
         finally:
             self._releasing[backend].difference_update(members)
         if isinstance(reply, StoreUnavailable):
@@ -542,10 +554,18 @@ class SlotLeases:
         for backend in self._renewed() if backends is None else backends:
             yield from self._pass_on(backend)
             members = [lease.member for lease in self.held[backend].values() if lease.shared]
-            members += self._handed[backend]
             reply = yield self._call(backend, "renew", *members, waiting=self.waiting())
             if not isinstance(reply, StoreUnavailable):
                 self._learn(backend, reply)
+                if reply.lost:
+                    self.put_back += reply.lost
+                    log.warning(
+                        "slot leases: Redis had lost %d of this replica's %d leases on %s "
+                        "(restarted without its data?): put back",
+                        reply.lost,
+                        len(members),
+                        self.backends[backend],
+                    )
                 for name, member in reply.held:  # a hand-over whose message was lost
                     if name in self._names:
                         self._take_handed(self._names[name], member)
@@ -590,6 +610,7 @@ class SlotLeases:
             "denied": dict(self.denied),
             "local_grants": self.local_grants,
             "retried": self.retried,
+            "put_back": self.put_back,
             "handed": dict(self.handed),
             "in_doubt": sum(map(len, self._doubt)),
             "degraded": self._kept is not None,

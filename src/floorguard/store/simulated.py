@@ -183,16 +183,17 @@ class SimulatedRedis:
         index = self._index.setdefault(call.pool, {})
         _prune(leases, board, index, now)
         waiting, surplus = call.waiting, call.surplus
-        granted, reason, freed = False, "", 0
+        granted, reason, freed, lost = False, "", 0, 0
         if call.op == "acquire":
             granted, reason = _acquire(call, leases, board, index, now)
             waiting += not granted and call.entitled
             surplus += not granted and not call.entitled
-        else:
+        elif call.op in ("release", "pass"):
             freed = _update(leases, call.op, members, now + call.ttl_s)
-            if call.op == "release":
-                for member in members:
-                    index.pop(member, None)
+            for member in members:
+                index.pop(member, None)
+        else:
+            lost = _update(leases, call.op, members, now + call.ttl_s)
         mine = board.get(call.replica)
         if mine is not None and mine[2] > call.seq:
             pass  # a newer call's counts stand
@@ -209,7 +210,7 @@ class SimulatedRedis:
         full: tuple[str, ...] = ()
         if reason == "full":
             full = tuple(sorted(b for b, (n, c) in uses.items() if b != backend and n >= c))
-        return LeaseReply(granted, reason, len(leases), tuple(handed), held, full)
+        return LeaseReply(granted, reason, len(leases), tuple(handed), held, full, lost)
 
     def _hand_over(
         self,
@@ -229,7 +230,11 @@ class SimulatedRedis:
         while freed > 0 and len(leases) < call.capacity:
             freed -= 1
             for column in (0, 3):
-                waiters = sorted(r for r, e in board.items() if e[column] > 0)
+                waiters = sorted(
+                    r
+                    for r, e in board.items()
+                    if e[column] > 0 and not (call.op == "pass" and r == call.replica)
+                )
                 if waiters:
                     break
             else:
@@ -290,17 +295,14 @@ def _acquire(
 
 
 def _update(leases: dict[str, float], op: str, members: list[str], expiry: float) -> int:
-    """`release`, `renew` (only live leases) or `restore` (whatever the count) `members`;
-    how many leases a release freed."""
-    if op == "release":
+    """`release` `members` (how many leases that freed), or `renew` / `restore` them
+    whatever the count (how many were missing)."""
+    if op in ("release", "pass"):
         return sum(leases.pop(member, None) is not None for member in members)
-    if op == "renew":
-        for member in (m for m in members if m in leases):
-            leases[member] = expiry
-    elif op == "restore":
-        for member in members:
-            leases[member] = expiry
-    return 0
+    missing = sum(member not in leases for member in members)
+    for member in members:
+        leases[member] = expiry
+    return missing
 
 
 def _board_order(board: dict[str, _Entry], replica: str) -> str:
