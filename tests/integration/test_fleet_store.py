@@ -81,11 +81,13 @@ def test_with_eviction_warn_it_serves_and_says_so(tmp_path, evicting):
 BACKEND_SLOTS, REPLICAS, TTL_S = 6, 3, 0.6
 
 
-def _replica(backend: str, redis_url: str, n: int, log) -> dict:
-    config = _config({"url": redis_url, "replicas": REPLICAS, "membership_ttl_s": TTL_S},
-                     backend)  # fmt: skip
+def _replica(backend: str, redis_url: str, n: int, log, slots: str = "partition") -> dict:
+    store = {"url": redis_url, "replicas": REPLICAS, "membership_ttl_s": TTL_S, "slots": slots}
+    if slots == "leased":
+        store["lease_ttl_s"] = 1.0
+    config = _config(store, backend)
     config["replica"] = f"r{n}"
-    config["backends"] = [{"url": backend, "slots": BACKEND_SLOTS}]
+    config["backends"] = [{"url": backend, "slots": BACKEND_SLOTS, "capacity": BACKEND_SLOTS}]
     config["decision_log"] = str(log)
     config["contracts"] = [
         {"tenant": "acme", "class": "assured", "floor": 3, "deadline_ms": 20_000},
@@ -131,12 +133,17 @@ async def _in_flight_max(url: str) -> float:
 
 
 @pytest.mark.parametrize("fault", ["restart", "pause"])
-def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fault):
+def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(
+    tmp_path, fault, slots="partition"
+):
     """Issue 46's chaos: three replicas partition a 6-slot backend (2 each) under a steady
     flood; Redis restarts without persistence, or is paused (SIGSTOP) past the membership
     TTL. Each replica read that as "1 replica(s) live" and took the whole backend (21 in
     flight on 12 slots). Now the backend never holds more than its 6, every replica serves
-    on, and the three logs pass `verify`."""
+    on, and the three logs pass `verify`, the floor within B in every window (a restart
+    shorter than a beat once granted 4 of 3). (`slots="leased"` runs the same chaos on
+    leased slots: not yet in the suite — about half its runs still end one or two over C,
+    or with an opportunistic start past a waiting entitled one, docs/replicas.md.)"""
     server = RedisServer().start()
     backend, emulator = emulate(slots=BACKEND_SLOTS)
     processes = [emulator]
@@ -145,7 +152,7 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
         urls = []
         for n in range(REPLICAS):
             with (tmp_path / f"r{n}.err").open("wb") as err:
-                url, process = serve(_replica(backend, server.url, n, logs[n]),
+                url, process = serve(_replica(backend, server.url, n, logs[n], slots),
                                      tmp_path / f"r{n}.yaml", err)  # fmt: skip
             urls.append(url)
             processes.append(process)

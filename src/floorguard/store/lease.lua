@@ -16,9 +16,13 @@
 --            field "|h:<member>" = "<backend>|<expiry>": a slot handed over and not yet
 --              released (a renewal lists the caller's, whatever backend they are on, so a
 --              lost message is found by any renewal)
---          (both keys share the pool's hash tag: one Redis Cluster slot)
--- ARGV     1 op: "acquire", "release", "pass" (a release of handed slots the caller
---            cannot use: handed on to the others, never back to it), "renew" or "restore"
+-- KEYS[3]  the pool's generation marker: a token written when its leases' state began (a
+--          Redis that restarted empty writes a new one; it never expires)
+--          (the keys share the pool's hash tag: one Redis Cluster slot)
+-- ARGV     1 op: "acquire", "keep" (an acquire judged by the order only, whatever the
+--            count: a recovering replica's start within the slots it held), "release",
+--            "pass" (a release of handed slots the caller cannot use: handed on to the
+--            others, never back to it), "renew" or "restore"
 --          2 capacity C, 3 ttl_s, 4 replica, 5 entitled waiting (this replica's
 --          floor-entitled requests waiting, not counting the one acquiring),
 --          6 entitled (0/1, acquire), 7 now: "" to read the Redis server's clock (TIME),
@@ -27,13 +31,21 @@
 --          counting the one acquiring), 10 the hand-over channel's prefix ("" = publish
 --          nothing: a replica finds what it was handed at its next renewal), 11 the
 --          backend's name (what a hand-over message and the use record name),
---          12.. members (acquire: one; the others: any)
+--          12 the generation the caller last saw ("" = none), 13 a fresh token, written
+--          as the generation if the marker is missing,
+--          14.. members (acquire: one; the others: any)
 -- returns  {granted (0/1), reason ("" | "full" | "order"), leases in use, now (a string),
 --          {replica, member, …}: the slots this call handed over (on this backend),
 --          {backend, member, …}: renew only: the slots handed to the caller, not released,
 --          {backend, …}: a full denial only: the pool's other backends full as of their
 --          last call,
---          renew and restore: how many of the members Redis did not hold}
+--          renew and restore: how many of the members Redis did not hold,
+--          the generation}
+--
+-- An acquire from a caller that saw another generation is refused ("lost"): Redis lost
+-- the leases' state, and the count it would judge by misses every lease the replicas have
+-- not put back yet. The caller keeps to what it held (as while Redis is unreachable) and
+-- puts its leases back; so does every replica at its first call after the loss.
 --
 -- acquire grants a member that already holds a live lease again (a retry of a call that
 -- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
@@ -124,10 +136,24 @@ local function unindex(member)
   end
 end
 
+local generation = redis.call('GET', KEYS[3])
+if not generation then
+  generation = ARGV[13]
+  redis.call('SET', KEYS[3], generation)
+end
+local stale = ARGV[12] ~= '' and ARGV[12] ~= generation
+
 local granted, reason, freed, lost = 0, '', 0, 0
-if op == 'acquire' then
-  local live = redis.call('ZSCORE', KEYS[1], ARGV[12])
-  local handed_here = string.find(ARGV[12], '|handed|', 1, true)
+if op == 'acquire' and stale then
+  reason = 'lost'
+  if entitled then
+    waiting = waiting + 1
+  else
+    surplus = surplus + 1
+  end
+elseif op == 'acquire' or op == 'keep' then
+  local live = redis.call('ZSCORE', KEYS[1], ARGV[14])
+  local handed_here = string.find(ARGV[14], '|handed|', 1, true)
   if not entitled and not (live and not handed_here) then
     for other, entry in pairs(board) do
       if other ~= replica and entry[1] > 0 then
@@ -136,12 +162,12 @@ if op == 'acquire' then
     end
   end
   if reason == '' and live then
-    redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[14])
     granted = 1
-    unindex(ARGV[12])  -- a handed slot taken: its replica renews it from now on
+    unindex(ARGV[14])  -- a handed slot taken: its replica renews it from now on
   elseif reason == '' then
-    if redis.call('ZCARD', KEYS[1]) < capacity then
-      redis.call('ZADD', KEYS[1], now + ttl, ARGV[12])
+    if op == 'keep' or redis.call('ZCARD', KEYS[1]) < capacity then
+      redis.call('ZADD', KEYS[1], now + ttl, ARGV[14])
       granted = 1
     else
       reason = 'full'
@@ -153,12 +179,12 @@ if op == 'acquire' then
     surplus = surplus + 1
   end
 elseif op == 'release' or op == 'pass' then
-  for i = 12, #ARGV do
+  for i = 14, #ARGV do
     freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
     unindex(ARGV[i])
   end
 else  -- renew, restore: the caller's requests run on these, whatever Redis kept
-  for i = 12, #ARGV do
+  for i = 14, #ARGV do
     lost = lost + redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
   end
 end
@@ -253,4 +279,4 @@ if reason == 'full' then
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
 redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
-return {granted, reason, in_use, tostring(now), handed, held, full, lost}
+return {granted, reason, in_use, tostring(now), handed, held, full, lost, generation}

@@ -52,7 +52,9 @@ clock, its answer a round trip later), so both run the same policy.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import NamedTuple, cast
@@ -89,8 +91,9 @@ class LeaseCall(NamedTuple):
     backend: str
     """The backend's fleet-wide name (its URL): the keys hang off it."""
     op: str
-    """`acquire`, `release`, `pass` (a release handing on what this replica cannot use),
-    `renew` or `restore`."""
+    """`acquire`, `keep` (a recovering replica's acquire: the order, not the count),
+    `release`, `pass` (a release handing on what this replica cannot use), `renew` or
+    `restore`."""
     capacity: int
     ttl_s: float
     replica: str
@@ -108,6 +111,8 @@ class LeaseCall(NamedTuple):
     acquiring)."""
     pool: str = "pool"
     """The pool's hash tag: its backends' keys and its one waiting board hang off it."""
+    seen: str = ""
+    """The pool's lease generation this replica last saw ("" = none yet)."""
 
 
 class LeaseReply(NamedTuple):
@@ -126,6 +131,8 @@ class LeaseReply(NamedTuple):
     (the caller waits for a hand-over instead of asking each in turn)."""
     lost: int = 0
     """A renewal's or a restore's: how many of its leases Redis did not hold (put back)."""
+    generation: str = ""
+    """The pool's lease generation: a new one means Redis lost the leases' state."""
 
 
 class Held(NamedTuple):
@@ -157,14 +164,15 @@ def pool_tag(pool: str | None) -> str:
 
 
 def lease_keys(prefix: str, pool: str, backend: str) -> list[str]:
-    """`lease.lua`'s keys: the backend's leases and its pool's waiting board, under the
-    pool's hash tag (one Redis Cluster slot for the whole pool)."""
-    return [f"{prefix}:slots:{{{pool}}}:{backend}", f"{prefix}:slots:{{{pool}}}:wait"]
+    """`lease.lua`'s keys: the backend's leases, its pool's waiting board and the pool's
+    generation marker, under the pool's hash tag (one Redis Cluster slot for the pool)."""
+    tag = f"{prefix}:slots:{{{pool}}}"
+    return [f"{tag}:{backend}", f"{tag}:wait", f"{tag}:gen"]
 
 
 def parse_lease_reply(reply: list[object]) -> LeaseReply:
     """`lease.lua`'s reply → a `LeaseReply`."""
-    granted, reason, in_use, _, handed, held, full, lost = reply
+    granted, reason, in_use, _, handed, held, full, lost, generation = reply
     pairs = [_text(x) for x in cast(list[object], handed)]
     kept = [_text(x) for x in cast(list[object], held)]
     return LeaseReply(
@@ -175,6 +183,7 @@ def parse_lease_reply(reply: list[object]) -> LeaseReply:
         tuple(zip(kept[::2], kept[1::2], strict=True)),
         tuple(_text(b) for b in cast(list[object], full)),
         int(cast(int, lost)),
+        _text(generation),
     )
 
 
@@ -183,11 +192,12 @@ def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
     published on `handed_channel`."""
     script = store.register_async(SCRIPT)
     prefix, channel = store.prefix, handed_channel(store)
+    tokens, base = itertools.count(), uuid.uuid4().hex
 
     async def run(call: LeaseCall) -> LeaseReply:
         args = [call.op, call.capacity, repr(call.ttl_s), call.replica, call.waiting]
         now = "" if call.now is None else repr(call.now)
-        more = [call.surplus, channel, call.backend]
+        more = [call.surplus, channel, call.backend, call.seen, f"{base}:{next(tokens)}"]
         reply = await script(
             keys=lease_keys(prefix, call.pool, call.backend),
             args=[*args, int(call.entitled), now, call.seq, *more, *call.members],
@@ -267,8 +277,16 @@ class SlotLeases:
         self._full: tuple[int, ...] = ()
         """The backends the latest `full` denial named full as of their last call."""
         self._kept: list[int] | None = None
-        """While Redis is unreachable: the leases held on each backend when it was lost, the
-        most this replica may hold there until Redis answers; None while it answers."""
+        """While Redis is unreachable, or recovering: the leases held on each backend when
+        it was lost, the most this replica may hold there; None while shared."""
+        self._restore_due = False
+        """The leases held must be put back at the next call Redis answers."""
+        self._grace: int | None = None
+        """Recovering (Redis answers again, or lost its state): the renewals left before
+        this replica leases from Redis's count again — by then every live replica has
+        renewed, and so put its leases back; None otherwise."""
+        self._generation = ""
+        """The pool's lease generation as last seen ("" = none yet)."""
 
     def is_local(self, backend: int, request_id: str) -> bool:
         """Whether the request's lease on `backend` was granted locally (store down)."""
@@ -299,6 +317,7 @@ class SlotLeases:
             self._next_seq(),
             self._surplus(),
             self.pool,
+            self._generation,
         )
 
     def _now(self) -> float | None:
@@ -317,6 +336,8 @@ class SlotLeases:
         Redis was lost."""
         if self._handed[backend]:
             return (yield from self._take_handed_slot(backend, request_id, entitled=entitled))
+        if self._kept is not None:
+            return (yield from self._acquire_kept(backend, request_id, entitled=entitled))
         others = max(self.waiting() - entitled, 0)  # the script counts this one if denied
         member = f"{self.replica}|{request_id}|{self._seq + 1}"  # the call's number, below
         call = self._call(backend, "acquire", member, entitled=entitled, waiting=others)
@@ -340,18 +361,79 @@ class SlotLeases:
         if reply.granted:
             self._hold(backend, request_id, Held(member, shared=True))
             return ""
+        return (yield from self._denied(backend, request_id, reply, entitled=entitled))
+
+    def _denied(
+        self, backend: int, request_id: str, reply: LeaseReply, *, entitled: bool
+    ) -> Plan[str]:
+        """An acquire Redis refused: why, or '' if a slot handed here meanwhile starts it."""
+        if reply.reason == "lost":  # Redis lost the leases' state: keep to what is held
+            return (yield from self._acquire_kept(backend, request_id, entitled=entitled))
         self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
         if reply.reason == "full":
             self._full = tuple(self._names[n] for n in reply.full if n in self._names)
         if reply.reason == "full" and self._handed[backend]:  # handed while this call was out
             return (yield from self._take_handed_slot(backend, request_id, entitled=entitled))
-        return cast(str, reply.reason)
+        return reply.reason
+
+    def _acquire_kept(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
+        """Unreachable or recovering: a lease only while this replica holds fewer on
+        `backend` than it did when Redis was lost (it reuses its own slots, takes none of
+        another's), put in Redis whatever its count (`keep`: the count may still miss the
+        leases other replicas have not put back) but not ahead of another replica's
+        entitled request (`order`), or held locally if Redis does not answer."""
+        kept = self._kept
+        assert kept is not None
+        if len(self.held[backend]) >= kept[backend]:
+            self.denied["full"] += 1
+            return "full"
+        member = f"{self.replica}|{request_id}|{self._seq + 1}"
+        local = Held(member, shared=False)
+        self._hold(backend, request_id, local)  # held before the call: counted at once
+        others = max(self.waiting() - entitled, 0)
+        call = self._call(backend, "keep", member, entitled=entitled, waiting=others)
+        reply = yield call
+        if isinstance(reply, StoreUnavailable):
+            self._lost()  # held locally: put back with the others when Redis answers
+            self.local_grants += 1
+            return ""
+        self._learn(backend, reply)
+        if not reply.granted:  # another replica's entitled request waits
+            if self.held[backend].get(request_id) == local:
+                del self.held[backend][request_id]
+                self._held_members[backend].discard(member)
+            self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
+            yield from self._answered()
+            return str(reply.reason)
+        if self.held[backend].get(request_id) == local:
+            self.held[backend][request_id] = local._replace(shared=True)
+        yield from self._answered()
+        return ""
 
     def _lost(self) -> list[int]:
+        """Redis did not answer: keep to the slots held until it does (and then for a
+        grace)."""
         if self._kept is None:
             self._kept = [len(held) for held in self.held]
             log.warning("slot leases: Redis unreachable; keeping the slots held: %s", self._kept)
+        self._restore_due = True
+        self._grace = None
+        self._shown = 0  # the board entry may expire meanwhile: announce again
         return self._kept
+
+    def _lost_state(self) -> None:
+        """Redis answers with a new generation: it lost the leases' state (restarted without
+        its data). Keep to the slots held, put them back, and wait out the grace."""
+        if self._kept is None:
+            self._kept = [len(held) for held in self.held]
+            log.warning(
+                "slot leases: Redis lost the leases' state; keeping the slots held (%s) "
+                "while the fleet puts its leases back",
+                self._kept,
+            )
+        self._restore_due = True
+        self._grace = None
+        self._shown = 0  # the board is gone with the rest: announce again
 
     def _take_handed_slot(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
         handed = self._handed[backend]
@@ -387,8 +469,13 @@ class SlotLeases:
             self._take_handed(index, member)
 
     def _learn(self, backend: int, reply: LeaseReply) -> None:
-        """The slots a call handed over: this replica's are taken (its message may come
-        later, or never)."""
+        """What an answered call says: a new generation (Redis lost the leases' state), and
+        the slots it handed over (this replica's are taken: its message may come later, or
+        never)."""
+        if reply.generation != self._generation:
+            if self._generation:
+                self._lost_state()
+            self._generation = reply.generation
         for to, member in reply.handed:
             if to == self.replica:
                 self._take_handed(backend, member)
@@ -485,9 +572,13 @@ class SlotLeases:
                 self._lost()
                 return
             self._learn(backend, reply)
-        if self._kept is None:
+        if not self._restore_due:
             return
-        self._kept = None
+        self._restore_due = False
+        if not any(self.held):  # nothing to put back: the board entry is published all the
+            yield from self.plan_renew(self._renewed()[:1])  # same (the outage may have
+            if self._restore_due:  # expired it, and an entitled request waits here)
+                return
         for backend, held in enumerate(self.held):
             if not held:
                 continue
@@ -497,10 +588,17 @@ class SlotLeases:
             if isinstance(reply, StoreUnavailable):
                 self._lost()
                 return
+            self._learn(backend, reply)
             for request_id, lease in restored.items():
                 if held.get(request_id) == lease:
                     held[request_id] = lease._replace(shared=True)
-        log.warning("slot leases: Redis answers again; the leases held are restored")
+        if self._restore_due:  # a generation changed under the restore: again, next call
+            return
+        self._grace = 2
+        log.warning(
+            "slot leases: Redis answers; the leases held are put back (shared again after "
+            "two renewals, when every live replica has put back its own)"
+        )
 
     def plan_release(self, backend: int, request_id: str, waiting: int | None = None) -> Plan[None]:
         """Give the lease back (a request that ended); a failed call leaves it in doubt,
@@ -521,8 +619,13 @@ class SlotLeases:
         finally:
             self._releasing[backend].discard(lease.member)
         if isinstance(reply, StoreUnavailable):
-            self._doubt[backend].add(lease.member)
+            self._doubt[backend].add(lease.member)  # released on the next answered call
+            if reply.sent and self._kept is not None:  # it may have run (a paused Redis
+                self._kept[backend] = max(0, self._kept[backend] - 1)  # runs it later) and
+                # handed the slot over: not reused here (a chaos run: 9 on a 6-slot backend)
         else:
+            if self._kept is not None:  # freed in Redis (maybe handed over): the fleet's,
+                self._kept[backend] = max(0, self._kept[backend] - 1)  # not reused here
             self._learn(backend, reply)
             yield from self._answered()
 
@@ -550,7 +653,9 @@ class SlotLeases:
 
     def plan_renew(self, backends: Sequence[int] | None = None) -> Plan[None]:
         """Renew this replica's leases, handed slots and board entry (on `_renewed`'s
-        backends, or on `backends`)."""
+        backends, or on `backends`); a whole renewal counts down a recovery's grace (not
+        the one that began it)."""
+        recovering = backends is None and self._grace is not None
         for backend in self._renewed() if backends is None else backends:
             yield from self._pass_on(backend)
             members = [lease.member for lease in self.held[backend].values() if lease.shared]
@@ -577,6 +682,11 @@ class SlotLeases:
                 self._lost()
             else:
                 yield from self._answered()
+        if recovering and self._grace is not None:
+            self._grace -= 1
+            if self._grace <= 0:
+                self._grace, self._kept = None, None
+                log.warning("slot leases: recovered; leasing from the fleet's count again")
 
     # -- the shells (the HTTP guard's event loop) ---------------------------------------------
 
@@ -613,5 +723,6 @@ class SlotLeases:
             "put_back": self.put_back,
             "handed": dict(self.handed),
             "in_doubt": sum(map(len, self._doubt)),
-            "degraded": self._kept is not None,
+            "degraded": self._kept is not None and self._grace is None,
+            "recovering": self._grace is not None,
         }

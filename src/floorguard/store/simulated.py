@@ -67,6 +67,8 @@ class SimulatedRedis:
         """Per pool: a handed member not yet released → (its backend, its expiry)."""
         self._turns: dict[str, int] = {}
         """Per pool: the hand-over's round-robin count."""
+        self._lease_generations: dict[str, str] = {}
+        """Per pool: the leases' generation marker."""
         self._tokens = itertools.count()
 
     def restart(self) -> None:
@@ -78,6 +80,7 @@ class SimulatedRedis:
         self._uses.clear()
         self._index.clear()
         self._turns.clear()
+        self._lease_generations.clear()
 
     def _unreachable(self, now: float) -> bool:
         outage = self.outage
@@ -182,10 +185,11 @@ class SimulatedRedis:
         uses = self._uses.setdefault(call.pool, {})
         index = self._index.setdefault(call.pool, {})
         _prune(leases, board, index, now)
+        generation = self._lease_generations.setdefault(call.pool, f"sim:{next(self._tokens)}")
         waiting, surplus = call.waiting, call.surplus
         granted, reason, freed, lost = False, "", 0, 0
-        if call.op == "acquire":
-            granted, reason = _acquire(call, leases, board, index, now)
+        if call.op in ("acquire", "keep"):
+            granted, reason = _acquire(call, leases, board, index, generation=generation)
             waiting += not granted and call.entitled
             surplus += not granted and not call.entitled
         elif call.op in ("release", "pass"):
@@ -210,7 +214,7 @@ class SimulatedRedis:
         full: tuple[str, ...] = ()
         if reason == "full":
             full = tuple(sorted(b for b, (n, c) in uses.items() if b != backend and n >= c))
-        return LeaseReply(granted, reason, len(leases), tuple(handed), held, full, lost)
+        return LeaseReply(granted, reason, len(leases), tuple(handed), held, full, lost, generation)
 
     def _hand_over(
         self,
@@ -275,21 +279,26 @@ def _acquire(
     leases: dict[str, float],
     board: dict[str, _Entry],
     index: dict[str, tuple[str, float]],
-    now: float,
+    *,
+    generation: str,
 ) -> tuple[bool, str]:
     """An acquire's answer: (granted, why not)."""
+    if call.op == "acquire" and call.seen not in ("", generation):
+        return False, "lost"  # the leases' state is gone: nothing is judged by its count
     member = call.members[0]
+    assert call.now is not None
+    expiry = call.now + call.ttl_s
     live = member in leases  # a retry of a call that ran: its first grant
     judged = not call.entitled and (not live or "|handed|" in member)
     reason = _board_order(board, call.replica) if judged else ""
     if reason:
         return False, reason
     if live:
-        leases[member] = now + call.ttl_s
+        leases[member] = expiry
         index.pop(member, None)  # a handed slot taken: its replica renews it from now on
         return True, ""
-    if len(leases) < call.capacity:
-        leases[member] = now + call.ttl_s
+    if call.op == "keep" or len(leases) < call.capacity:
+        leases[member] = expiry
         return True, ""
     return False, "full"
 
