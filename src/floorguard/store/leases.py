@@ -38,10 +38,14 @@ its own slots as its requests end; it takes none of another replica's). The flee
 within `C`: the holdings summed to at most `C` when Redis was lost, and none grows. (A
 partition, `⌊C/N⌋` each, would not: a replica that held more than its share when Redis
 was lost still runs those requests while the others take their shares — the fleet
-simulator found this, `docs/replicas.md`.) When Redis answers again the replica puts every
+simulator found this, `docs/replicas.md`.) A release that timed out may run later and
+hand its slot over: its slot is not reused. When Redis answers again the replica puts every
 lease it holds back (`restore`: those granted locally, and those that expired with no
-renewal reaching Redis), so the count is whole again; until every replica has, within
-`ttl_s / 4` of Redis's return, a backend may briefly run more than `C`.
+renewal reaching Redis) and *recovers*: the count still misses the leases of replicas that
+have not called yet, so for two more renewals it keeps to the slots it held (`keep`: put
+in Redis whatever the count, judged by the order), and a slot it releases is the fleet's.
+A Redis that lost the leases' state is found by the pool's generation (an acquire naming
+another is refused `lost`) and recovered from the same way.
 
 The policy is I/O-free, as `SharedFloor`'s is: each operation is a `Plan` that yields
 `LeaseCall`s (one run of the script each) and returns its answer. The HTTP guard runs the
@@ -118,8 +122,9 @@ class LeaseCall(NamedTuple):
 class LeaseReply(NamedTuple):
     granted: bool
     reason: str
-    """Why not: `full` (C leases live) or `order` (another replica's entitled request
-    waits); '' when granted (or for release and renew)."""
+    """Why not: `full` (C leases live), `order` (another replica's entitled request
+    waits) or `lost` (Redis lost the leases' state); '' when granted (or for release and
+    renew)."""
     in_use: int
     handed: tuple[tuple[str, str], ...] = ()
     """The slots this call handed over: (replica, member) each, on the call's backend."""
