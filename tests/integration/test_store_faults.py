@@ -266,9 +266,9 @@ def test_slot_leases_bound_the_fleet_and_hand_freed_slots_over_assured_first(ser
     """C = 2 leases fleet-wide: a third start waits (`full`); while replica A has a
     floor-entitled request waiting, replica B may not start an opportunistic request there
     (`order`). Released slots are handed over in the release's own call, entitled waiters
-    first: B's release hands its slot to A, whose waiting request then starts with no call
-    of its own (its renewal found the slot; a subscriber hears it at once, below); A's
-    release hands its slot to B's waiting opportunistic request."""
+    first: B's release hands its slot to A, whose waiting request then starts on it with
+    one call that renews the handed lease (its renewal found the slot; a subscriber hears
+    it at once, below); A's release hands its slot to B's waiting opportunistic request."""
     (sa, a), (sb, b) = _leases(server.url, "A"), _leases(server.url, "B")
     run = loop.run_until_complete
     try:
@@ -281,7 +281,7 @@ def test_slot_leases_bound_the_fleet_and_hand_freed_slots_over_assured_first(ser
         run(_renew(a))  # A finds the slot handed to it (no subscriber in this test)
         calls = a._seq
         assert run(a.acquire_async(0, "a2", entitled=True)) == ""
-        assert a._seq == calls  # taken without a call
+        assert a._seq == calls + 1  # taken with one call (the handed lease renewed)
         assert run(b.acquire_async(0, "b3", entitled=False)) == "full"  # B waits again
         run(a.release_async(0, "a1"))  # A waits for nothing: its slot goes to B
         assert _members(server.url) == ["A|handed", "B|handed"]
@@ -333,7 +333,7 @@ def test_a_handed_slot_is_heard_at_once_by_a_subscriber(server, loop):
         run(scenario())
         assert heard == [0]
         calls = a._seq
-        assert run(a.acquire_async(0, "a1", entitled=True)) == "" and a._seq == calls
+        assert run(a.acquire_async(0, "a1", entitled=True)) == "" and a._seq == calls + 1
     finally:
         run(store_a.aclose())
         run(sb.aclose())

@@ -6,10 +6,11 @@ off until the hand-over the denial put it on the waiting board for (`SlotLeases`
 
 from __future__ import annotations
 
+from floorguard.core.guard import Guard
 from floorguard.core.surface import Dispatch, Stack
 from floorguard.store.leases import SlotLeases
 
-__all__ = ["lease_answered"]
+__all__ = ["lease_answered", "nothing_to_start"]
 
 
 def lease_answered(
@@ -25,3 +26,12 @@ def lease_answered(
     local = leases.is_local(decision.backend, str(request_id))
     stack.lease_granted(request_id, now, local=local)
     return True
+
+
+def nothing_to_start(guard: Guard) -> bool:
+    """Whether a slot handed to this replica should be handed on: nothing is queued, and
+    no floor-entitled request is waiting for its lease's answer (one whose call comes back
+    `full` starts on the handed slot next; handed on at once, the slot went to another
+    replica's opportunistic request while this one's entitled request waited — fleet
+    ORDER broken in a chaos run)."""
+    return not guard.num_queued and not guard.num_waiting_entitled

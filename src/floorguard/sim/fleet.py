@@ -38,7 +38,7 @@ from floorguard.core.contract import (
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
-from floorguard.core.leasing import lease_answered
+from floorguard.core.leasing import lease_answered, nothing_to_start
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
 from floorguard.learners.registry import create_learner
@@ -341,7 +341,7 @@ class _FleetSimulation(Serving):
                 self.on_lease,
                 (replica, decision, plan, reply),
             )
-        if leases is not None and not guard.num_queued and leases.holds_handed():
+        if leases is not None and nothing_to_start(guard) and leases.holds_handed():
             self._finish_plan(leases.plan_pass_on())  # nothing left to start on them
         self._arm(replica)
 

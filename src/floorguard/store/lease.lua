@@ -60,7 +60,8 @@
 -- for one, is leased to that replica in the same call — entitled waiters first, then the
 -- others, round-robin among the replicas of a class — its count goes down by one, and the
 -- slot is published on "<prefix><replica>" as "<backend> <member>". The replica starts
--- its next request there on the handed lease without another call, and releases it
+-- its next request there on the handed lease (an acquire naming it: renewed, and for an
+-- opportunistic start judged by the order), and releases it
 -- (handing it on) if it has none left to start. A message lost (a subscriber
 -- reconnecting) is found by the replica's next renewal on any backend of the pool; a
 -- handed slot no one takes expires with its ttl, or with the waiter's board entry if

@@ -16,9 +16,9 @@ call (≤ `1.25 · ttl_s` after it died), and its board entry with them.
 Freed slots are handed over, not polled for. A denied start counts itself on the board
 (entitled, or other), and each slot a release frees goes, in that same call, to a replica
 waiting in the pool (entitled first, round-robin): leased in its name and published on its
-channel (`handed_channel`). That replica's next start there takes the handed lease — an
-entitled one with no call, an opportunistic one with a call that reads the board (and hands
-the slot on if another replica's entitled request waits) — and a slot it cannot use is
+channel (`handed_channel`). That replica's next start there takes the handed lease with
+one call that renews it — an opportunistic one's also reads the board (and hands the slot
+on if another replica's entitled request waits) — and a slot it cannot use is
 handed on (`plan_pass_on`; at the latest at its second renewal). A renewal lists the slots
 handed to the caller on any backend of the pool, so a lost message costs at most
 `ttl_s / 4`. A denied start's backend is held off until a hand-over or that renewal
@@ -334,9 +334,9 @@ class SlotLeases:
 
     def plan_acquire(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
         """'' when the request may start on `backend` (it holds a lease), else why not:
-        `full` or `order`. A slot handed to this replica there is taken: without a call by a
-        floor-entitled request; an opportunistic one asks the script whether another
-        replica's entitled request waits (then the slot is handed on to it). Redis
+        `full`, `order` or `lost`. A slot handed to this replica there is taken, with a call
+        that renews it; an opportunistic one's asks the script whether another replica's
+        entitled request waits (then the slot is handed on to it). Redis
         unreachable: a local lease while this replica holds fewer there than it did when
         Redis was lost."""
         if self._handed[backend]:
@@ -441,23 +441,29 @@ class SlotLeases:
         self._shown = 0  # the board is gone with the rest: announce again
 
     def _take_handed_slot(self, backend: int, request_id: str, *, entitled: bool) -> Plan[str]:
+        """Start on a slot handed here, with one call that takes its lease: it renews it
+        (a handed lease lives no longer than its waiter's board entry, which may be near
+        its end: taken with no call, one expired under a running request and the fleet
+        ran 7 on a 6-slot backend) and, for an opportunistic start, reads the order (an
+        entitled request waiting elsewhere gets the slot: it is handed on)."""
         handed = self._handed[backend]
         member = next(iter(handed))
         del handed[member]
-        if not entitled:
-            others = self.waiting()
-            self._releasing[backend].add(member)  # in flight: not a hand-over to learn again
-            try:
-                reply = yield self._call(backend, "acquire", member, waiting=others)
-            finally:
-                self._releasing[backend].discard(member)
-            if isinstance(reply, LeaseReply):
-                self._learn(backend, reply)
-                if not reply.granted:  # an entitled request waits elsewhere: its slot
-                    self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
+        others = max(self.waiting() - entitled, 0)
+        self._releasing[backend].add(member)  # in flight: not a hand-over to learn again
+        try:
+            call = self._call(backend, "acquire", member, entitled=entitled, waiting=others)
+            reply = yield call
+        finally:
+            self._releasing[backend].discard(member)
+        if isinstance(reply, LeaseReply):
+            self._learn(backend, reply)
+            if not reply.granted:  # handed on if it lives (`order`); gone otherwise
+                self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
+                if reply.reason == "order":
                     yield from self._hand_on(backend, [member])
-                    return reply.reason
-            # Redis unreachable: the slot is this replica's all the same (no order to read)
+                return str(reply.reason)
+        # Redis unreachable: the slot is this replica's all the same (no order to read)
         self._hold(backend, request_id, Held(member, shared=True))
         self.handed["used"] += 1
         return ""
@@ -618,6 +624,9 @@ class SlotLeases:
             return
         self._held_members[backend].discard(lease.member)
         count = self.waiting() if waiting is None else max(waiting, self.waiting())
+        kept = self._kept
+        if kept is not None:  # the slot may go to the fleet (handed over): not reused here
+            kept[backend] -= 1  # from the moment the release is sent, not when answered
         self._releasing[backend].add(lease.member)
         try:
             reply = yield self._call(backend, "release", lease.member, waiting=count)
@@ -625,12 +634,9 @@ class SlotLeases:
             self._releasing[backend].discard(lease.member)
         if isinstance(reply, StoreUnavailable):
             self._doubt[backend].add(lease.member)  # released on the next answered call
-            if reply.sent and self._kept is not None:  # it may have run (a paused Redis
-                self._kept[backend] = max(0, self._kept[backend] - 1)  # runs it later) and
-                # handed the slot over: not reused here (a chaos run: 9 on a 6-slot backend)
+            if not reply.sent and kept is not None and kept is self._kept:
+                kept[backend] += 1  # it never reached Redis: still this replica's to reuse
         else:
-            if self._kept is not None:  # freed in Redis (maybe handed over): the fleet's,
-                self._kept[backend] = max(0, self._kept[backend] - 1)  # not reused here
             self._learn(backend, reply)
             yield from self._answered()
 

@@ -15,7 +15,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from floorguard.core.contract import Contract
-from floorguard.core.leasing import lease_answered
+from floorguard.core.leasing import lease_answered, nothing_to_start
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
@@ -310,7 +310,7 @@ class PoolFleet:
         if not lease_answered(guard, leases, decision, why, self.pool.clock.now()):
             return False
         self._leased[rid] = (decision.backend, None)
-        if not guard.num_queued and leases.holds_handed():  # nothing left to start there
+        if nothing_to_start(guard) and leases.holds_handed():
             self.in_background(leases.pass_on_async())
         return True
 
@@ -327,7 +327,7 @@ class PoolFleet:
         guard, leases = self.pool.guard, self.leases
         assert leases is not None
         guard.lease_handed(backend, self.pool.clock.now())
-        if not guard.num_queued:  # nothing to start: hand it on at once
+        if nothing_to_start(guard):  # hand it on at once
             self.in_background(leases.pass_on_async(backend))
         self.pool.pump.pump()
 
