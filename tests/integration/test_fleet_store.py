@@ -1,4 +1,4 @@
-"""Issue 46 against a real `floorguard serve` and a real redis-server: a Redis that can
+"""The fleet's store against a real `floorguard serve` and a real redis-server: a Redis that can
 evict the floor's keys is refused at start (or, with `store.eviction: warn`, served with an
 error in the log), because an evicted counter re-grants its window's floor."""
 
@@ -136,7 +136,7 @@ async def _in_flight_max(url: str) -> float:
 def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(
     tmp_path, fault, slots="partition"
 ):
-    """Issue 46's chaos: three replicas partition a 6-slot backend (2 each) under a steady
+    """Chaos: three replicas partition a 6-slot backend (2 each) under a steady
     flood; Redis restarts without persistence, or is paused (SIGSTOP) past the membership
     TTL. Each replica read that as "1 replica(s) live" and took the whole backend (21 in
     flight on 12 slots). Now the backend never holds more than its 6, every replica serves

@@ -149,7 +149,7 @@ def _three(fleet, loop, ttl_s=0.6):
 @pytest.mark.parametrize("fault", ["restart", "flush", "evict", "flush-then-quiet"])
 def test_a_store_that_forgets_the_fleet_is_not_a_fleet_of_one(fleet, loop, redis_server,
                                                               fault):  # fmt: skip
-    """Issue 46: after a Redis restart without persistence, a FLUSHALL or an evicted
+    """After a Redis restart without persistence, a FLUSHALL or an evicted
     member key, each of three replicas counted "1 replica(s) live" and took a whole
     backend. A member missing before its time ran out is one the store forgot; so is every
     member when the store forgot this replica's own entry (whatever their expiries): still

@@ -513,7 +513,7 @@ class LateReplies:
 
 
 def test_a_take_whose_reply_came_too_late_is_charged_once(server, floors, loop):
-    """Issue 46: a floor take that timed out (50 ms) after Redis had run it was retried and
+    """A floor take that timed out (50 ms) after Redis had run it was retried and
     charged again, so an assured request inside its floor was refused. Through a proxy that
     holds Redis's replies 120 ms, each of B = 4 takes times out once after Redis ran it; the
     retries get their first answers: all four granted, Redis counts 4, a fifth is refused."""

@@ -175,7 +175,7 @@ def test_the_workers_bench_measures_both_guards_side_by_side(client):
 
 
 def test_a_killed_workers_log_verifies_beside_the_survivors(workers, tmp_path):
-    """Issue 46: a SIGKILLed worker's log and the survivors' could never pass `verify`
+    """A SIGKILLed worker's log and the survivors' could never pass `verify`
     together. Under load worker 1 is killed and started again (appending to its log under
     a new name): the two logs verify together, the killed life's requests that were still
     open counted as cut by its death, not as a violation."""

@@ -336,7 +336,7 @@ def _died_and_restarted(log):
 
 
 def test_a_replica_that_died_with_requests_in_flight_verifies_beside_the_others():
-    """Issue 46: a killed replica's log beside the survivors' never verified. Its requests
+    """A killed replica's log beside the survivors' never verified. Its requests
     still open when its log starts a new life are counted (`num_died_open`), not TERMINAL
     violations, and fleet SLOTS releases them where the new life starts."""
     logs = _two_replicas_on_one_backend(slots=2)

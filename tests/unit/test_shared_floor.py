@@ -171,7 +171,7 @@ def test_a_hand_back_that_ends_mid_call_releases_its_waiters():
 
 
 def test_while_the_fleet_recovers_the_shared_count_leaves_the_others_shares_aside():
-    """Issue 46: Redis paused past the membership TTL; replicas came back at different
+    """Redis paused past the membership TTL; replicas came back at different
     instants, and one that took through Redis filled B while another still granted its
     fail-static share locally: 4 > B = 3 in a window. For `retry_s` and a window after it
     saw Redis return, a replica takes through Redis only up to B − (N − 1)·⌊B/N⌋; then the
@@ -274,7 +274,7 @@ class RunThenTimeOut:
 
 
 def test_a_take_that_timed_out_after_redis_ran_it_is_charged_once():
-    """Issue 46: a floor take that timed out after Redis had run it was retried and charged
+    """A floor take that timed out after Redis had run it was retried and charged
     again, so with B = 4 the fourth request inside the floor was refused. With one call id
     for every attempt, the retry gets the first answer: all four are granted, and the fifth
     (past B) is not."""
@@ -389,7 +389,7 @@ def test_a_hand_back_resent_after_it_timed_out_once_redis_ran_it_is_counted_once
 
 @pytest.mark.parametrize("learned", [True, False], ids=["learned", "never_seen"])
 def test_a_redis_that_lost_its_state_is_found_at_a_replicas_first_call_for_a_tenant(learned):
-    """Issue 46: replica A takes 3 of tenant t's B = 4; Redis restarts empty; replica B,
+    """Replica A takes 3 of tenant t's B = 4; Redis restarts empty; replica B,
     which never called for t, then takes. Having learned t's generation before serving,
     B's first call finds the lost state and the window is closed: B grants nothing, and A's
     re-force counts its 3. A replica that never learned it (as before) takes the window
