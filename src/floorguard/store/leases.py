@@ -450,12 +450,8 @@ class SlotLeases:
         member = next(iter(handed))
         del handed[member]
         others = max(self.waiting() - entitled, 0)
-        self._releasing[backend].add(member)  # in flight: not a hand-over to learn again
-        try:
-            call = self._call(backend, "acquire", member, entitled=entitled, waiting=others)
-            reply = yield call
-        finally:
-            self._releasing[backend].discard(member)
+        call = self._call(backend, "acquire", member, entitled=entitled, waiting=others)
+        reply = yield from self._leaving(backend, call)
         if isinstance(reply, LeaseReply):
             self._learn(backend, reply)
             if not reply.granted:  # handed on if it lives (`order`); gone otherwise
@@ -467,6 +463,18 @@ class SlotLeases:
         self._hold(backend, request_id, Held(member, shared=True))
         self.handed["used"] += 1
         return ""
+
+    def _leaving(self, backend: int, call: LeaseCall) -> Plan[LeaseReply | StoreUnavailable]:
+        """Send `call`, whose members are being taken or given back: while it is out they
+        are `_releasing` (a renewal's reply may still list them: not a hand-over to learn
+        again); its reply."""
+        releasing = self._releasing[backend]
+        releasing.update(call.members)
+        try:
+            reply: LeaseReply | StoreUnavailable = yield call
+        finally:
+            releasing.difference_update(call.members)
+        return reply
 
     def _hold(self, backend: int, request_id: str, lease: Held) -> None:
         self.held[backend][request_id] = lease
@@ -556,11 +564,8 @@ class SlotLeases:
         if not members:
             return
         self.handed["passed_on"] += len(members)
-        self._releasing[backend].update(members)
-        try:
-            reply = yield self._call(backend, "pass", *members, waiting=self.waiting())
-        finally:
-            self._releasing[backend].difference_update(members)
+        call = self._call(backend, "pass", *members, waiting=self.waiting())
+        reply = yield from self._leaving(backend, call)
         if isinstance(reply, StoreUnavailable):
             self._doubt[backend].update(members)
         else:
@@ -627,11 +632,8 @@ class SlotLeases:
         kept = self._kept
         if kept is not None:  # the slot may go to the fleet (handed over): not reused here
             kept[backend] -= 1  # from the moment the release is sent, not when answered
-        self._releasing[backend].add(lease.member)
-        try:
-            reply = yield self._call(backend, "release", lease.member, waiting=count)
-        finally:
-            self._releasing[backend].discard(lease.member)
+        call = self._call(backend, "release", lease.member, waiting=count)
+        reply = yield from self._leaving(backend, call)
         if isinstance(reply, StoreUnavailable):
             self._doubt[backend].add(lease.member)  # released on the next answered call
             if not reply.sent and kept is not None and kept is self._kept:
