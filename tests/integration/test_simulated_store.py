@@ -122,6 +122,11 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
             store.close()
 
 
+SEQ_BASE = 1_796_544_539_375_552
+"""A replica's first call's number as the HTTP guard gives it (`PoolFleet`: the wall
+clock's microseconds at start), one that 14 digits round up (…375_6e+15): an entry written
+back that way stands above the replica's newer calls."""
+
 _lease_calls = st.fixed_dictionaries(
     {
         "op": st.sampled_from(
@@ -136,7 +141,10 @@ _lease_calls = st.fixed_dictionaries(
         "waiting": st.integers(0, 2),
         "surplus": st.integers(0, 2),
         "entitled": st.booleans(),
-        "seq": st.integers(0, 3),  # not rising: late calls, and a restarted replica's
+        # not rising: late calls, and a restarted replica's; numbered as the HTTP guard
+        # numbers them, from the wall clock's microseconds (16 digits: a board entry
+        # rewritten by a hand-over kept 14 of them, and a newer call was taken for older)
+        "seq": st.integers(0, 3).map(lambda n: SEQ_BASE + n),
         "seen": st.sampled_from(["", "last", "last", "stale"]),
     }
 )
@@ -259,6 +267,37 @@ def test_a_slot_handed_to_a_replica_expires_with_its_waiting_entry(module_redis)
             assert sim.lease(lease)._replace(generation="") == real._replace(generation="")
         leases, _ = _stored_leases(client, prefix, "b")
         assert leases == {"B|handed|1": 1001.0} == sim.lease_state("pool", "b")[0]
+    finally:
+        loop.close()
+        client.delete(*lease_keys(prefix, "pool", "b"))
+        client.close()
+
+
+def test_a_board_entry_a_hand_over_rewrites_keeps_its_number(module_redis):
+    """A waits with 2 entitled requests (its calls numbered as the HTTP guard numbers them,
+    16 digits); B releases one slot, handed to A, whose entry is written back with 1 left.
+    A's next call, numbered above, must update the entry: with the number rewritten in 14
+    digits (rounded up past it) the entry stood, a release of A's carrying 2 waiting left
+    1, then 0, and the next freed slots went to B's opportunistic requests (a CI run)."""
+    prefix = f"lease{next(PREFIXES)}"
+    client = redis.Redis.from_url(module_redis.url)
+    run = redis_lease_script(_Store(client, prefix))
+    sim = SimulatedRedis()
+    a, b = SEQ_BASE, 1000
+    steps = [
+        ("B", "acquire", "B|1", 0, True, b),  # B holds the only slot
+        ("A", "acquire", "A|1", 1, True, a),  # denied: A waits with 2 entitled
+        ("B", "release", "B|1", 0, False, b + 1),  # handed to A: A's entry has 1 left
+        ("A", "renew", "A|handed|1", 2, False, a + 1),  # a newer call: 2 waiting again
+    ]
+    loop = asyncio.new_event_loop()
+    try:
+        for replica, op, member, waiting, entitled, seq in steps:
+            lease = LeaseCall("b", op, 1, 1.0, replica, waiting, entitled, (member,), 1000.0, seq)
+            real = loop.run_until_complete(run(lease))
+            assert sim.lease(lease)._replace(generation="") == real._replace(generation="")
+        _, board = _stored_leases(client, prefix, "b")
+        assert board["A"] == (2, 1001.0, a + 1, 0) == sim.lease_state("pool", "b")[1]["A"]
     finally:
         loop.close()
         client.delete(*lease_keys(prefix, "pool", "b"))

@@ -100,7 +100,9 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
 -- the board's live entries (expired ones dropped): replica -> {entitled, expiry, seq,
--- surplus}; the use records: backend -> {in use, capacity}; the handed index: member ->
+-- surplus, seq as written} (an entry is written back with its seq's text: a Lua number
+-- is written with 14 digits, and a seq of 16 — the HTTP guard's, from the wall clock's
+-- microseconds — rounded up would stand above every newer call's); the use records: backend -> {in use, capacity}; the handed index: member ->
 -- {backend, expiry}
 local board, uses, index = {}, {}, {}
 local turn = 0
@@ -125,7 +127,7 @@ for i = 1, #stored, 2 do
     if x <= now then
       redis.call('HDEL', KEYS[2], name)
     else
-      board[name] = {tonumber(e), x, tonumber(s), tonumber(o) or 0}
+      board[name] = {tonumber(e), x, tonumber(s), tonumber(o) or 0, s}
     end
   end
 end
@@ -194,7 +196,7 @@ local mine = board[replica]
 if mine and mine[3] > seq then
   -- a newer call's counts stand
 elseif waiting > 0 or surplus > 0 then
-  board[replica] = {waiting, now + ttl, seq, surplus}
+  board[replica] = {waiting, now + ttl, seq, surplus, ARGV[8]}
   redis.call('HSET', KEYS[2], replica, waiting .. '|' .. (now + ttl) .. '|' .. ARGV[8] .. '|' .. surplus)
 else
   board[replica] = nil
@@ -228,7 +230,7 @@ while freed > 0 and redis.call('ZCARD', KEYS[1]) < capacity do
       redis.call('ZADD', KEYS[1], expiry, member)
       redis.call('HSET', KEYS[2], '|h:' .. member, backend .. '|' .. expiry)
       if entry[1] > 0 or entry[4] > 0 then
-        redis.call('HSET', KEYS[2], to, entry[1] .. '|' .. entry[2] .. '|' .. entry[3] .. '|' .. entry[4])
+        redis.call('HSET', KEYS[2], to, entry[1] .. '|' .. entry[2] .. '|' .. entry[5] .. '|' .. entry[4])
       else
         board[to] = nil
         redis.call('HDEL', KEYS[2], to)
