@@ -365,6 +365,37 @@ def test_an_unsure_retry_into_a_window_last_seen_full_is_refused():
     assert shared.calls["retry_unsure"] == 0
 
 
+def test_an_unsure_retry_across_a_redis_restart_is_refused_whatever_came_back_meanwhile():
+    """A take sent in window 10, which this replica last heard full (3 of B = 3), is lost
+    with Redis, which restarts empty. Meanwhile another take of the same replica, in window
+    11, is answered by the new Redis: this replica now knows the new generation and window
+    11. The first take's retry, unsure of window 10, was judged by those — window 10 not
+    the last heard of, the generation the one seen — and granted: a fourth of B = 3 in
+    window 10 (a chaos run, leased slots). It is judged by what this replica knew when the
+    first attempt was sent: Redis lost that generation, so it is refused."""
+    sim = SimulatedRedis()
+    client = sim.client("r")
+    schedule = WindowSchedule(1.0)
+    shared = SharedFloor(client, policy=Unavailable.FAIL_STATIC, replicas=3, retry_s=1.0,
+                         clock=lambda: 0.0, backoff_s=0.0)  # fmt: skip
+    assert [shared.acquire("t", 1, 3, schedule, 10.5).granted for _ in range(3)] == [True] * 3
+    assert not shared.acquire("t", 1, 3, schedule, 10.6).granted  # heard full
+    late = shared._plan("t", 1, 3, schedule, 10.99, floor=None)
+    step = late.send(None)  # its first attempt is sent in window 10 ...
+    sim.restart()  # ... and lost with Redis, which comes back empty
+    assert isinstance(late.send(StoreUnavailable("connection lost", sent=True)), float)
+    assert not shared.acquire("t", 1, 3, schedule, 11.01).granted  # window 11, closed
+    step = late.send(None)
+    assert step[3]["retry_of"] == 10
+    key, weight, capacity, options = step
+    answer = client.call(key, weight, capacity, schedule, 11.02, **options)
+    assert answer.unsure  # Redis cannot tell: it would grant it uncharged
+    with pytest.raises(StopIteration) as done:
+        late.send(answer)
+    assert not done.value.value.granted
+    assert shared.calls["retry_unsure"] == 0
+
+
 def test_a_hand_back_resent_after_it_timed_out_once_redis_ran_it_is_counted_once():
     """Redis back after an outage: the take carrying the 2 local grants runs in Redis and
     its answer is lost, on both attempts (the retry is replayed, and lost too). The grants

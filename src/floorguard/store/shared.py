@@ -79,6 +79,9 @@ log = logging.getLogger("floorguard.store")
 _LocalGrant = tuple[str, int]
 """A grant made locally while Redis was away: its id and weight."""
 
+_Knowing = tuple[str, Grant | None]
+"""What a replica knew of a tenant when it sent a take: the generation, the last grant."""
+
 _Call = tuple[str, int, int, dict[str, Any]]
 """One store call the decision asks for: key, weight, capacity and the call's options."""
 
@@ -351,6 +354,7 @@ class SharedFloor(CreditStore):
         """The take through Redis, with its retries; None when every attempt failed (the
         carried hand-back is owed again)."""
         op = f"{self._op_base}:{next(self._ops)}"  # one id for every attempt
+        sent_knowing = (self._seen.get(key, ""), self._last.get(key))  # at the first attempt
         failed = congested = 0
         maybe_ran = False  # an attempt that failed may have run in Redis all the same
         while failed < self._attempts():
@@ -375,7 +379,7 @@ class SharedFloor(CreditStore):
                 else:
                     failed += 1
                 continue
-            grant = self._answered(key, weight, reply, now)
+            grant = self._answered(key, weight, reply, now, sent_knowing)
             for other, owed in self._hand_backs(schedule, now):
                 with self._carrying(other, owed):
                     seen = self._seen.get(other, "")
@@ -439,19 +443,29 @@ class SharedFloor(CreditStore):
         """Every other tenant's local grants still owed (after the first success)."""
         return [(key, self._carry(key, schedule, now)) for key in list(self._owed)]
 
-    def _unsure_stands(self, key: str, reply: Reply) -> bool:
+    def _unsure_stands(self, key: str, reply: Reply, sent_knowing: _Knowing) -> bool:
         """An unsure retry (`Reply.unsure`) is granted only where its first attempt could
-        have been: Redis kept the tenant's state (the generation this replica saw), and the
-        window had room as this replica last heard of it. Else it is refused: the window
-        was full, or its count is gone (refusals there are conditional on the store)."""
-        seen = self._seen.get(key, "")
-        if seen and reply.generation != seen:
-            return False
-        last = self._last.get(key)
-        return last is None or last.window_index != reply.grant.window_index or last.remaining > 0
+        have been: Redis kept the tenant's state (the generation this replica saw when it
+        sent that attempt), and the window had room as this replica heard of it then and
+        since. Else it is refused: the window was full, or its count is gone (refusals there
+        are conditional on the store). Judged by what was known at the first attempt, not
+        only now: another call answered meanwhile by a Redis that restarted empty teaches
+        the new generation and the next window, and granted a fourth of B = 3 that way (a
+        chaos run)."""
+        seen, last_then = sent_knowing
+        for generation in (seen, self._seen.get(key, "")):
+            if generation and reply.generation != generation:
+                return False
+        window = reply.grant.window_index
+        return all(
+            last is None or last.window_index != window or last.remaining > 0
+            for last in (last_then, self._last.get(key))
+        )
 
-    def _answered(self, key: str, weight: int, reply: Reply, now: float) -> Grant:
-        if reply.unsure and not self._unsure_stands(key, reply):
+    def _answered(
+        self, key: str, weight: int, reply: Reply, now: float, sent_knowing: _Knowing
+    ) -> Grant:
+        if reply.unsure and not self._unsure_stands(key, reply, sent_knowing):
             reply = reply._replace(grant=reply.grant._replace(granted=False))
         grant = reply.grant
         self.calls["redis"] += 1
