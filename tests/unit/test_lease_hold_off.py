@@ -306,3 +306,62 @@ def _first(guard):
     (decision,) = guard.poll(0.0)
     assert type(decision) is Dispatch
     return decision
+
+
+def test_a_slot_handed_while_an_entitled_lease_call_is_out_is_kept_for_it():
+    """An entitled and an opportunistic request of this replica are out with their lease
+    calls; a slot is handed here meanwhile (its hand-over took the entitled one's count
+    off the pool's board). The opportunistic call comes back `full` first: it must not
+    take the handed slot — it did, in a chaos run, and the entitled request waited while
+    the other replicas' opportunistic starts went ahead (fleet ORDER). The entitled call,
+    `full` too, takes it; had it been granted instead, the slot is offered to the next
+    start."""
+    guard = _leased()
+    leases = SlotLeases(
+        None, backends=["b"], capacity=[2], replica="r1",
+        waiting=lambda: guard.num_waiting_entitled, clock=lambda: 0.0,
+    )  # fmt: skip
+    entitled = _dispatched(guard, assured=True)
+    surplus = _dispatched(guard, assured=False)
+    taking = leases.plan_acquire(0, str(entitled), entitled=True)
+    other = leases.plan_acquire(0, str(surplus), entitled=False)
+    next(taking), next(other)
+    leases.on_message("b", "r1|handed|3")
+    with pytest.raises(StopIteration) as answered:
+        other.send(LeaseReply(False, "full", 2))
+    assert answered.value.value == "full" and leases.holds_handed_on(0)
+    take = taking.send(LeaseReply(False, "full", 2))  # its own call: the handed slot
+    assert (take.op, take.members, take.entitled) == ("acquire", ("r1|handed|3",), True)
+    with pytest.raises(StopIteration) as started:
+        taking.send(LeaseReply(True, "", 2))
+    assert started.value.value == "" and not leases.holds_handed_on(0)
+
+
+def test_a_slot_handed_for_an_entitled_request_granted_otherwise_starts_the_next():
+    """As above, but the entitled request's own call is granted: the slot handed for it
+    is offered at once (the backend the opportunistic denial held off is offered again),
+    and the opportunistic request starts there, on the handed slot."""
+    guard = _leased()
+    leases = SlotLeases(
+        None, backends=["b"], capacity=[2], replica="r1",
+        waiting=lambda: guard.num_waiting_entitled, clock=lambda: 0.0,
+    )  # fmt: skip
+    for assured in (True, False):
+        guard.on_arrival(make_request(assured=assured, at=0.0), 0.0)
+    entitled, surplus = guard.poll(0.0)
+    assert entitled.entitled and not surplus.entitled
+    taking = leases.plan_acquire(0, str(entitled.request.request_id), entitled=True)
+    other = leases.plan_acquire(0, str(surplus.request.request_id), entitled=False)
+    next(taking), next(other)
+    leases.on_message("b", "r1|handed|3")
+    with pytest.raises(StopIteration) as answered:
+        other.send(LeaseReply(False, "full", 2))
+    assert lease_answered(guard, leases, surplus, answered.value.value, 0.0) is False
+    assert guard.poll(0.001) == []  # held off until a hand-over or the renewal
+    with pytest.raises(StopIteration) as granted:
+        taking.send(LeaseReply(True, "", 2))
+    assert lease_answered(guard, leases, entitled, granted.value.value, 0.002) is True
+    (again,) = guard.poll(0.003)
+    assert again.request.request_id == surplus.request.request_id
+    take = next(leases.plan_acquire(0, str(surplus.request.request_id), entitled=False))
+    assert take.members == ("r1|handed|3",)

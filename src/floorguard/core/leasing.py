@@ -25,6 +25,8 @@ def lease_answered(
         return False
     local = leases.is_local(decision.backend, str(request_id))
     stack.lease_granted(request_id, now, local=local)
+    if leases.holds_handed_on(decision.backend):  # kept for this start, which needed none:
+        stack.lease_handed(decision.backend, now)  # the next start there takes it
     return True
 
 
