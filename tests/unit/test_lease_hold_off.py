@@ -365,3 +365,29 @@ def test_a_slot_handed_for_an_entitled_request_granted_otherwise_starts_the_next
     assert again.request.request_id == surplus.request.request_id
     take = next(leases.plan_acquire(0, str(surplus.request.request_id), entitled=False))
     assert take.members == ("r1|handed|3",)
+
+
+def test_a_slot_handed_between_a_denial_and_its_answer_is_offered_again():
+    """The entitled request's plan ends `full` with nothing handed yet; the hand-over comes
+    before the driver carries that answer to the core, finds the backend not held off and
+    offers nothing; the denial then held it off until the renewal, the handed slot idle
+    while the entitled request waited (fleet ORDER, a chaos run). The answer offers the
+    backend again: the entitled request starts on the handed slot at once."""
+    guard = _leased()
+    leases = SlotLeases(
+        None, backends=["b"], capacity=[2], replica="r1",
+        waiting=lambda: guard.num_waiting_entitled, clock=lambda: 0.0,
+    )  # fmt: skip
+    guard.on_arrival(make_request(assured=True, at=0.0), 0.0)
+    (decision,) = guard.poll(0.0)
+    plan = leases.plan_acquire(0, str(decision.request.request_id), entitled=True)
+    next(plan)
+    with pytest.raises(StopIteration) as answered:
+        plan.send(LeaseReply(False, "full", 2))
+    leases.on_message("b", "r1|handed|3")  # before the answer reaches the core
+    guard.lease_handed(0, 0.0)
+    assert lease_answered(guard, leases, decision, answered.value.value, 0.0) is False
+    (again,) = guard.poll(0.001)
+    assert again.request.request_id == decision.request.request_id
+    take = next(leases.plan_acquire(0, str(decision.request.request_id), entitled=True))
+    assert take.members == ("r1|handed|3",)

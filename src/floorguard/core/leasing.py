@@ -22,6 +22,11 @@ def lease_answered(
     if why:
         full = leases.full_backends() if why == "full" else ()
         stack.lease_denied(request_id, now, until=leases.hand_over_by(why, now), full=full)
+        if leases.may_take_handed(decision.backend, entitled=decision.entitled):
+            # handed here after its plan ended and before this answer: the hand-over found
+            # the backend not held off yet, so it was not offered; held now, the slot idled
+            # until the renewal while the entitled request waited (fleet ORDER, a chaos run)
+            stack.lease_handed(decision.backend, now)
         return False
     local = leases.is_local(decision.backend, str(request_id))
     stack.lease_granted(request_id, now, local=local)

@@ -339,7 +339,7 @@ class SlotLeases:
         entitled request waits (then the slot is handed on to it). Redis
         unreachable: a local lease while this replica holds fewer there than it did when
         Redis was lost."""
-        if self._may_take_handed(backend, entitled=entitled):
+        if self.may_take_handed(backend, entitled=entitled):
             return (yield from self._take_handed_slot(backend, request_id, entitled=entitled))
         if self._kept is not None:
             return (yield from self._acquire_kept(backend, request_id, entitled=entitled))
@@ -377,12 +377,12 @@ class SlotLeases:
         self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
         if reply.reason == "full":
             self._full = tuple(self._names[n] for n in reply.full if n in self._names)
-        if reply.reason == "full" and self._may_take_handed(backend, entitled=entitled):
+        if reply.reason == "full" and self.may_take_handed(backend, entitled=entitled):
             # handed while this call was out
             return (yield from self._take_handed_slot(backend, request_id, entitled=entitled))
         return reply.reason
 
-    def _may_take_handed(self, backend: int, *, entitled: bool) -> bool:
+    def may_take_handed(self, backend: int, *, entitled: bool) -> bool:
         """Whether a start may take a slot handed here on `backend`: one is, and the start is
         floor-entitled or none of this replica's entitled requests waits (one whose lease
         call is out takes it when its call comes back `full`, or, granted, leaves it to the
