@@ -132,19 +132,20 @@ async def _in_flight_max(url: str) -> float:
     )
 
 
+@pytest.mark.parametrize("slots", ["partition", "leased"])
 @pytest.mark.parametrize("fault", ["restart", "pause"])
-def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(
-    tmp_path, fault, slots="partition"
-):
-    """Chaos: three replicas partition a 6-slot backend (2 each) under a steady
-    flood; Redis restarts without persistence, or is paused (SIGSTOP) past the membership
-    TTL. Each replica read that as "1 replica(s) live" and took the whole backend (21 in
-    flight on 12 slots). Now the backend never holds more than its 6, every replica serves
-    on, and the three logs pass `verify`, the floor within B in every window (a restart
-    shorter than a beat once granted 4 of 3). `slots="leased"` runs the same chaos on
-    leased slots; it is not in the suite yet: its runs now keep the backend within its 6
-    (8-11 before this round's recovery), but most still end with a few fleet ORDER findings
-    (docs/replicas.md, "Not yet closed")."""
+def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fault, slots):
+    """Chaos: three replicas share a 6-slot backend — partitioned (2 each), or leasing
+    slots fleet-wide — under a steady flood; Redis restarts without persistence, or is
+    paused (SIGSTOP) past the membership TTL. Partitioned, each replica read that as "1
+    replica(s) live" and took the whole backend (21 in flight on 12 slots); leased, the
+    fleet ran 8-11 on the 6 before the leases kept to what each held. Now the backend
+    never holds more than its 6, every replica serves on, and the three logs pass
+    `verify`: the floor within B in every window (a restart shorter than a beat once
+    granted 4 of 3; a retry across a restart once granted a fourth uncharged), and, leased,
+    fleet ORDER (once broken by a board entry whose number lost two digits, an
+    opportunistic request taking a slot handed for an entitled one, and a hand-over
+    missed between a denial and its answer)."""
     server = RedisServer().start()
     backend, emulator = emulate(slots=BACKEND_SLOTS)
     processes = [emulator]

@@ -395,3 +395,69 @@ def test_a_refusal_in_a_window_a_replica_died_in_is_conditional():
         f"window {window}" in v.message and "a replica died" in v.message
         for v in report.conditional
     )
+
+
+def _leased_order_breach(start_at: float = 0.5):
+    """Two leasing replicas in front of one backend: replica 0's entitled request waits
+    for a lease from t = 0 to t = 0.9 (denied, then granted); replica 1 starts an
+    opportunistic request at `start_at`. Fleet ORDER, unless the logs show replica 0
+    could not be on the pool's waiting board then."""
+    config = dataclasses.replace(
+        make_config(floor=8, slots=(2,)),
+        backend_ids=("http://vllm:8000",),
+        backend_capacity=(2,),
+        slot_leases=True,
+    )
+    store = MemoryCreditStore()
+    logs = [[], []]
+    waiting, surplus = (
+        Guard(config, learner=AlwaysAdmit(), sink=log.append, store=store) for log in logs
+    )
+    waiting.on_arrival(make_request(request_id="e", at=0.0, tenant="a95"), 0.0)
+    (entitled,) = waiting.poll(0.0)
+    assert entitled.entitled
+    waiting.lease_denied("e", 0.0)
+    surplus.on_arrival(make_request(request_id="o", at=start_at, tenant="a10"), start_at)
+    (start,) = surplus.poll(start_at)
+    assert not start.entitled
+    surplus.lease_granted("o", start_at)
+    surplus.finish("o", 1.5, "complete")
+    waiting.poll(0.9)
+    waiting.lease_granted("e", 0.9)
+    waiting.finish("e", 0.95, "complete")
+    return logs
+
+
+def _slots_event(at: float, state: str) -> TraceEvent:
+    return TraceEvent(at, EventKind.STORE, reason=f"slots-{state}")
+
+
+def _with(log, *events):
+    return sorted([*log, *events], key=lambda e: e.at)
+
+
+def test_fleet_order_against_a_replica_that_could_not_be_on_the_board_is_conditional():
+    """Leased slots: an opportunistic start while another replica's entitled request waits
+    is a fleet ORDER violation, unless that replica's log shows it could not be on the
+    waiting board: its store unreachable (`slots-unreachable` until its next `slots-*`
+    event), or the store's state lost and that replica not yet called since (from the
+    first `slots-lost-state` any replica logged to its own). A start before anyone could
+    know of a loss is still a violation."""
+    plain = check_fleet(_leased_order_breach())
+    assert [v.prop for v in plain.violations] == ["ORDER"], plain.violations
+    waiting, surplus = _leased_order_breach()
+    away = [_with(waiting, _slots_event(0.2, "unreachable"), _slots_event(0.8, "recovering")),
+            surplus]  # fmt: skip
+    report = check_fleet(away)
+    assert report.ok() and [v.prop for v in report.conditional] == ["ORDER"]
+    assert "could not be on the waiting board" in report.conditional[0].message
+    back = [_with(waiting, _slots_event(0.2, "unreachable"), _slots_event(0.4, "recovering")),
+            surplus]  # fmt: skip
+    assert not check_fleet(back).ok()  # it announced itself again before the start
+    lost = [_with(waiting, _slots_event(0.7, "lost-state")),
+            _with(surplus, _slots_event(0.3, "lost-state"))]  # fmt: skip
+    assert check_fleet(lost).ok()
+    waiting, surplus = _leased_order_breach(start_at=0.25)
+    early = [_with(waiting, _slots_event(0.7, "lost-state")),
+             _with(surplus, _slots_event(0.3, "lost-state"))]  # fmt: skip
+    assert not check_fleet(early).ok()  # before anyone had found the loss

@@ -28,7 +28,7 @@ from floorguard.core.events import (
     TraceEvent,
 )
 from floorguard.core.request import RequestId
-from floorguard.core.surface import LOCAL_LEASE, NO_LEASE
+from floorguard.core.surface import LOCAL_LEASE, NO_LEASE, SLOTS_LOST, SLOTS_UNREACHABLE
 
 __all__ = ["fleet_af", "fleet_order", "fleet_slots"]
 
@@ -76,6 +76,48 @@ def _waits_and_starts(
     return waits, [(*start, rid) for rid, start in starts.items()]
 
 
+_SLOTS = "slots-"
+"""The prefix of a `store` event's reason that is the slot leases' state (`SLOTS_*`)."""
+
+
+def _off_board(logs: Sequence[Sequence[TraceEvent]]) -> list[list[tuple[float, float]]]:
+    """Per log, the spans in which its replica's waiting requests could not be on the
+    pool's waiting board, as its own log proves: from `slots-unreachable` until its next
+    `slots-*` event (it reached the store again), and from the first `slots-lost-state`
+    any replica logged after this one's last until this one's own (the store lost the
+    board, and this replica had not called since)."""
+    changes = [
+        [(e.at, e.reason) for e in events if e.kind is EventKind.STORE
+         and (e.reason or "").startswith(_SLOTS)]
+        for events in logs
+    ]  # fmt: skip
+    losses = sorted(at for log in changes for at, reason in log if reason == SLOTS_LOST)
+    spans: list[list[tuple[float, float]]] = []
+    for log in changes:
+        mine: list[tuple[float, float]] = []
+        away: float | None = None
+        last_loss = -math.inf
+        for at, reason in log:
+            if away is not None:
+                mine.append((away, at))
+                away = None
+            if reason == SLOTS_UNREACHABLE:
+                away = at
+            elif reason == SLOTS_LOST:
+                first = losses[bisect.bisect_right(losses, last_loss)]
+                if first < at:
+                    mine.append((first, at))
+                last_loss = at
+        if away is not None:
+            mine.append((away, math.inf))
+        spans.append(mine)
+    return spans
+
+
+def _within(spans: Sequence[tuple[float, float]], at: float) -> bool:
+    return any(since <= at < until for since, until in spans)
+
+
 class _Cover:
     """Waits (since, until), asked whether one began before `a` and lasted past `b`: the
     waits sorted by their start, with the latest end of each prefix (a bisection per
@@ -98,8 +140,11 @@ def fleet_order(
     backend while another replica in front of it has a floor-entitled request waiting
     (from before `t − ε` until after `t + ε`, ε = `ORDER_TOLERANCE_S`). A start on a
     lease granted locally (the store unreachable) is judged conditionally: no replica
-    could consult the waiting board."""
+    could consult the waiting board; so is one while the replica whose entitled request
+    waits could not be on the board, as its log proves (`_off_board`: its store
+    unreachable, or its state lost and this replica not yet called since)."""
     per_log = [_waits_and_starts(events, c) for events, c in zip(logs, configs, strict=True)]
+    off_board = _off_board(logs)
     fronts = [set(c.backend_ids or tuple(str(i) for i in range(len(c.slots)))) for c in configs]
     covers = [_Cover(waits) for waits, _ in per_log]
     eps = ORDER_TOLERANCE_S
@@ -109,14 +154,21 @@ def fleet_order(
                 if other == number or backend not in fronts[other]:
                     continue
                 if cover.spans(at - eps, at + eps):
-                    (report.conditional if local else report.violations).append(
+                    unseen = _within(off_board[other], at)
+                    why = (
+                        f" (log {other}'s replica could not be on the waiting board: its "
+                        "store unreachable, or its state lost)"
+                        if unseen
+                        else ""
+                    )
+                    (report.conditional if local or unseen else report.violations).append(
                         Violation(
                             "ORDER",
                             index,
                             rid,
                             f"fleet: an opportunistic request started on {backend} at "
                             f"t = {at:.3f} while log {other} had a floor-entitled request "
-                            "waiting for it",
+                            f"waiting for it{why}",
                             log=number,
                         )
                     )
@@ -244,9 +296,22 @@ class _FleetFloor:
     """(tenant, window, weight, the floor it was judged against, id, log, index, state)."""
 
 
+def _floor_state(e: TraceEvent, state: str, since: float) -> tuple[str, float]:
+    """The shared floor's state after a `store` event, and since when it is degraded (a
+    lost state, or the slot leases' state, leaves both alone)."""
+    if e.reason == LOST_STATE or (e.reason or "").startswith(_SLOTS):
+        return state, since
+    if (state == "shared") != (e.reason == "shared"):
+        since = e.at
+    return e.reason or "shared", since
+
+
 def _store_event(e: TraceEvent, state: str, since: float, fleet: _FleetFloor) -> float:
     """A `store` event: a lost state marks its (tenant, window); a return to `shared` ends
-    a degraded period (its seconds are returned)."""
+    a degraded period (its seconds are returned); the slot leases' state is not the
+    floor's (`fleet_order` reads it)."""
+    if (e.reason or "").startswith(_SLOTS):
+        return 0.0
     if e.reason == LOST_STATE:
         if e.tenant is not None and e.window is not None:
             fleet.local.add((e.tenant, e.window))
@@ -284,10 +349,7 @@ def _scan_log(
     for index, e in enumerate(events):
         if e.kind is EventKind.STORE:
             degraded_s += _store_event(e, state, since, fleet)
-            if e.reason != LOST_STATE:
-                if (state == "shared") != (e.reason == "shared"):
-                    since = e.at
-                state = e.reason or "shared"
+            state, since = _floor_state(e, state, since)
             continue
         if e.tenant not in tenants or e.request_id is None:
             continue

@@ -10,7 +10,7 @@ from floorguard.core.guard import Guard
 from floorguard.core.surface import Dispatch, Stack
 from floorguard.store.leases import SlotLeases
 
-__all__ = ["lease_answered", "nothing_to_start"]
+__all__ = ["lease_answered", "nothing_to_start", "slots_changed"]
 
 
 def lease_answered(
@@ -42,3 +42,11 @@ def nothing_to_start(guard: Guard) -> bool:
     replica's opportunistic request while this one's entitled request waited — fleet
     ORDER broken in a chaos run)."""
     return not guard.num_queued and not guard.num_waiting_entitled
+
+
+def slots_changed(stack: Stack, state: str, now: float) -> None:
+    """The slot leases' state changed (`SlotLeases.on_change`): a `store` event, reason
+    `slots-<state>` (`SLOTS_UNREACHABLE` …): `verify` judges fleet ORDER against an
+    entitled request waiting where its replica could not be on the pool's board (the
+    store unreachable, or its state lost until the replica's next call) conditionally."""
+    stack.store_changed(now, f"slots-{state}")

@@ -51,6 +51,10 @@ __all__ = [
     "LEASE_HOLD_OFF_S",
     "LOCAL_LEASE",
     "NO_LEASE",
+    "SLOTS_LOST",
+    "SLOTS_RECOVERING",
+    "SLOTS_SHARED",
+    "SLOTS_UNREACHABLE",
     "Admission",
     "Answer",
     "Dispatch",
@@ -101,6 +105,18 @@ measures the choice on the fleet simulator)."""
 LEASE_HOLD_OFF_MAX_S = 0.02
 LOCAL_LEASE = "local"
 """A `lease` event's reason when the lease was granted locally (the store unreachable)."""
+
+SLOTS_UNREACHABLE = "slots-unreachable"
+"""A `store` event's reason: the slot leases' store stopped answering this replica (it
+keeps to the slots it held; its waiting requests are not on the pool's board)."""
+SLOTS_LOST = "slots-lost-state"
+"""A `store` event's reason: the leases' store answers with its state lost (its waiting
+board went with it: this replica's waiting requests were not on it until this call)."""
+SLOTS_RECOVERING = "slots-recovering"
+"""A `store` event's reason: the leases' store answers again; this replica put its leases
+back and keeps to the slots it held for two renewals."""
+SLOTS_SHARED = "slots-shared"
+"""A `store` event's reason: the slot leases are the fleet's count again."""
 
 
 @dataclass(slots=True)

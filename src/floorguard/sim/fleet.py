@@ -38,7 +38,7 @@ from floorguard.core.contract import (
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.learner import consult
-from floorguard.core.leasing import lease_answered, nothing_to_start
+from floorguard.core.leasing import lease_answered, nothing_to_start, slots_changed
 from floorguard.core.request import Request, RequestId
 from floorguard.core.surface import Dispatch, Pending, StoreCall
 from floorguard.learners.registry import create_learner
@@ -239,6 +239,7 @@ class _FleetSimulation(Serving):
             on_handed=lambda backend: self.engine.schedule(
                 self.engine.now, Priority.ARRIVAL, self.on_handed, (replica, backend)
             ),
+            on_change=lambda state: slots_changed(guard, state, self.engine.now),
             clock=lambda: self.engine.now,
         )
 

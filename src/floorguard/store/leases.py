@@ -213,7 +213,7 @@ def redis_lease_script(store: RedisCreditStore) -> LeaseScript:
 
 
 class SlotLeases:
-    def __init__(
+    def __init__(  # noqa: PLR0915  # one statement an attribute, each with its account
         self,
         script: LeaseScript | None,
         *,
@@ -224,6 +224,7 @@ class SlotLeases:
         waiting: Callable[[], int],
         surplus: Callable[[], int] = lambda: 0,
         on_handed: Callable[[int], None] | None = None,
+        on_change: Callable[[str], None] | None = None,
         clock: Callable[[], float] | None = None,
         first_seq: int = 0,
         pool: str = "pool",
@@ -247,6 +248,13 @@ class SlotLeases:
         self.on_handed = on_handed
         """Called with a backend when a slot there was handed to this replica (its driver
         offers the backend again and starts its next request there)."""
+        self.on_change = on_change
+        """Called with the leases' new state: `unreachable` (keeping to the slots held; this
+        replica's waiting requests are off the board), `lost-state` (Redis answers with its
+        state lost, the board with it), `recovering` or `shared` (the decision log records
+        it: `verify` judges fleet ORDER against a replica that could not be on the board
+        conditionally)."""
+        self._state = "shared"
         self._clock = clock
         """The caller's clock for the script (a simulation); None: the Redis server's."""
         self.held: list[dict[str, Held]] = [{} for _ in backends]
@@ -437,6 +445,7 @@ class SlotLeases:
         if self._kept is None:
             self._kept = [len(held) for held in self.held]
             log.warning("slot leases: Redis unreachable; keeping the slots held: %s", self._kept)
+        self._say("unreachable")
         self._restore_due = True
         self._grace = None
         self._shown = 0  # the board entry may expire meanwhile: announce again
@@ -452,6 +461,8 @@ class SlotLeases:
                 "while the fleet puts its leases back",
                 self._kept,
             )
+        self._state = ""  # found now, whatever it was: said once per finding
+        self._say("lost-state")
         self._restore_due = True
         self._grace = None
         self._shown = 0  # the board is gone with the rest: announce again
@@ -491,6 +502,12 @@ class SlotLeases:
         finally:
             releasing.difference_update(call.members)
         return reply
+
+    def _say(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            if self.on_change is not None:
+                self.on_change(state)
 
     def _hold(self, backend: int, request_id: str, lease: Held) -> None:
         self.held[backend][request_id] = lease
@@ -627,6 +644,7 @@ class SlotLeases:
         if self._restore_due:  # a generation changed under the restore: again, next call
             return
         self._grace = 2
+        self._say("recovering")
         log.warning(
             "slot leases: Redis answers; the leases held are put back (shared again after "
             "two renewals, when every live replica has put back its own)"
@@ -715,6 +733,7 @@ class SlotLeases:
             self._grace -= 1
             if self._grace <= 0:
                 self._grace, self._kept = None, None
+                self._say("shared")
                 log.warning("slot leases: recovered; leasing from the fleet's count again")
 
     # -- the shells (the HTTP guard's event loop) ---------------------------------------------

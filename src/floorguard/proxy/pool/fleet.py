@@ -15,7 +15,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from floorguard.core.contract import Contract
-from floorguard.core.leasing import lease_answered, nothing_to_start
+from floorguard.core.leasing import lease_answered, nothing_to_start, slots_changed
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
@@ -89,6 +89,7 @@ class PoolFleet:
             waiting=lambda: pool.guard.num_waiting_entitled,
             surplus=lambda: pool.guard.num_queued - pool.guard.num_queued_entitled,
             on_handed=self._handed,
+            on_change=lambda state: slots_changed(pool.guard, state, pool.clock.now()),
             first_seq=int(pool.clock.now() * 1e6),  # above any former self's under this name
             pool=pool_tag(pool.name),
         )
