@@ -1,8 +1,9 @@
-"""The guard's API keys (issue 26.1) on a real `floorguard serve`, with the official `openai`
-SDK: a tenant issued a key by `floorguard keys create` is served; revoked by `floorguard keys
-revoke`, it is refused within a second or two by the same running process (no restart, no
-signal); a JWT still works beside it; another deployment's key and a key in the URL are
-refused with a JSON error; the decision log verifies afterwards (`guard_process`)."""
+"""The guard's API keys (docs/http.md, The guard's own API keys) on a real `floorguard
+serve`, with the official `openai` SDK: a tenant issued a key by `floorguard keys create` is
+served; revoked by `floorguard keys revoke`, it is refused within a second or two by the
+same running process (no restart, no signal); a JWT still works beside it; another
+deployment's key and a key in the URL are refused with a JSON error; the decision log
+verifies afterwards (`guard_process`)."""
 
 from __future__ import annotations
 

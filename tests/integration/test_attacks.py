@@ -1,4 +1,4 @@
-"""Every attack of issue 18 against a real `floorguard serve` process over loopback: an
+"""Every attack of docs/design.md §12 against a real `floorguard serve` process over loopback: an
 authenticated but hostile tenant, a broken backend, a hostile network. After each, the
 guard still serves an entitled request and its decision log passes `floorguard verify`
 (every request one terminal outcome, every slot released once)."""

@@ -1,6 +1,6 @@
 """design §17 through a real `floorguard serve` over the emulator: a surplus request that the
 doom gate's envelope proves cannot start in time is refused on arrival, 429 `busy`, with a
-constant `Retry-After` (when the slot frees is another tenant's business: issue 47) and
+constant `Retry-After` (when the slot frees is another tenant's business: docs/design.md §17) and
 no `x-should-retry: false` (a retry may help) — not held until its doom instant. With
 `queue.refuse_busy: false` the same request waits out ~1.6 s of its 1.82 s and is dropped,
 a retryable 429 `doomed` (the guard was busy; the floor did not fail). The decision log

@@ -1,4 +1,4 @@
-"""The client's contract (design §17, issue 26.3) on a real `floorguard serve`, read with the
+"""The client's contract (docs/design.md §17) on a real `floorguard serve`, read with the
 official `openai` SDK's raw responses: every answer of a pool carries the rate-limit headers
 OpenAI's clients read, from the tenant's floor and window — the limit is the floor, the
 remaining counts down with each take, the reset is the window's end — refusals and

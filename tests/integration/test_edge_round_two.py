@@ -165,9 +165,9 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 def test_work_the_meter_does_not_see_never_reaches_the_backend(
     tmp_path, scripted, extra, code, param
 ):
-    """Each of issue 28's unmetered fields, sent by an opportunistic tenant to a real guard
-    (limits.max_body_bytes raised so the body itself is admitted): a 400 naming the field,
-    not retryable, and nothing forwarded."""
+    """Each unmetered field (docs/http.md, What the guard rewrites), sent by an
+    opportunistic tenant to a real guard (limits.max_body_bytes raised so the body itself is
+    admitted): a 400 naming the field, not retryable, and nothing forwarded."""
     backend, url = scripted
     backend.mode, before = "ok", len(backend.bodies)
     with guard_process(tmp_path, [url], limits={"max_body_bytes": 4_000_000}) as guard:
@@ -303,9 +303,9 @@ def _serves_entitled_on_time(guard: Guard) -> None:
 
 
 def test_the_documented_headers_are_present_and_the_access_log_is_true(tmp_path, scripted):
-    """A surplus answer names the window it arrived in (issue 47); a 429 names the class; an
-    admitted stream whose client left is logged with its admission and outcome `abort`, not
-    as `refused`; a 900 KB `model` is clipped in the access log."""
+    """A surplus answer names the window it arrived in (docs/design.md §17); a 429 names the
+    class; an admitted stream whose client left is logged with its admission and outcome
+    `abort`, not as `refused`; a 900 KB `model` is clipped in the access log."""
     backend, url = scripted
     backend.mode = "ok"
     contracts = [
@@ -344,7 +344,7 @@ def test_one_tenants_refused_large_bodies_do_not_delay_anothers_arrivals(tmp_pat
     """A hundred 1 MB bodies of 20,000 messages each from the opportunistic tenant, refused
     (`prompt_too_long`), sent beside the assured tenant's eight: they are counted off the
     event loop, one at a time for that tenant, so every assured request is entitled and on
-    time (counted on the event loop, as before issue 28, the assured requests took ≈ 2.1 s
+    time (counted on the event loop, as it once was, the assured requests took ≈ 2.1 s
     here: late)."""
     backend, url = scripted
     backend.mode = "ok"

@@ -11,7 +11,8 @@ import pytest
 
 from floorguard.cli import main
 
-SPEC_IDS = [f"E{i}" for i in range(1, 23)]  # docs/design.md §10's E1–E19, E20 (§15), E21, E22 (§16)
+# docs/design.md §10's E1–E19, E20 (§15), E21, E22 (§16)
+DESIGN_IDS = [f"E{i}" for i in range(1, 23)]
 FIGURES = [
     "e1_completion_vs_arrival.png",
     "e3_priority_vs_fifo.png",
@@ -37,10 +38,10 @@ def quick_run(tmp_path_factory):
 
 
 def test_every_experiment_wrote_a_tidy_table(quick_run):
-    """One folder per SPEC experiment with runs.csv (one row per run, as many as runs.jsonl),
-    table.md with a Markdown table."""
+    """One folder per experiment of docs/design.md §10 with runs.csv (one row per run, as
+    many as runs.jsonl), table.md with a Markdown table."""
     out, _ = quick_run
-    for experiment_id in SPEC_IDS:
+    for experiment_id in DESIGN_IDS:
         folder = out / experiment_id
         with (folder / "runs.csv").open() as f:
             rows = list(csv.DictReader(f))
@@ -68,8 +69,8 @@ def test_report_links_resolve_and_every_experiment_has_a_reading(quick_run):
     report = (out / "report.md").read_text()
     for target in re.findall(r"\]\(([^)]+)\)", report):
         assert (out / target).is_file(), target
-    assert report.count("**Reading.**") == len(SPEC_IDS)
+    assert report.count("**Reading.**") == len(DESIGN_IDS)
     inline = results.read_text()
     for target in re.findall(r"!\[[^]]*\]\(([^)]+)\)", inline):
         assert (results.parent / target).is_file(), target
-    assert all(f"## {i}:" in inline for i in SPEC_IDS)
+    assert all(f"## {i}:" in inline for i in DESIGN_IDS)

@@ -1,4 +1,4 @@
-"""The fair surplus (docs/design.md §15, issue 26.4) on a real `floorguard serve` over the emulator:
+"""The fair surplus (docs/design.md §15) on a real `floorguard serve` over the emulator:
 a polite opportunistic tenant sending a few requests beside a flooder is served in its turn,
 not behind the whole flood — while the floor's tenant is still served first — and with
 `surplus: learner` (one order for all) it waits behind the flood. The decision logs verify

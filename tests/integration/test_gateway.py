@@ -60,7 +60,7 @@ def _nginx(tmp_path: Path, guard_url: str) -> Iterator[int]:
     """Debian's nginx with the shipped config in front of `guard_url`, on a free port.
     It runs in a session of its own and is stopped as nginx stops: SIGQUIT to the master,
     which waits for its workers; then anything left in its process group is killed, so no
-    worker outlives the test (issue 31)."""
+    worker outlives the test."""
     port = free_port()
     prefix = tmp_path / "nginx"
     for sub in ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):

@@ -374,7 +374,7 @@ def test_the_dispatch_order_is_configurable(live, tmp_path, dispatch, first):
 
 
 def test_refusals_before_admission_are_counted_by_status_and_reason(live, backend):
-    """issue 26: a 401, a 400 and a 404 the edge answers before any guard decides appear in
+    """A 401, a 400 and a 404 the edge answers before any guard decides appear in
     /metrics by status and reason (they were in no metric), and an admitted request is not
     counted there."""
     url, _ = live.guard(guard_config(backend))

@@ -1,5 +1,5 @@
 """The shared floor's own faults, each as a regression test against a real redis-server
-(issue 16): a burst from one tenant, one slow call, a Redis that restarts empty inside a
+(docs/replicas.md): a burst from one tenant, one slow call, a Redis that restarts empty inside a
 window, the order and the uniqueness of the hand-back, and the fail-static windows of a
 replica whose clock is off."""
 

@@ -1,4 +1,4 @@
-"""Traces (issue 26.5) through a real `floorguard serve`: the client's W3C trace context
+"""Traces (docs/http.md, Traces) through a real `floorguard serve`: the client's W3C trace context
 reaches the backend (a malformed one does not), and with `tracing:` each request's span
 arrives at a real OTLP/HTTP receiver on loopback — decoded with OpenTelemetry's own protobuf
 types — as a child of the client's `traceparent`, with the guard's decision on it, while the

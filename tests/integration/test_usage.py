@@ -1,4 +1,4 @@
-"""Usage metering (issue 26.2) on a real `floorguard serve` over the emulator, with the
+"""Usage metering (docs/design.md §17) on a real `floorguard serve` over the emulator, with the
 official `openai` SDK: what the backend reported each reply cost — a JSON reply's `usage`,
 a stream's usage event the guard asked for (and took out of the stream of a client that did
 not ask) — is in the access log, in `/metrics` per tenant, model and class, and in

@@ -1,4 +1,4 @@
-"""`workers: 2` (issue 30.3) on a real `floorguard serve` over a real redis-server: two
+"""`workers: 2` (docs/deploy.md, Workers) on a real `floorguard serve` over a real redis-server: two
 processes on one port share one floor as replicas do — clients on fresh connections reach
 both, the fleet admits at most `B` per window from the floor, and the two workers' decision
 logs pass `floorguard verify` together; SIGHUP reloads both; a worker killed with SIGKILL

@@ -67,7 +67,7 @@ bodies = st.one_of(
             ),
             "temperature": json_values,
             "surprise": json_values,
-            # work the meter does not see (issue 28): refused, bounded or counted
+            # work the meter does not see: refused, bounded or counted
             "stop": json_values | st.lists(st.text(max_size=80), max_size=12),
             "stop_token_ids": json_values | st.lists(st.integers(0, 9), max_size=30),
             "bad_words": st.lists(st.text(max_size=3), max_size=30),

@@ -1,4 +1,4 @@
-"""The request protocol refuses misuse (issue 25.5): random sequences of arrivals, polls,
+"""The request protocol refuses misuse: random sequences of arrivals, polls,
 lease answers and ends — misuse included (completing or failing a queued request, ending
 twice, ending a request never admitted, answering a decided arrival again; on leased slots,
 answering a lease no start asked for or one answered already, completing a start whose

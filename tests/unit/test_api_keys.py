@@ -1,4 +1,4 @@
-"""The guard's own API keys (issue 26.1): stored hashed, looked up by id and compared in
+"""The guard's own API keys (docs/http.md): stored hashed, looked up by id and compared in
 constant time, refused when revoked, malformed or issued by another deployment, seen by a
 running guard within a second of a revocation; beside JWT, never in a URL."""
 

@@ -1,6 +1,6 @@
 """The published targets (docs/design.md §5, §11) against the simulated profiles, measured through
 the full guard from the trace. The fit is least squares over targets that cannot all be met
-(SPEC's light-load mean is lighter than its own 4/s cell, docs/calibration.md), so the tests
+(the published light-load mean is lighter than its own 4/s cell, docs/calibration.md), so the tests
 hold what the model must show — the fit's residuals stay near what docs/calibration.md
 reports, the regimes of design §11 stay apart, the dispersion is one-sided — not every figure
 within 10 %."""
@@ -36,7 +36,7 @@ def within(measured: float, target: float, tolerance: float) -> bool:
 def test_every_target_is_measured_and_the_fit_stays_where_it_was_committed(v100):
     """Each target has a figure; the shipped fit's sum of squared relative residuals is the
     one docs/calibration.md reports (0.24), and no residual is worse than 35 % (the worst is
-    the light-load mean SPEC's own 4/s cell contradicts)."""
+    the published light-load mean its own 4/s cell contradicts)."""
     r = residuals(v100)
     assert set(r) == {t.key for t in TARGETS}
     assert sum(v * v for v in r.values()) < 0.27

@@ -261,7 +261,7 @@ def test_simulate_a_serve_config_pool_by_pool(monkeypatch, capsys):
 
 
 def test_tool_edges_are_clear_answers_not_tracebacks(tmp_path, capsys, monkeypatch):
-    """issue 26's tool edges: `verify` on a missing file is a usage error (2) that names the
+    """The tools' edges: `verify` on a missing file is a usage error (2) that names the
     file, not a traceback with exit 1 (its violation code); `load --help` prints a literal
     percent; `screen` on a serve config takes the deadline from its contracts."""
     missing = tmp_path / "nope.jsonl"

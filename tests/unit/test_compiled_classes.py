@@ -1,4 +1,4 @@
-"""What mypyc compiles must not depend on what its build can see (issue 30).
+"""What mypyc compiles must not depend on what its build can see (docs/architecture.md).
 
 pip builds the package in an isolated environment without floorguard's runtime
 dependencies, so there mypyc sees prometheus-client's or aiohttp's classes as `Any`. A

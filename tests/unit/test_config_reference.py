@@ -1,4 +1,4 @@
-"""docs/config.md is the configuration models, key for key (issue 31.5)."""
+"""docs/config.md is the configuration models, key for key."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_every_key_has_a_meaning():
 
 
 def test_the_new_edge_keys_are_listed():
-    """The keys issue 28 added are on the page with their defaults."""
+    """The edge's metering keys are on the page with their defaults."""
     page = config_reference()
     for key in ("client_write_timeout_s", "max_connections", "limits.max_buffered_reply_bytes",
                 "limits.max_held_reply_bytes", "limits.max_constraint_bytes"):  # fmt: skip

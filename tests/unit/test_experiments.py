@@ -87,7 +87,7 @@ def test_run_rows_carry_every_spec_metric():
 
 
 def test_the_typed_records_declare_what_the_runs_and_summaries_carry():
-    """The readings are type-checked against `RunRow` and `Summary` (issue 25.7): the
+    """The readings are type-checked against `RunRow` and `Summary`: the
     records must say what a run's row and a summary really hold, the condition's knobs
     with the same names and types as `Condition`'s fields."""
     knobs = {

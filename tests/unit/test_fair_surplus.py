@@ -1,6 +1,6 @@
-"""The fair surplus (docs/design.md §15, issue 26.4): below the floor, dispatch is fair across the
+"""The fair surplus (docs/design.md §15): below the floor, dispatch is fair across the
 tenants competing for the surplus — a virtual-time fair queue charging the slot time each
-request holds (issue 47.3) — within a tenant in the learner's order, and the floor's
+request holds — within a tenant in the learner's order, and the floor's
 assured-first order untouched."""
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def test_lower_floor_action_refuses_what_measured_capacity_cannot_serve():
 
 
 def test_answering_a_decided_arrival_again_is_refused_at_the_call_site():
-    """issue 25: a second `continue_arrival` on a decided `Pending` admitted the request
+    """A second `continue_arrival` on a decided `Pending` admitted the request
     again (two tickets; the next `poll` died with a KeyError far from the cause). Now it
     raises at the call, and the guard holds one ticket; so does a store call answered with
     something other than a Grant."""

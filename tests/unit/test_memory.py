@@ -1,4 +1,4 @@
-"""The KV budget (design §16, issue 27): a backend takes a request only while the reservations
+"""The KV budget (docs/design.md §16): a backend takes a request only while the reservations
 of what it runs (metered prompt + output cap, in whole blocks) fit its KV cache. The first
 waiting request waits for room and nothing smaller overtakes it; a request no cache can
 ever hold is refused on arrival (`kv_excess`); `verify` checks the budget (MEMORY) and

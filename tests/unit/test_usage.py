@@ -1,4 +1,4 @@
-"""Usage from the backend's replies (issue 26.2): a JSON reply's `usage`, and a stream's
+"""Usage from the backend's replies (docs/design.md §17): a JSON reply's `usage`, and a stream's
 usage event read on its way — taken out of the client's stream where the guard, not the
 client, asked for it — however the stream is cut into chunks."""
 
