@@ -391,3 +391,40 @@ def test_a_slot_handed_between_a_denial_and_its_answer_is_offered_again():
     assert again.request.request_id == decision.request.request_id
     take = next(leases.plan_acquire(0, str(decision.request.request_id), entitled=True))
     assert take.members == ("r1|handed|3",)
+
+
+def test_a_backend_held_for_a_hand_over_stays_held_when_a_request_of_its_own_ends():
+    """With a hand-over promised (`until`), a request of this guard's own ending there does
+    not lift the hold: its release hands the slot to the fleet's waiters (this guard among
+    them), so a lease call right after it asks for a slot already handed on — at 8
+    replicas × 64 backends, 1.5 futile denials a request. The slot comes back as a
+    hand-over, which offers the backend at once. (Without `until` — the store unreachable,
+    this guard reusing its own slots — an end still lifts it: the test above.)"""
+    config = dataclasses.replace(make_config(slots=(2,)), slot_leases=True)
+    guard = make_guard(config)
+    first, _ = _start(guard)
+    guard.lease_granted(first, 0.0)
+    second, _ = _start(guard)
+    guard.lease_denied(second, 0.0, until=0.5)
+    guard.finish(first, 0.001, "complete")
+    assert guard.poll(0.001) == []  # still held: the release hands the slot on
+    guard.lease_handed(0, 0.002)  # handed back to this guard
+    (again,) = guard.poll(0.002)
+    assert again.request.request_id == second
+
+
+def test_the_backends_a_full_denial_names_come_back_a_period_after_the_denied_one():
+    """When the hold ends, one start asks the denied backend again — its answer names the
+    others still full — instead of every backend coming back at once, each asked by a
+    request of the queue."""
+    guard, _ = _three_backends()
+    decision = _first(guard)
+    rid, backend = decision.request.request_id, decision.backend
+    others = tuple(b for b in range(3) if b != backend)
+    guard.lease_denied(rid, 0.0, until=0.5, full=others)
+    for _ in range(2):
+        guard.on_arrival(make_request(assured=False, at=0.1), 0.1)
+    assert guard.poll(0.4) == [] and guard.next_wake_at() == 0.5
+    assert [d.backend for d in guard.poll(0.5)] == [backend]  # the denied one only
+    assert guard.next_wake_at() == 1.0
+    assert {d.backend for d in guard.poll(1.0)} == set(others)
