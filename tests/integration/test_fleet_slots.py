@@ -175,9 +175,9 @@ def _start(configs, tmp_path):
     ]
 
 
-def _verify(logs):
+def _verify(logs, *flags):
     done = subprocess.run(
-        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
+        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json", *flags],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     return done.returncode, json.loads(done.stdout)
@@ -223,8 +223,10 @@ def test_a_killed_replica_gives_its_leases_back_within_the_ttl(small_backend, tm
     more than ttl_s on the Redis clock (≤ 1.25 · ttl_s after it died: it renews every
     ttl_s / 4), not even a slot handed to it after it died (a CI run saw one 1.76 s after
     the kill, handed while its waiting-board entry lived, with a fresh ttl), and the other
-    replicas go on serving; their logs pass `verify` (AF is not judged here: the killed
-    replica's decisions died with it)."""
+    replicas go on serving. The killed replica's log verifies beside theirs
+    (`--allow-open`: its entitled requests waiting at the kill died with it, and are not
+    held against the others' later starts; AF is not judged here: its last decisions may
+    never have reached its log)."""
     url, redis_url = small_backend
     ttl_s = 1.0
     configs = [_leased(url, redis_url, n, tmp_path / f"r{n}.jsonl", ttl_s) for n in range(REPLICAS)]
@@ -264,7 +266,7 @@ def test_a_killed_replica_gives_its_leases_back_within_the_ttl(small_backend, tm
             assert process.wait(20) == 0
     finally:
         stop(*(p for _, p, _ in replicas))
-    code, report = _verify([log for *_, log in replicas[1:]])
+    code, report = _verify([log for *_, log in replicas], "--allow-open")
     assert code == 0, report["violations"][:3]
 
 

@@ -461,3 +461,16 @@ def test_fleet_order_against_a_replica_that_could_not_be_on_the_board_is_conditi
     early = [_with(waiting, _slots_event(0.7, "lost-state")),
              _with(surplus, _slots_event(0.3, "lost-state"))]  # fmt: skip
     assert not check_fleet(early).ok()  # before anyone had found the loss
+
+
+def test_a_wait_cut_by_its_replicas_death_ends_with_its_log():
+    """The waiting replica is killed at t = 0.2, its entitled request open in its log: the
+    request died with it, and the other replica's start at 0.5 does not go ahead of it
+    (a killed worker's log verifies beside the survivors', `--allow-open`). Had it lived
+    to its last line at 0.8, the same start breaks fleet ORDER."""
+    waiting, surplus = _leased_order_breach()
+    killed = [e for e in waiting if e.at <= 0.0] + [_slots_event(0.2, "shared")]
+    report = check_fleet([killed, surplus], allow_open=True)
+    assert report.ok(), report.violations
+    lived = [e for e in waiting if e.at <= 0.0] + [_slots_event(0.8, "shared")]
+    assert "ORDER" in props(check_fleet([lived, surplus], allow_open=True))

@@ -33,21 +33,43 @@ from floorguard.core.surface import LOCAL_LEASE, NO_LEASE, SLOTS_LOST, SLOTS_UNR
 __all__ = ["fleet_af", "fleet_order", "fleet_slots"]
 
 
+_Start = tuple[float, str, int, bool, RequestId | None]
+
+
 def _waits_and_starts(
     events: Sequence[TraceEvent], config: GuardConfig
-) -> tuple[list[tuple[float, float]], list[tuple[float, str, int, bool, RequestId | None]]]:
+) -> tuple[list[tuple[float, float]], list[_Start]]:
     """One log's floor-entitled waits (admitted → started, dropped or ended; a `no_lease`
     requeue undoes a start, so the wait goes on) and its opportunistic starts per backend
     (with the same undoing), each with whether its lease was granted locally (`local`:
-    the store was unreachable, so no waiting board was consulted)."""
+    the store was unreachable, so no waiting board was consulted). A wait its replica's
+    death cut (a new life starts in the log, or the log ends with it open: a replica
+    killed for good) ends with the last line of that life: its request died with it."""
     ids = config.backend_ids or tuple(str(i) for i in range(len(config.slots)))
-    start = EventKind.LEASE if config.slot_leases else EventKind.DISPATCH
+    lives = [
+        i for i, e in enumerate(events) if e.kind is EventKind.CONFIG and e.window is None and i
+    ]
+    waits: list[tuple[float, float]] = []
+    starts: list[_Start] = []
+    for lo, hi in zip([0, *lives], [*lives, len(events)], strict=True):
+        life_waits, life_starts = _one_life(events, lo, hi, ids, config.slot_leases)
+        waits += life_waits
+        starts += life_starts
+    return waits, starts
+
+
+def _one_life(
+    events: Sequence[TraceEvent], lo: int, hi: int, ids: Sequence[str], leased: bool
+) -> tuple[list[tuple[float, float]], list[_Start]]:
+    """`_waits_and_starts` for the lines `lo` to `hi` (one life of the replica)."""
+    start = EventKind.LEASE if leased else EventKind.DISPATCH
     entitled: set[RequestId] = set()
     waiting: dict[RequestId, float] = {}
     started: dict[RequestId, tuple[float, float]] = {}
     waits: list[tuple[float, float]] = []
     starts: dict[RequestId, tuple[float, str, int, bool]] = {}
-    for index, e in enumerate(events):
+    for index in range(lo, hi):
+        e = events[index]
         rid = e.request_id
         if rid is None:
             continue
@@ -71,8 +93,9 @@ def _waits_and_starts(
                 starts.pop(rid, None)
         elif e.kind in TERMINAL_KINDS and rid in waiting:
             waits.append((waiting.pop(rid), e.at))
+    last = events[hi - 1].at if hi > lo else 0.0
     waits += started.values()
-    waits += [(since, math.inf) for since in waiting.values()]
+    waits += [(since, last) for since in waiting.values()]
     return waits, [(*start, rid) for rid, start in starts.items()]
 
 
