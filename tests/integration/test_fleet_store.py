@@ -17,8 +17,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from floorguard.rig.net import free_port_run
 from tests.integration.live import ISSUER, SECRET, token
-from tests.integration.processes import emulate, floorguard, serve, stop
+from tests.integration.processes import emulate, floorguard, serve, stop, wait_listening
 from tests.redis_server import RedisServer
 
 
@@ -193,3 +194,55 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
         report["fleet_peak_in_flight"] == {}
         or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
     )
+
+
+@pytest.mark.parametrize("slots", ["partition", "leased"])
+@pytest.mark.parametrize("fault", ["restart", "pause"])
+def test_two_workers_whose_redis_forgets_them_never_overfill_the_backend(tmp_path, fault, slots):
+    """The same chaos on one `serve` with `workers: 2` (two processes on one port, each a
+    replica of the fleet: docs/deploy.md, Workers): under a steady flood Redis restarts
+    without its data or is paused past the membership TTL; the backend never holds more
+    than its 6, every request is answered, and the two workers' logs pass `verify`."""
+    server = RedisServer().start()
+    backend, emulator = emulate(slots=BACKEND_SLOTS)
+    processes = [emulator]
+    admin = free_port_run(3)  # workers > 1 share one port they must be given: no port 0
+    config = _replica(backend, server.url, 0, tmp_path / "decisions.jsonl", slots)
+    config |= {"workers": 2, "port": admin + 2, "admin": {"port": admin}}
+    config.pop("replica")
+    config["store"].pop("replicas")  # the live workers are the fleet
+    try:
+        with (tmp_path / "serve.err").open("wb") as err:
+            url, process = serve(config, tmp_path / "guard.yaml", err)
+        processes.append(process)
+        for i in range(2):
+            wait_listening(admin + i, process)
+
+        async def scenario() -> list[int]:
+            load = asyncio.ensure_future(_sustained([url], 6.0, 16))
+            await asyncio.sleep(1.5)
+            if fault == "restart":
+                server.kill()
+                server.start()
+            else:
+                os.kill(server.pid, signal.SIGSTOP)
+                await asyncio.sleep(3 * TTL_S)
+                os.kill(server.pid, signal.SIGCONT)
+            return await load
+
+        statuses = asyncio.run(scenario())
+        assert statuses.count(200) > 30 and 0 not in statuses
+        peak = asyncio.run(_in_flight_max(backend))
+        assert peak <= BACKEND_SLOTS, f"the backend held {peak} > its {BACKEND_SLOTS} slots"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        stop(*processes)
+        server.close()
+    logs = [tmp_path / f"decisions.w{i}.jsonl" for i in range(2)]
+    done = subprocess.run(
+        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, report["violations"][:3]
