@@ -602,3 +602,39 @@ def test_a_release_that_failed_is_sent_again_when_redis_answers(kept, loop):
         assert len(_members(kept.url)) == 0 and a.status()["in_doubt"] == 0
     finally:
         run(store.aclose())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not closed: a failover to a replica that missed the latest takes keeps the "
+    "generation, so it is not found as a lost state (docs/replicas.md, Not closed)",
+)
+def test_a_failover_to_a_replica_that_missed_takes_never_grants_past_b():
+    """A replica of the floor's Redis has the tenant's count at 1 of B = 3 when it stops
+    receiving writes (here: detached; in production, asynchronous replication behind at
+    the failover); the master grants 2 more, then the fleet fails over to that replica.
+    It carries the same generation marker, so nothing reads as a lost state, and it grants
+    2 more in the window: 5 of B = 3. Strictly expected to fail until a failover is found
+    (the master's identity, or WAIT for the replicas before a grant)."""
+    master, replica = LocalRedis().start(), LocalRedis().start()
+    try:
+        schedule = WindowSchedule(600.0)  # one window for the whole test
+        floor = SharedFloor(RedisCreditStore(master.url), policy=Unavailable.FAIL_STATIC,
+                            replicas=1, retry_s=1.0, clock=time.time)  # fmt: skip
+        floor.learn(["acme"], schedule, time.time())
+        assert floor.acquire("acme", 1, 3, schedule, time.time()).granted
+        with redis.Redis(port=replica.port) as behind:
+            behind.replicaof("127.0.0.1", master.port)
+            deadline = time.monotonic() + 10
+            while behind.hget("floorguard:{acme}", "used") != b"1":
+                assert time.monotonic() < deadline, "the replica never synced"
+                time.sleep(0.02)
+            behind.replicaof("no", "one")  # it misses what the master grants next
+        granted = sum(floor.acquire("acme", 1, 3, schedule, time.time()).granted for _ in range(3))
+        assert granted == 2  # the master: 3 of 3
+        floor.store = RedisCreditStore(replica.url)  # the failover
+        after = sum(floor.acquire("acme", 1, 3, schedule, time.time()).granted for _ in range(3))
+        assert 1 + granted + after <= 3, f"{1 + granted + after} granted with B = 3"
+    finally:
+        master.close()
+        replica.close()
