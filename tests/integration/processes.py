@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import re
 import resource
-import socket
 import subprocess
 import sys
 import threading
@@ -19,20 +18,6 @@ STARTED: list[subprocess.Popen] = []
 """Every process `floorguard()` started, so a fixture can kill what a failed test left
 running (tests/integration/conftest.py): a replica left behind keeps renewing its leases
 and disturbs the fleet tests after it."""
-
-
-def wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"process exited with {process.returncode}") from None
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on {port}") from None
-            time.sleep(0.1)
 
 
 def floorguard(

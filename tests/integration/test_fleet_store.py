@@ -17,9 +17,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from floorguard.rig.net import free_port_run
+from floorguard.rig.net import free_port_run, wait_listening
 from tests.integration.live import ISSUER, SECRET, token
-from tests.integration.processes import emulate, floorguard, serve, stop, wait_listening
+from tests.integration.processes import emulate, floorguard, serve, stop
 from tests.redis_server import RedisServer
 
 

@@ -23,8 +23,9 @@ import pytest
 
 from floorguard.analysis.checker import check_trace
 from floorguard.core.events import read_jsonl
+from floorguard.rig.net import wait_listening
 from tests.integration.backends import ScriptedBackend
-from tests.integration.processes import emulate, serve, stop, wait_listening
+from tests.integration.processes import emulate, serve, stop
 from tests.redis_server import free_port
 
 CONF = Path(__file__).parents[2] / "deploy" / "gateway" / "nginx.conf"

@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 import yaml
 
-from floorguard.rig.net import free_port_run
+from floorguard.rig.net import free_port_run, wait_listening
 from tests.integration.live import AUDIENCE, ISSUER, SECRET, Bearer
-from tests.integration.processes import emulate, serve, stop, wait_listening
+from tests.integration.processes import emulate, serve, stop
 from tests.redis_server import RedisServer
 
 FLOOR = 4

@@ -4,14 +4,20 @@ the backends grow, each cell beside the smallest one measured in the same run.
 Per cell: the core configuration built and validated (`GuardConfig`, what `serve` and a
 reload build per pool), and µs per decision — admission, dispatch and completion of each
 request through the shipped `Guard` (always-admit learner, every request finishing at
-once), the requests spread over every tenant. Not measured here: `serve`'s own start and
-reload (its start report, the pydantic configuration) and its memory per tenant.
+once), the requests spread over every tenant. `--serve` measures `serve` itself instead:
+its start and reload and its memory as the tenants grow (`bench_serve_tenants`).
 """
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from floorguard._compiled import running
@@ -20,8 +26,9 @@ from floorguard.core.contract import Contract, ContractClass, GuardConfig
 from floorguard.core.guard import Guard
 from floorguard.core.request import Request
 from floorguard.learners.adversaries import AlwaysAdmit
+from floorguard.rig.net import free_ports, wait_listening
 
-__all__ = ["bench_tenants"]
+__all__ = ["bench_serve_tenants", "bench_tenants"]
 
 TENANTS = (10, 1_000, 100_000)
 BACKENDS = (1, 16, 256)
@@ -91,3 +98,114 @@ def _timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+SERVE_TENANTS = (10, 1_000, 100_000)
+
+
+def _serve_config(tenants: int, backend: str, log: Path) -> dict[str, Any]:
+    """`serve`'s configuration with `tenants` contracts (half assured with a floor of 1,
+    half opportunistic), one backend, tenants named by a trusted header."""
+    contracts: list[dict[str, Any]] = [
+        {"tenant": f"t{t}", "class": "assured", "floor": 1, "deadline_ms": 5000}
+        if t % 2 == 0
+        else {"tenant": f"t{t}", "class": "opportunistic", "deadline_ms": 5000}
+        for t in range(tenants)
+    ]
+    return {
+        "host": "127.0.0.1",
+        "port": 0,
+        "window_s": 10.0,
+        "contracts": contracts,
+        "backends": [{"url": backend, "slots": 4}],
+        "identity": {"mode": "header", "header": "x-tenant",
+                     "trusted_upstreams": ["127.0.0.1/32"]},
+        "decision_log": str(log),
+    }  # fmt: skip
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _wait_for(stream: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in stream.read_text(errors="replace"):
+        if process.poll() is not None:
+            raise RuntimeError(f"serve exited {process.returncode}: {stream.read_text()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"serve did not say {text!r} within {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def _serve_cell(tenants: int, backend: str, folder: Path) -> dict[str, Any]:
+    """One `serve` with `tenants` contracts: seconds from exec to listening, resident
+    memory then, seconds for a SIGHUP reload of the same file to be applied."""
+    config = folder / f"guard-{tenants}.yaml"
+    config.write_text(json.dumps(_serve_config(tenants, backend, folder / f"d{tenants}.jsonl")))
+    out, err = folder / f"serve-{tenants}.out", folder / f"serve-{tenants}.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "floorguard", "serve", "--config", str(config)],
+            stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    try:
+        _wait_for(out, "guarding", process, 600)
+        start_s = time.monotonic() - started
+        rss = _rss_mib(process.pid)
+        reloaded = time.monotonic()
+        process.send_signal(signal.SIGHUP)
+        _wait_for(err, "reloaded", process, 600)
+        reload_s = time.monotonic() - reloaded
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return {
+        "tenants": tenants,
+        "start_s": start_s,
+        "reload_s": reload_s,
+        "rss_mib": rss,
+    }
+
+
+def bench_serve_tenants(
+    *, tenants: tuple[int, ...] = SERVE_TENANTS, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """`serve` itself as the tenants grow: its start (exec to listening), a SIGHUP reload
+    of the same file, and its resident memory, each beside the smallest cell (and the
+    memory per tenant over the smallest's), against an emulated backend."""
+    port = free_ports()[0]
+    emulator = subprocess.Popen(
+        [sys.executable, "-m", "floorguard", "emulate", "--slots", "4", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    rows = []
+    try:
+        wait_listening(port, emulator)
+        with tempfile.TemporaryDirectory(prefix="floorguard-tenants-") as folder:
+            for t in tenants:
+                row = _serve_cell(t, f"http://127.0.0.1:{port}", Path(folder))
+                rows.append(row)
+                if progress is not None:
+                    progress(
+                        f"{t:,} tenants: listening after {row['start_s']:.1f} s, reloaded in "
+                        f"{row['reload_s']:.1f} s, {row['rss_mib']:.0f} MiB"
+                    )
+    finally:
+        emulator.terminate()
+        emulator.wait(30)
+    base = rows[0]
+    for row in rows:
+        row["start_over_smallest"] = row["start_s"] / base["start_s"]
+        extra = row["tenants"] - base["tenants"]
+        row["kib_per_tenant"] = (
+            (row["rss_mib"] - base["rss_mib"]) * 1024 / extra if extra > 0 else None
+        )
+    return {"core": running(), "rows": rows}

@@ -115,6 +115,12 @@ def register(commands: Any) -> None:
         help="µs per decision and the core configuration's build as tenants (10 – 100,000) "
         "and backends (1 – 256) grow, beside the smallest",
     )
+    bench_tenants_cmd.add_argument(
+        "--serve",
+        action="store_true",
+        help="`serve` itself at 10, 1,000 and 100,000 tenants: its start (exec to listening), a "
+        "SIGHUP reload and its resident memory, against an emulated backend",
+    )
     bench_tenants_cmd.add_argument("--requests", type=int, default=20_000, help="per cell")
     bench_tenants_cmd.add_argument("--repeats", type=int, default=3)
     bench_tenants_cmd.add_argument("--json", action="store_true")
@@ -168,6 +174,8 @@ def run(args: argparse.Namespace, console: Console) -> int:  # noqa: PLR0912  # 
 def _tenants(args: argparse.Namespace, console: Console) -> int:
     if args.requests < 1 or args.repeats < 1:
         raise FloorguardError("--requests and --repeats must be ≥ 1")
+    if args.serve:
+        return _serve_tenants(args, console)
     result = _bench("tenants").bench_tenants(requests=args.requests, repeats=args.repeats)
     if args.json:
         print_result(result, True, console)
@@ -183,6 +191,31 @@ def _tenants(args: argparse.Namespace, console: Console) -> int:
             f"{row['config_s']:.3f}",
             f"{row['decision_us']:.2f}",
             f"{row['decision_over_smallest']:.2f}",
+        )
+    console.print(table)
+    return 0
+
+
+def _serve_tenants(args: argparse.Namespace, console: Console) -> int:
+    def say(line: str) -> None:
+        console.print(line, style="dim")
+
+    result = _bench("tenants").bench_serve_tenants(progress=None if args.json else say)
+    if args.json:
+        print_result(result, True, console)
+        return 0
+    table = Table(title=f"serve as tenants grow ({result['core']})")
+    for column in ("tenants", "start (s)", "× smallest", "reload (s)", "RSS (MiB)", "KiB / tenant"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        per = row["kib_per_tenant"]
+        table.add_row(
+            f"{row['tenants']:,}",
+            f"{row['start_s']:.2f}",
+            f"{row['start_over_smallest']:.2f}",
+            f"{row['reload_s']:.2f}",
+            f"{row['rss_mib']:.0f}",
+            "—" if per is None else f"{per:.2f}",
         )
     console.print(table)
     return 0

@@ -140,8 +140,10 @@ def _contract_deadlines(args: argparse.Namespace) -> dict[str | None, float]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.proxy.config.guard import parse_yaml  # noqa: PLC0415  # see the imports
+
     try:
-        data = yaml.safe_load(args.config.read_text())
+        data = parse_yaml(args.config.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise FloorguardError(f"--config {args.config}: cannot read it ({exc})") from exc
     if not isinstance(data, dict):

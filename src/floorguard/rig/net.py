@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 
-__all__ = ["free_port_run", "free_ports"]
+__all__ = ["free_port_run", "free_ports", "wait_listening"]
 
 
 def free_ports(n: int = 1) -> list[int]:
@@ -36,3 +38,19 @@ def free_port_run(count: int, attempts: int = 100) -> int:
                 probe.close()
         return start
     raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1")
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """Until something listens on 127.0.0.1:`port`; `RuntimeError` if `process` exits or
+    `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"process exited with {process.returncode}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on {port}") from None
+            time.sleep(0.1)

@@ -1,0 +1,31 @@
+"""`floorguard bench tenants --serve` runs `serve` itself as the tenants grow: each cell is a
+real `serve` process that starts listening, applies a SIGHUP reload of its file and stops,
+against an emulated backend; the figures are its own (the benchmark's ratios are recorded
+in docs/benchmarks.md, not asserted here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from floorguard.bench.tenants import bench_serve_tenants
+
+
+def test_bench_serve_tenants_starts_reloads_and_measures_each_cell():
+    lines: list[str] = []
+    result = bench_serve_tenants(tenants=(2, 200), progress=lines.append)
+    rows = result["rows"]
+    assert [row["tenants"] for row in rows] == [2, 200]
+    for row in rows:
+        assert row["start_s"] > 0 and row["reload_s"] > 0 and row["rss_mib"] > 10
+    assert rows[0]["start_over_smallest"] == 1.0 and rows[0]["kib_per_tenant"] is None
+    assert rows[1]["kib_per_tenant"] is not None
+    assert len(lines) == 2 and "200 tenants: listening after" in lines[1]
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                if b"guard-200.yaml" in _read(p)]  # fmt: skip  # every serve stopped
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a process that ended meanwhile
+        return b""
