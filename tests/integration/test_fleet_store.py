@@ -133,6 +133,39 @@ async def _in_flight_max(url: str) -> float:
     )
 
 
+async def _under_fault(server: RedisServer, fault: str, urls: list[str], clients: int) -> list[int]:
+    """`clients` clients per URL for 6 s; 1.5 s in, Redis restarts without its data
+    (`restart`) or is paused past the membership TTL (`pause`). Every status."""
+    load = asyncio.ensure_future(_sustained(urls, 6.0, clients))
+    await asyncio.sleep(1.5)
+    if fault == "restart":
+        server.kill()
+        server.start()
+    else:
+        os.kill(server.pid, signal.SIGSTOP)
+        await asyncio.sleep(3 * TTL_S)
+        os.kill(server.pid, signal.SIGCONT)
+    return await load
+
+
+def _held_and_served(statuses: list[int], backend: str) -> None:
+    """Every request answered, enough served, the backend never over its slots."""
+    assert statuses.count(200) > 30 and 0 not in statuses
+    peak = asyncio.run(_in_flight_max(backend))
+    assert peak <= BACKEND_SLOTS, f"the backend held {peak} > its {BACKEND_SLOTS} slots"
+
+
+def _verified(logs: list) -> dict:
+    """`floorguard verify` over `logs`, which must pass: its report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, report["violations"][:3]
+    return report
+
+
 @pytest.mark.parametrize("slots", ["partition", "leased"])
 @pytest.mark.parametrize("fault", ["restart", "pause"])
 def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fault, slots):
@@ -162,34 +195,14 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
         with redis.Redis.from_url(server.url) as admin:  # learned at start, nothing taken
             assert admin.exists("floorguard:{acme}:gen") and not admin.exists("floorguard:{acme}")
 
-        async def scenario() -> list[int]:
-            load = asyncio.ensure_future(_sustained(urls, 6.0, 8))
-            await asyncio.sleep(1.5)
-            if fault == "restart":
-                server.kill()
-                server.start()
-            else:
-                os.kill(server.pid, signal.SIGSTOP)
-                await asyncio.sleep(3 * TTL_S)
-                os.kill(server.pid, signal.SIGCONT)
-            return await load
-
-        statuses = asyncio.run(scenario())
-        assert statuses.count(200) > 30 and 0 not in statuses
-        peak = asyncio.run(_in_flight_max(backend))
-        assert peak <= BACKEND_SLOTS, f"the backend held {peak} > its {BACKEND_SLOTS} slots"
+        _held_and_served(asyncio.run(_under_fault(server, fault, urls, 8)), backend)
         for process in processes[1:]:
             process.send_signal(signal.SIGTERM)
             assert process.wait(30) == 0
     finally:
         stop(*processes)
         server.close()
-    done = subprocess.run(
-        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    report = json.loads(done.stdout)
-    assert done.returncode == 0, report["violations"][:3]
+    report = _verified(logs)
     assert (
         report["fleet_peak_in_flight"] == {}
         or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
@@ -218,31 +231,10 @@ def test_two_workers_whose_redis_forgets_them_never_overfill_the_backend(tmp_pat
         for i in range(2):
             wait_listening(admin + i, process)
 
-        async def scenario() -> list[int]:
-            load = asyncio.ensure_future(_sustained([url], 6.0, 16))
-            await asyncio.sleep(1.5)
-            if fault == "restart":
-                server.kill()
-                server.start()
-            else:
-                os.kill(server.pid, signal.SIGSTOP)
-                await asyncio.sleep(3 * TTL_S)
-                os.kill(server.pid, signal.SIGCONT)
-            return await load
-
-        statuses = asyncio.run(scenario())
-        assert statuses.count(200) > 30 and 0 not in statuses
-        peak = asyncio.run(_in_flight_max(backend))
-        assert peak <= BACKEND_SLOTS, f"the backend held {peak} > its {BACKEND_SLOTS} slots"
+        _held_and_served(asyncio.run(_under_fault(server, fault, [url], 16)), backend)
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:
         stop(*processes)
         server.close()
-    logs = [tmp_path / f"decisions.w{i}.jsonl" for i in range(2)]
-    done = subprocess.run(
-        [sys.executable, "-m", "floorguard", "verify", *map(str, logs), "--json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    report = json.loads(done.stdout)
-    assert done.returncode == 0, report["violations"][:3]
+    _verified([tmp_path / f"decisions.w{i}.jsonl" for i in range(2)])
