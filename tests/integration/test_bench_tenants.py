@@ -14,14 +14,17 @@ def test_bench_serve_tenants_starts_reloads_and_measures_each_cell():
     lines: list[str] = []
     result = bench_serve_tenants(tenants=(2, 200), progress=lines.append)
     rows = result["rows"]
-    assert [row["tenants"] for row in rows] == [2, 200]
+    assert [(row["tenants"], row["format"]) for row in rows] == [
+        (2, "yaml"), (200, "yaml"), (2, "json"), (200, "json")
+    ]  # fmt: skip
     for row in rows:
         assert row["start_s"] > 0 and row["reload_s"] > 0 and row["rss_mib"] > 10
-    assert rows[0]["start_over_smallest"] == 1.0 and rows[0]["kib_per_tenant"] is None
-    assert rows[1]["kib_per_tenant"] is not None
-    assert len(lines) == 2 and "200 tenants: listening after" in lines[1]
+    for smallest, larger in (rows[:2], rows[2:]):
+        assert smallest["start_over_smallest"] == 1.0 and smallest["kib_per_tenant"] is None
+        assert larger["kib_per_tenant"] is not None
+    assert len(lines) == 4 and "200 tenants (json): listening after" in lines[3]
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
-                if b"guard-200.yaml" in _read(p)]  # fmt: skip  # every serve stopped
+                if b"guard-200-" in _read(p)]  # fmt: skip  # every serve stopped
 
 
 def _read(path: Path) -> bytes:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from floorguard._compiled import running
 from floorguard.bench.sim import _best, _decision_loop
 from floorguard.core.contract import Contract, ContractClass, GuardConfig
@@ -141,12 +143,15 @@ def _wait_for(stream: Path, text: str, process: subprocess.Popen[bytes], timeout
         time.sleep(0.02)
 
 
-def _serve_cell(tenants: int, backend: str, folder: Path) -> dict[str, Any]:
-    """One `serve` with `tenants` contracts: seconds from exec to listening, resident
+def _serve_cell(tenants: int, backend: str, folder: Path, form: str) -> dict[str, Any]:
+    """One `serve` with `tenants` contracts, its file written as YAML or as JSON (YAML's
+    subset, read without YAML's node graph): seconds from exec to listening, resident
     memory then, seconds for a SIGHUP reload of the same file to be applied."""
-    config = folder / f"guard-{tenants}.yaml"
-    config.write_text(json.dumps(_serve_config(tenants, backend, folder / f"d{tenants}.jsonl")))
-    out, err = folder / f"serve-{tenants}.out", folder / f"serve-{tenants}.err"
+    config = folder / f"guard-{tenants}-{form}.yaml"
+    data = _serve_config(tenants, backend, folder / f"d{tenants}.jsonl")
+    dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    config.write_text(json.dumps(data) if form == "json" else yaml.dump(data, Dumper=dumper))
+    out, err = folder / f"serve-{tenants}-{form}.out", folder / f"serve-{tenants}-{form}.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         started = time.monotonic()
         process = subprocess.Popen(
@@ -169,6 +174,7 @@ def _serve_cell(tenants: int, backend: str, folder: Path) -> dict[str, Any]:
             process.kill()
     return {
         "tenants": tenants,
+        "format": form,
         "start_s": start_s,
         "reload_s": reload_s,
         "rss_mib": rss,
@@ -176,11 +182,15 @@ def _serve_cell(tenants: int, backend: str, folder: Path) -> dict[str, Any]:
 
 
 def bench_serve_tenants(
-    *, tenants: tuple[int, ...] = SERVE_TENANTS, progress: Callable[[str], None] | None = None
+    *,
+    tenants: tuple[int, ...] = SERVE_TENANTS,
+    forms: tuple[str, ...] = ("yaml", "json"),
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """`serve` itself as the tenants grow: its start (exec to listening), a SIGHUP reload
-    of the same file, and its resident memory, each beside the smallest cell (and the
-    memory per tenant over the smallest's), against an emulated backend."""
+    """`serve` itself as the tenants grow, its configuration written as YAML and as JSON:
+    its start (exec to listening), a SIGHUP reload of the same file, and its resident
+    memory, each beside the smallest cell of its format (and the memory per tenant over
+    that cell's), against an emulated backend."""
     port = free_ports()[0]
     emulator = subprocess.Popen(
         [sys.executable, "-m", "floorguard", "emulate", "--slots", "4", "--port", str(port)],
@@ -190,19 +200,20 @@ def bench_serve_tenants(
     try:
         wait_listening(port, emulator)
         with tempfile.TemporaryDirectory(prefix="floorguard-tenants-") as folder:
-            for t in tenants:
-                row = _serve_cell(t, f"http://127.0.0.1:{port}", Path(folder))
-                rows.append(row)
-                if progress is not None:
-                    progress(
-                        f"{t:,} tenants: listening after {row['start_s']:.1f} s, reloaded in "
-                        f"{row['reload_s']:.1f} s, {row['rss_mib']:.0f} MiB"
-                    )
+            for form in forms:
+                for t in tenants:
+                    row = _serve_cell(t, f"http://127.0.0.1:{port}", Path(folder), form)
+                    rows.append(row)
+                    if progress is not None:
+                        progress(
+                            f"{t:,} tenants ({form}): listening after {row['start_s']:.1f} s, "
+                            f"reloaded in {row['reload_s']:.1f} s, {row['rss_mib']:.0f} MiB"
+                        )
     finally:
         emulator.terminate()
         emulator.wait(30)
-    base = rows[0]
     for row in rows:
+        base = next(r for r in rows if r["format"] == row["format"])
         row["start_over_smallest"] = row["start_s"] / base["start_s"]
         extra = row["tenants"] - base["tenants"]
         row["kib_per_tenant"] = (

@@ -205,12 +205,15 @@ def _serve_tenants(args: argparse.Namespace, console: Console) -> int:
         print_result(result, True, console)
         return 0
     table = Table(title=f"serve as tenants grow ({result['core']})")
-    for column in ("tenants", "start (s)", "× smallest", "reload (s)", "RSS (MiB)", "KiB / tenant"):
+    columns = ("tenants", "file", "start (s)", "× smallest", "reload (s)", "RSS (MiB)",
+               "KiB / tenant")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     for row in result["rows"]:
         per = row["kib_per_tenant"]
         table.add_row(
             f"{row['tenants']:,}",
+            row["format"],
             f"{row['start_s']:.2f}",
             f"{row['start_over_smallest']:.2f}",
             f"{row['reload_s']:.2f}",
