@@ -77,6 +77,7 @@ def test_with_eviction_warn_it_serves_and_says_so(tmp_path, evicting):
     stop(process)
     said = (tmp_path / "guard.err").read_text()
     assert "maxmemory-policy volatile-lru" in said and "ERROR" in said
+    assert "appendonly no: a restart of this Redis is a lost state" in said  # and persistence
 
 
 BACKEND_SLOTS, REPLICAS, TTL_S = 6, 3, 0.6

@@ -1,10 +1,10 @@
 """The simulated Redis (`store/simulated.py`) held to `acquire.lua` on a real redis-server:
 random sequences of takes, peeks, carried hand-backs (some by grant id, resent) and
-re-forces, stale and fresh generations, callers with different floors, and restarts without
-data, run side by side against both (the real store on the caller's clock), must answer
-alike call for call — granted, window, what is left, the pinned floor, the credits
-re-forced, the window closed, a call id's replayed first answer or an unsure retry, and the
-same pattern of generations."""
+re-forces, stale and fresh generations, callers with different floors, restarts without data
+and failovers (another server with the data: the markers name the one before), run side by
+side against both (the real store on the caller's clock), must answer alike call for call —
+granted, window, what is left, the pinned floor, the credits re-forced, the window closed, a
+call id's replayed first answer or an unsure retry, and the same pattern of generations."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ PREFIXES = itertools.count()
 
 _calls = st.fixed_dictionaries(
     {
-        "op": st.sampled_from(["take", "take", "take", "peek", "restart"]),
+        "op": st.sampled_from(["take", "take", "take", "peek", "restart", "failover"]),
         "caller": st.integers(0, 1),
         "key": st.sampled_from(["a", "b"]),
         "step_s": st.sampled_from([0.0, 0.05, 0.3, 0.7, 1.2]),
@@ -52,6 +52,15 @@ def module_redis():
     server.close()
 
 
+def _written_elsewhere(client, markers) -> None:
+    """A failover, as the scripts meet it: every generation marker names another server
+    (`generation.lua`), the data kept."""
+    for key in markers:
+        marker = client.get(key)
+        if marker is not None:
+            client.set(key, marker.decode().rsplit("@", 1)[0] + "@" + "0" * 40)
+
+
 def _pattern(generations: dict[str, int], token: str) -> int:
     return generations.setdefault(token, len(generations))
 
@@ -74,6 +83,10 @@ def test_the_simulated_redis_answers_as_acquire_lua_does(module_redis, calls):
                 for key in flush.scan_iter(f"{prefix}:*"):
                     flush.delete(key)
                 sim.restart()
+                continue
+            if call["op"] == "failover":
+                _written_elsewhere(flush, list(flush.scan_iter(f"{prefix}:*:gen")))
+                sim.failover()
                 continue
             answers = {}
             for side, stores in (("real", real), ("sim", simulated)):
@@ -130,7 +143,7 @@ back that way stands above the replica's newer calls."""
 _lease_calls = st.fixed_dictionaries(
     {
         "op": st.sampled_from(
-            ["acquire"] * 3 + ["keep", "release", "pass", "renew", "restore", "restart"]
+            ["acquire"] * 3 + ["keep", "release", "pass", "renew", "restore", "restart", "failover"]
         ),
         "backend": st.sampled_from(["b", "b", "c"]),
         "replica": st.sampled_from(["A", "B", "C"]),
@@ -159,6 +172,8 @@ def _stored_leases(client, prefix, backend):
         field, text = name.decode(), value.decode()
         if field == "|turn":
             board[field] = int(text)
+        elif field == "|moved":
+            board[field] = float(text)
         elif field.startswith("|use:"):
             used, capacity = text.split("|")
             board[field] = (int(used), int(capacity))
@@ -195,6 +210,10 @@ def test_the_simulated_redis_leases_as_lease_lua_does(module_redis, calls):
             if call["op"] == "restart":
                 client.delete(*(k for b in "bc" for k in lease_keys(prefix, "pool", b)))
                 sim.restart()
+                continue
+            if call["op"] == "failover":
+                _written_elsewhere(client, [lease_keys(prefix, "pool", "b")[2]])
+                sim.failover()
                 continue
             member = f"{call['replica']}|{call['request']}"
             if call["op"] != "restore" and call["request"] == 4:  # a handed slot, maybe

@@ -604,37 +604,109 @@ def test_a_release_that_failed_is_sent_again_when_redis_answers(kept, loop):
         run(store.aclose())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not closed: a failover to a replica that missed the latest takes keeps the "
-    "generation, so it is not found as a lost state (docs/replicas.md, Not closed)",
-)
+def _promoted_behind(master, replica, synced):
+    """`replica` follows `master` until `synced(client)` holds, then is promoted (REPLICAOF
+    NO ONE): it misses what the master writes next, as a replica behind at a failover does
+    (replication is asynchronous)."""
+    with redis.Redis(port=master.port) as source:
+        source.config_set("repl-diskless-sync-delay", 0)  # not 5 s, waiting for more replicas
+    with redis.Redis(port=replica.port) as behind:
+        behind.replicaof("127.0.0.1", master.port)
+        deadline = time.monotonic() + 10
+        while not synced(behind):
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.02)
+        behind.replicaof("no", "one")
+
+
 def test_a_failover_to_a_replica_that_missed_takes_never_grants_past_b():
     """A replica of the floor's Redis has the tenant's count at 1 of B = 3 when it stops
-    receiving writes (here: detached; in production, asynchronous replication behind at
-    the failover); the master grants 2 more, then the fleet fails over to that replica.
-    It carries the same generation marker, so nothing reads as a lost state, and it grants
-    2 more in the window: 5 of B = 3. Strictly expected to fail until a failover is found
-    (the master's identity, or WAIT for the replicas before a grant)."""
-    master, replica = LocalRedis().start(), LocalRedis().start()
+    following; the master grants 2 more, then the fleet fails over to that replica, which
+    carries the same token and a count of 1. Its marker names the old master
+    (generation.lua), so the first call that meets it closes the tenant's window, whoever
+    sends it: here a replica started after the failover (it has seen no generation), then
+    the one that granted the 3. Before, the fleet granted 5 of B = 3."""
+    # the replica with an append-only file, as a restart's is trusted
+    master, replica = LocalRedis().start(), LocalRedis(persistent=True).start()
     try:
         schedule = WindowSchedule(600.0)  # one window for the whole test
-        floor = SharedFloor(RedisCreditStore(master.url), policy=Unavailable.FAIL_STATIC,
-                            replicas=1, retry_s=1.0, clock=time.time)  # fmt: skip
+        lost: list[tuple[str, int]] = []
+
+        def replica_on(url):
+            return SharedFloor(RedisCreditStore(url), policy=Unavailable.FAIL_STATIC,
+                               replicas=2, retry_s=1.0, clock=time.time,
+                               on_lost_state=lambda key, window, _: lost.append((key, window)))  # fmt: skip  # noqa: E501
+
+        floor = replica_on(master.url)
         floor.learn(["acme"], schedule, time.time())
         assert floor.acquire("acme", 1, 3, schedule, time.time()).granted
-        with redis.Redis(port=replica.port) as behind:
-            behind.replicaof("127.0.0.1", master.port)
-            deadline = time.monotonic() + 10
-            while behind.hget("floorguard:{acme}", "used") != b"1":
-                assert time.monotonic() < deadline, "the replica never synced"
-                time.sleep(0.02)
-            behind.replicaof("no", "one")  # it misses what the master grants next
+        _promoted_behind(master, replica, lambda r: r.hget("floorguard:{acme}", "used") == b"1")
         granted = sum(floor.acquire("acme", 1, 3, schedule, time.time()).granted for _ in range(3))
         assert granted == 2  # the master: 3 of 3
+        later = replica_on(replica.url)  # started after the failover
+        later.learn(["acme"], schedule, time.time())
         floor.store = RedisCreditStore(replica.url)  # the failover
+        after = sum(
+            f.acquire("acme", 1, 3, schedule, time.time()).granted
+            for f in (later, floor)
+            for _ in range(3)
+        )
+        assert 1 + granted + after <= 3, f"{1 + granted + after} granted with B = 3"
+        window = schedule.index_at(time.time())
+        assert set(lost) == {("acme", window)} and len(lost) == 2  # each replica logs it
+    finally:
+        master.close()
+        replica.close()
+
+
+def test_a_restart_from_a_snapshot_that_missed_takes_never_grants_past_b():
+    """Redis saves a snapshot at 1 of B = 3, grants 2 more, dies and comes back from the
+    snapshot: the count says 1 under the same token. The marker names the server before the
+    restart and this one has no append-only file, so the window is closed (before, 5 of 3).
+    A restart with an append-only file keeps its generation (`-k hand_back_comes_before`)."""
+    server = LocalRedis().start()
+    try:
+        schedule = WindowSchedule(600.0)
+        floor = SharedFloor(RedisCreditStore(server.url), policy=Unavailable.FAIL_STATIC,
+                            replicas=1, retry_s=0.01, clock=time.time)  # fmt: skip
+        floor.learn(["acme"], schedule, time.time())
+        assert floor.acquire("acme", 1, 3, schedule, time.time()).granted
+        with redis.Redis(port=server.port) as client:
+            client.save()
+        granted = sum(floor.acquire("acme", 1, 3, schedule, time.time()).granted for _ in range(3))
+        assert granted == 2
+        server.kill()
+        server.start()  # from the snapshot
+        time.sleep(0.02)  # past retry_s: the floor asks Redis again
         after = sum(floor.acquire("acme", 1, 3, schedule, time.time()).granted for _ in range(3))
         assert 1 + granted + after <= 3, f"{1 + granted + after} granted with B = 3"
+        assert floor.calls["lost_state"] == 1
     finally:
+        server.close()
+
+
+def test_a_failover_to_a_replica_that_missed_leases_never_leases_past_c(loop):
+    """C = 2: the replica stops following with one of A's leases, A takes the second on
+    the master, and the fleet fails over. B, started after the failover (no generation
+    seen), asks for a slot: the pool's marker names the old master, so every acquire is
+    refused `lost` while the pool recovers, and B keeps to what it holds (nothing) instead
+    of a third lease. A's renewal meets the new generation and puts both its leases back."""
+    # the replica with an append-only file, as a restart's is trusted
+    master, replica = LocalRedis().start(), LocalRedis(persistent=True).start()
+    (sa, a), (sb, b) = _leases(master.url, "A", ttl_s=30.0), _leases(replica.url, "B", ttl_s=30.0)
+    key = lease_keys("floorguard", pool_tag(None), "http://vllm:8000")[0]
+    run = loop.run_until_complete
+    try:
+        assert run(a.acquire_async(0, "a1", entitled=False)) == ""
+        _promoted_behind(master, replica, lambda r: r.zcard(key) == 1)
+        assert run(a.acquire_async(0, "a2", entitled=False)) == ""
+        a.script = b.script  # the failover
+        assert run(b.acquire_async(0, "b1", entitled=True)) != "", "a third lease with C = 2"
+        assert b.status()["degraded"] or b.status()["recovering"]
+        run(_renew(a))
+        assert _members(replica.url) == ["A|a1", "A|a2"]
+    finally:
+        run(sa.aclose())
+        run(sb.aclose())
         master.close()
         replica.close()

@@ -2,7 +2,8 @@
 -- after adding what the calling replica carries back.
 --
 -- KEYS[1]  the tenant's counter: a hash {w = window index, used = credits taken in it}
--- KEYS[2]  the tenant's generation marker: a token written when the counter's state began
+-- KEYS[2]  the tenant's generation marker: a token written when the counter's state began,
+--          with the Redis server that last wrote it (generation.lua)
 --          (both keys share one hash tag, so a Redis Cluster keeps them in one slot)
 -- ARGV     1 weight, 2 capacity, 3 window_s, 4 origin_at,
 --          5 mode: "take" (add weight if used + weight <= capacity) or "peek" (change
@@ -47,10 +48,14 @@
 -- whose floor is lowered takes at most min(its capacity, the pinned floor); what is left
 -- is counted against that limit.
 --
--- A lost state (a caller that saw another generation) *closes* the tenant's current window
--- to fresh takes: a replica cannot know what the others granted there before the loss
--- until they re-force it, so no one takes more in that window (as fail-static grants
--- nothing in the window Redis was lost in); re-forces and hand-backs still count.
+-- A lost state (a caller that saw another generation, or a marker another Redis server
+-- wrote: a failover, a restart; generation.lua) *closes* the tenant's current window to
+-- fresh takes: a replica cannot know what the others granted there before the loss until
+-- they re-force it, so no one takes more in that window (as fail-static grants nothing in
+-- the window Redis was lost in); re-forces and hand-backs still count. A marker another
+-- server wrote closes it at the first call that meets it, whoever sends it: a replica that
+-- started after a failover has seen no generation, and the count it would take against
+-- may miss what the old master granted.
 --
 -- The window index comes from the clock in use and the contract's origin t0, so replicas
 -- whose clocks disagree still share one window. The counter expires one second after its
@@ -73,11 +78,7 @@ if now == nil then
 end
 local index = math.floor((now - origin) / window_s)
 
-local generation = redis.call('GET', KEYS[2])
-if not generation then
-  generation = ARGV[8]
-  redis.call('SET', KEYS[2], generation)
-end
+local generation, moved = generation_of(KEYS[2], ARGV[8])
 redis.call('PERSIST', KEYS[2])  -- a marker written by a release that gave it a ttl
 
 local stored = redis.call('HMGET', KEYS[1], 'w', 'used', 'floor')
@@ -112,7 +113,7 @@ end
 
 local carried = tonumber(ARGV[9]) == index
 local restored = 0
-if generation ~= ARGV[7] and ARGV[7] ~= '' then
+if moved or (generation ~= ARGV[7] and ARGV[7] ~= '') then
   redis.call('HSET', KEYS[1], 'lost', index)
   local mark = 'r:' .. ARGV[12]
   if carried and tonumber(redis.call('HGET', KEYS[1], mark)) ~= index then

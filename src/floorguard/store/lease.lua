@@ -16,8 +16,11 @@
 --            field "|h:<member>" = "<backend>|<expiry>": a slot handed over and not yet
 --              released (a renewal lists the caller's, whatever backend they are on, so a
 --              lost message is found by any renewal)
--- KEYS[3]  the pool's generation marker: a token written when its leases' state began (a
---          Redis that restarted empty writes a new one; it never expires)
+--            field "|moved" = the instant the pool's recovery from a marker another
+--              server wrote ends (below)
+-- KEYS[3]  the pool's generation marker: a token written when its leases' state began,
+--          with the Redis server that last wrote it (a Redis that restarted empty writes a
+--          new one, and so does another server: generation.lua; it never expires)
 --          (the keys share the pool's hash tag: one Redis Cluster slot)
 -- ARGV     1 op: "acquire", "keep" (an acquire judged by the order only, whatever the
 --            count: a recovering replica's start within the slots it held), "release",
@@ -45,7 +48,12 @@
 -- An acquire from a caller that saw another generation is refused ("lost"): Redis lost
 -- the leases' state, and the count it would judge by misses every lease the replicas have
 -- not put back yet. The caller keeps to what it held (as while Redis is unreachable) and
--- puts its leases back; so does every replica at its first call after the loss.
+-- puts its leases back; so does every replica at its first call after the loss. A marker
+-- another server wrote (a failover to a replica that may have missed the latest leases, a
+-- restart) refuses every acquire in the pool for ttl_s / 2, whoever sends it, even a
+-- replica that has seen no generation: two renewal periods, the grace a replica keeps to
+-- what it held after a lost state, by which every live replica has renewed and so put
+-- back the leases it holds ("keep" starts, within what a replica held, still run).
 --
 -- acquire grants a member that already holds a live lease again (a retry of a call that
 -- timed out after it ran gets the first grant: one lease, not two), and otherwise grants
@@ -106,11 +114,18 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 -- {backend, expiry}
 local board, uses, index = {}, {}, {}
 local turn = 0
+local recovering = nil
 local stored = redis.call('HGETALL', KEYS[2])
 for i = 1, #stored, 2 do
   local name, value = stored[i], stored[i + 1]
   if name == '|turn' then
     turn = tonumber(value)
+  elseif name == '|moved' then
+    if tonumber(value) <= now then
+      redis.call('HDEL', KEYS[2], name)
+    else
+      recovering = tonumber(value)
+    end
   elseif string.sub(name, 1, 5) == '|use:' then
     local n, c = string.match(value, '^([^|]*)|(.*)$')
     uses[string.sub(name, 6)] = {tonumber(n), tonumber(c)}
@@ -139,12 +154,12 @@ local function unindex(member)
   end
 end
 
-local generation = redis.call('GET', KEYS[3])
-if not generation then
-  generation = ARGV[13]
-  redis.call('SET', KEYS[3], generation)
+local generation, moved = generation_of(KEYS[3], ARGV[13])
+if moved then
+  recovering = now + ttl / 2
+  redis.call('HSET', KEYS[2], '|moved', recovering)
 end
-local stale = ARGV[12] ~= '' and ARGV[12] ~= generation
+local stale = (ARGV[12] ~= '' and ARGV[12] ~= generation) or recovering ~= nil
 
 local granted, reason, freed, lost = 0, '', 0, 0
 if op == 'acquire' and stale then

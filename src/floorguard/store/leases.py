@@ -60,13 +60,13 @@ import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import resources
 from typing import NamedTuple, cast
 
 from floorguard.clock import Clock
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
+from floorguard.store.script import lua_script
 
 __all__ = [
     "Held",
@@ -79,7 +79,7 @@ __all__ = [
     "redis_lease_script",
 ]
 
-SCRIPT = resources.files("floorguard.store").joinpath("lease.lua").read_text()
+SCRIPT = lua_script("lease.lua")
 log = logging.getLogger("floorguard.leases")
 
 ORDER_RETRY_S = 0.05
@@ -381,6 +381,8 @@ class SlotLeases:
     ) -> Plan[str]:
         """An acquire Redis refused: why, or '' if a slot handed here meanwhile starts it."""
         if reply.reason == "lost":  # Redis lost the leases' state: keep to what is held
+            if self._kept is None:  # found by the script (another server), not the generation
+                self._lost_state()
             return (yield from self._acquire_kept(backend, request_id, entitled=entitled))
         self.denied[reply.reason] = self.denied.get(reply.reason, 0) + 1
         if reply.reason == "full":

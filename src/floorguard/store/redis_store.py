@@ -10,12 +10,14 @@ runs the same assertions over every store). Tenant `acme`'s keys are `floorguard
 (its generation marker); the braces are literal, a Redis Cluster hash tag, so both sit in
 one slot.
 
-Each reply also carries the tenant's *generation* (a token written when its state began:
-a Redis that restarted empty writes a new one, which is how a replica learns that the
-counts it relied on are gone) and the Redis clock it used (a replica measures its offset
-from it, for the windows it keeps while Redis is unreachable). A call can carry back what
-the caller granted (`Carry`): re-forced when the generation changed, handed back before the
-take when it was granted locally. `store.shared.SharedFloor` is the policy that uses them.
+Each reply also carries the tenant's *generation* (a token written when its state began: a
+Redis that restarted empty writes a new one, and so does another server than the one that
+wrote the marker — a failover, a restart from a snapshot: `generation.lua` — which is how a
+replica learns that the counts it relied on are gone) and the Redis clock it used (a replica
+measures its offset from it, for the windows it keeps while Redis is unreachable). A call
+can carry back what the caller granted (`Carry`): re-forced when the generation changed,
+handed back before the take when it was granted locally. `store.shared.SharedFloor` is the
+policy that uses them.
 
 Both a blocking and an asyncio client are kept, each over a bounded, blocking connection
 pool (a call waits up to `pool_timeout_s` for a free connection instead of failing) with
@@ -29,7 +31,6 @@ import contextlib
 import itertools
 import uuid
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import Any, Literal
 
 import redis
@@ -41,7 +42,7 @@ import redis.sentinel
 
 from floorguard.errors import ConfigError
 from floorguard.store.base import Grant, StoreUnavailable
-from floorguard.store.script import NO_CARRY, Carry, Mode, Reply, ScriptStore
+from floorguard.store.script import NO_CARRY, Carry, Mode, Reply, ScriptStore, lua_script
 from floorguard.windows import WindowSchedule
 
 _UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
@@ -49,7 +50,7 @@ _UNREACHABLE = (redis.RedisError, OSError, TimeoutError)
 
 __all__ = ["NO_CARRY", "Carry", "RedisCreditStore", "Reply"]
 
-SCRIPT = resources.files("floorguard.store").joinpath("acquire.lua").read_text()
+SCRIPT = lua_script("acquire.lua")
 
 
 class RedisCreditStore(ScriptStore):
@@ -194,6 +195,34 @@ class RedisCreditStore(ScriptStore):
             f"maxmemory-policy {name} with maxmemory {maxmemory}: Redis evicts keys under "
             "memory pressure, and an evicted floor counter re-grants a window's floor"
         )
+
+    async def restart_risk(self) -> str | None:
+        """What a restart of this Redis costs the floor, or None where nothing: without an
+        append-only file a restart is a lost state (`generation.lua`: each tenant's window
+        that meets it is closed to fresh takes); with `appendfsync` other than `always` a
+        crash may lose the last second's takes, which are then granted again. None too
+        where `CONFIG GET` is refused (a managed Redis: its failover is a lost state
+        anyway)."""
+        try:
+            aof = await self._async_client.config_get("appendonly")
+            fsync = await self._async_client.config_get("appendfsync")
+        except redis.ResponseError:
+            return None
+        except _UNREACHABLE as exc:
+            raise _unavailable(exc) from exc
+        if _text(_first(aof.get("appendonly", "no"))) != "yes":
+            return (
+                "appendonly no: a restart of this Redis is a lost state (each tenant's "
+                "window that meets it is closed to fresh takes); set appendonly yes, "
+                "appendfsync always"
+            )
+        policy = _text(_first(fsync.get("appendfsync", "everysec")))
+        if policy != "always":
+            return (
+                f"appendfsync {policy}: a crash may lose the last takes before it, and the "
+                "floor grants them again; set appendfsync always"
+            )
+        return None
 
     async def existing(self, keys: list[str]) -> list[str]:
         """Which of `keys` exist (one EXISTS each: a cluster may keep them in different

@@ -9,14 +9,22 @@ by the parametrized store suite. `shared.SharedFloor` is written against this se
 from __future__ import annotations
 
 from abc import abstractmethod
+from importlib import resources
 from typing import Literal, NamedTuple
 
 from floorguard.store.base import CreditStore, Grant
 from floorguard.windows import WindowSchedule
 
-__all__ = ["NO_CARRY", "Carry", "Mode", "Reply", "ScriptStore"]
+__all__ = ["NO_CARRY", "Carry", "Mode", "Reply", "ScriptStore", "lua_script"]
 
 Mode = Literal["take", "peek"]
+
+
+def lua_script(name: str) -> str:
+    """A script of this package as Redis runs it: `generation.lua` (the generation marker
+    that names the server that wrote it) in front of the script `name`."""
+    here = resources.files("floorguard.store")
+    return here.joinpath("generation.lua").read_text() + here.joinpath(name).read_text()
 
 
 class Carry(NamedTuple):

@@ -32,20 +32,21 @@ current window is handed back *inside* the next call for that tenant, before its
 carries it and returns only if that call fails. Other tenants' local grants are handed back
 right after the first success.
 
-A Redis that lost its state (restarted without persistence, a failover to an empty replica)
+A Redis that lost its state (restarted without persistence or from a snapshot, a failover)
 is detected by the tenant's generation marker: a new one means the count restarted from
-nothing. A replica learns the generation of every tenant with a floor before it serves
-(`learn_async`, a peek per tenant: nothing charged), so it can tell even at its first call
-for a tenant: a first call with no generation seen cannot tell a new tenant from a
-forgotten one, and would take the window afresh while the grants others made there are
-lost. The replica's next call re-forces what it had granted through Redis in the current
-window, and that window is closed to fresh takes for every replica (none can know what the
-others granted there until they re-force it). The next window is shared as after any
-outage: this replica holds its take down (`_recovery_capacity`) while the replicas that met
-the restart as an outage may still grant their fail-static shares. (A restart shorter than a
-membership beat is found by the lost state alone: a replica that never failed a call took
-the whole floor in the next window while two others granted their ⌊B/N⌋ locally, 5 of
-B = 3, in a chaos run.)
+nothing, or from less than was granted (the marker names the server that wrote it:
+`generation.lua`; a promoted replica may have missed the latest takes). A replica learns the
+generation of every tenant with a floor before it serves (`learn_async`, a peek per tenant:
+nothing charged), so it can tell even at its first call for a tenant: a first call with no
+generation seen cannot tell a new tenant from a forgotten one, and would take the window
+afresh while the grants others made there are lost. The replica's next call re-forces what
+it had granted through Redis in the current window, and that window is closed to fresh takes
+for every replica (none can know what the others granted there until they re-force it). The
+next window is shared as after any outage: this replica holds its take down
+(`_recovery_capacity`) while the replicas that met the restart as an outage may still grant
+their fail-static shares. (A restart shorter than a membership beat is found by the lost
+state alone: a replica that never failed a call took the whole floor in the next window
+while two others granted their ⌊B/N⌋ locally, 5 of B = 3, in a chaos run.)
 
 Bound: while every replica sees the same Redis (up or down) the fleet admits at most `B`
 per window under `fail-static`; while replicas disagree (a partial partition, or the

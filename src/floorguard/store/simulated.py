@@ -7,10 +7,11 @@ re-force of a lost state (once per caller and window), the window closed by a lo
 the floor pinned at a window's first take — and every step of the lease script (leases
 that expire unless renewed, the waiting board that holds opportunistic starts back while
 another replica's entitled request waits), so a fleet simulated over it meets the same
-store the shipped replicas meet. `restart()` is a Redis that comes back without its data;
-`down` makes every call fail as an unreachable one does. Key expiry is not modelled: the
-script reads every field against the current window, so an expired field and a stale one
-answer alike.
+store the shipped replicas meet. `restart()` is a Redis that comes back without its data,
+`failover()` another server with the same data (a replica promoted: the markers name the
+old one, `generation.lua`); `down` makes every call fail as an unreachable one does. Key
+expiry is not modelled: the script reads every field against the current window, so an
+expired field and a stale one answer alike.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = ["SimulatedRedis"]
 
 _Entry = list[float]
 """A waiting-board entry: [entitled waiting, the instant it expires, seq, others waiting]."""
+_Marker = tuple[str, int]
+"""A generation marker: (token, the server that wrote it)."""
 
 
 @dataclass
@@ -56,7 +59,7 @@ class SimulatedRedis:
         self.outage = outage
         """… and while the caller's clock is in [start, end) seconds (a simulated one)."""
         self._counters: dict[str, _Counter] = {}
-        self._generations: dict[str, str] = {}
+        self._generations: dict[str, _Marker] = {}
         self._leases: dict[str, dict[str, float]] = {}
         """Per backend: lease member → the instant it expires unless renewed."""
         self._boards: dict[str, dict[str, _Entry]] = {}
@@ -67,8 +70,13 @@ class SimulatedRedis:
         """Per pool: a handed member not yet released → (its backend, its expiry)."""
         self._turns: dict[str, int] = {}
         """Per pool: the hand-over's round-robin count."""
-        self._lease_generations: dict[str, str] = {}
+        self._lease_generations: dict[str, _Marker] = {}
         """Per pool: the leases' generation marker."""
+        self._moved: dict[str, float] = {}
+        """Per pool: until when every acquire is refused `lost` (a marker another server
+        wrote: `lease.lua`'s `|moved`)."""
+        self._server = 0
+        """Which Redis server answers (its run id)."""
         self._tokens = itertools.count()
 
     def restart(self) -> None:
@@ -81,6 +89,22 @@ class SimulatedRedis:
         self._index.clear()
         self._turns.clear()
         self._lease_generations.clear()
+        self._moved.clear()
+        self._server += 1
+
+    def failover(self) -> None:
+        """Another Redis server answers with the same data (a replica promoted, here one
+        that missed nothing): every marker names the server before it."""
+        self._server += 1
+
+    def _generation(self, markers: dict[str, _Marker], key: str) -> tuple[str, bool]:
+        """`generation.lua`: the marker's token, and whether another server wrote it (then a
+        fresh one, written by this server, as for a marker missing)."""
+        marker = markers.get(key)
+        moved = marker is not None and marker[1] != self._server
+        if marker is None or moved:
+            marker = markers[key] = (f"sim:{next(self._tokens)}", self._server)
+        return marker[0], moved
 
     def _unreachable(self, now: float) -> bool:
         outage = self.outage
@@ -109,7 +133,7 @@ class SimulatedRedis:
             raise StoreUnavailable("simulated outage", sent=False)
         own_floor = capacity if floor is None else floor
         index = schedule.index_at(now)
-        generation = self._generations.setdefault(key, f"sim:{next(self._tokens)}")
+        generation, moved = self._generation(self._generations, key)
         counter = self._counters.setdefault(key, _Counter())
         if counter.window is not None and counter.window != index:
             counter = self._counters[key] = _Counter()  # another window's: none of it holds
@@ -131,7 +155,7 @@ class SimulatedRedis:
 
         carried = carry.window == index
         restored = 0
-        if seen not in (generation, ""):
+        if moved or seen not in (generation, ""):
             counter.lost = index
             if carried and counter.reforced.get(caller) != index:
                 restored = carry.shared
@@ -166,6 +190,8 @@ class SimulatedRedis:
         }
         if pool in self._turns:
             board["|turn"] = self._turns[pool]
+        if pool in self._moved:
+            board["|moved"] = self._moved[pool]
         board |= {f"|use:{b}": use for b, use in self._uses.get(pool, {}).items()}
         board |= {f"|h:{m}": handed for m, handed in self._index.get(pool, {}).items()}
         return dict(self._leases.get(backend, {})), board
@@ -185,11 +211,11 @@ class SimulatedRedis:
         uses = self._uses.setdefault(call.pool, {})
         index = self._index.setdefault(call.pool, {})
         _prune(leases, board, index, now)
-        generation = self._lease_generations.setdefault(call.pool, f"sim:{next(self._tokens)}")
+        generation, stale = self._pool_generation(call, now)
         waiting, surplus = call.waiting, call.surplus
         granted, reason, freed, lost = False, "", 0, 0
         if call.op in ("acquire", "keep"):
-            granted, reason = _acquire(call, leases, board, index, generation=generation)
+            granted, reason = _acquire(call, leases, board, index, stale=stale)
             waiting += not granted and call.entitled
             surplus += not granted and not call.entitled
         elif call.op in ("release", "pass"):
@@ -215,6 +241,17 @@ class SimulatedRedis:
         if reason == "full":
             full = tuple(sorted(b for b, (n, c) in uses.items() if b != backend and n >= c))
         return LeaseReply(granted, reason, len(leases), tuple(handed), held, full, lost, generation)
+
+    def _pool_generation(self, call: LeaseCall, now: float) -> tuple[str, bool]:
+        """The pool's generation, and whether an acquire is refused `lost`: the caller saw
+        another, or the pool recovers from a marker another server wrote (for `ttl_s / 2`
+        after the call that met it)."""
+        if self._moved.get(call.pool, now) <= now:
+            self._moved.pop(call.pool, None)
+        generation, moved = self._generation(self._lease_generations, call.pool)
+        if moved:
+            self._moved[call.pool] = now + call.ttl_s / 2
+        return generation, call.seen not in ("", generation) or call.pool in self._moved
 
     def _hand_over(
         self,
@@ -280,10 +317,10 @@ def _acquire(
     board: dict[str, _Entry],
     index: dict[str, tuple[str, float]],
     *,
-    generation: str,
+    stale: bool,
 ) -> tuple[bool, str]:
     """An acquire's answer: (granted, why not)."""
-    if call.op == "acquire" and call.seen not in ("", generation):
+    if call.op == "acquire" and stale:
         return False, "lost"  # the leases' state is gone: nothing is judged by its count
     member = call.members[0]
     assert call.now is not None

@@ -159,6 +159,18 @@ class PoolFleet:
         level = logging.ERROR if known else logging.WARNING
         log.log(level, "shared floor%s: Redis %s (docs/deploy.md, Redis)", self.pool.where, risk)
 
+    async def check_persistence(self) -> None:
+        """At start: what a restart of the store's Redis would cost the floor
+        (`RedisCreditStore.restart_risk`), a warning in the log."""
+        if self.redis is None:
+            return
+        try:
+            risk = await self.redis.restart_risk()
+        except StoreUnavailable:
+            return
+        if risk is not None:
+            log.warning("shared floor%s: Redis %s (docs/deploy.md, Redis)", self.pool.where, risk)
+
     async def check_former_leases(self) -> None:
         """A leased replica does not lease beside replicas of an earlier floorguard, which
         keep a backend's leases under the former keys (`<prefix>:slots:{<backend>}`, before
@@ -195,6 +207,7 @@ class PoolFleet:
         """Check the backends' reports and the store; join the fleet; its background tasks."""
         await self.check_backends(upstream)
         await self.check_eviction(at_start=True)
+        await self.check_persistence()
         await self.check_former_leases()
         await self.learn(self.pool.guard.config.contracts)
         tasks = []
