@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -17,6 +18,7 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.rig.net import free_port_run, wait_listening
 from tests.integration.live import ISSUER, SECRET, token
 from tests.integration.processes import emulate, floorguard, serve, stop
@@ -239,3 +241,85 @@ def test_two_workers_whose_redis_forgets_them_never_overfill_the_backend(tmp_pat
         stop(*processes)
         server.close()
     _verified([tmp_path / f"decisions.w{i}.jsonl" for i in range(2)])
+
+
+def _following(master: LocalRedis, replica: LocalRedis) -> None:
+    """`replica` follows `master`, synced."""
+    with redis.Redis(port=master.port) as source:
+        source.config_set("repl-diskless-sync-delay", 0)
+    with redis.Redis(port=replica.port) as follower:
+        follower.replicaof("127.0.0.1", master.port)
+        deadline = time.monotonic() + 10
+        while follower.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+
+
+FAILOVER_WINDOW_S = 4.0
+
+
+async def _failover_behind(
+    master: LocalRedis, replica: LocalRedis, sentinel: LocalSentinel, urls: list[str]
+) -> list[int]:
+    """A flood for 10 s; in it, 0.8 s before a window starts, the Redis replica stops
+    following (REPLICAOF NO ONE: on loopback a paused replica still finds the master's
+    writes in its socket, so nothing else makes it miss them) while the master grants that
+    window's floor; 0.5 s into the window the master dies (kill -9) and the Sentinel is
+    pointed at the replica (REMOVE and MONITOR, as after its own failover), which counts
+    the window from 0. Every status."""
+    load = asyncio.ensure_future(_sustained(urls, 10.0, 8))
+    await asyncio.sleep(1.5)
+    await asyncio.sleep((-time.time() - 0.8) % FAILOVER_WINDOW_S)
+    with redis.Redis(port=replica.port) as behind:
+        behind.replicaof("no", "one")
+    await asyncio.sleep(1.3)
+    master.kill()
+    with redis.Redis(port=sentinel.port) as watcher:
+        watcher.execute_command("SENTINEL", "REMOVE", sentinel.service)
+        watcher.execute_command("SENTINEL", "MONITOR", sentinel.service, "127.0.0.1",
+                                replica.port, 1)  # fmt: skip
+    return await load
+
+
+@pytest.mark.parametrize("slots", ["partition", "leased"])
+def test_a_fleet_through_a_failover_to_a_replica_behind_holds_its_floor(tmp_path, slots):
+    """Chaos: three replicas share a 6-slot backend through `redis+sentinel://` under a
+    steady flood; the Redis replica stops following across a window's start (it misses
+    that window's grants), the master dies and the Sentinel names the replica. The fleet
+    follows the new master; its markers name the dead one (a lost state: the window it
+    meets is closed, the pool's leases put back), so the backend never holds more than its
+    6, every request is answered, and the three logs pass `verify`: no window over B (with
+    markers that did not name their server, `verify` found 6 of B = 3 in both variants),
+    fleet ORDER."""
+    RedisServer().close()  # skips without redis-server
+    master, replica = LocalRedis().start(), LocalRedis().start()
+    _following(master, replica)
+    sentinel = LocalSentinel(master).start()
+    backend, emulator = emulate(slots=BACKEND_SLOTS)
+    processes = [emulator]
+    logs = [tmp_path / f"r{n}.jsonl" for n in range(REPLICAS)]
+    try:
+        urls = []
+        for n in range(REPLICAS):
+            with (tmp_path / f"r{n}.err").open("wb") as err:
+                config = _replica(backend, sentinel.url, n, logs[n], slots)
+                config["window_s"] = FAILOVER_WINDOW_S  # the lag and the failover in one window
+                url, process = serve(config, tmp_path / f"r{n}.yaml", err)
+            urls.append(url)
+            processes.append(process)
+        _held_and_served(asyncio.run(_failover_behind(master, replica, sentinel, urls)), backend)
+        for process in processes[1:]:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+    finally:
+        stop(*processes)
+        sentinel.close()
+        master.close()
+        replica.close()
+    said = "".join((tmp_path / f"r{n}.err").read_text() for n in range(REPLICAS))
+    assert "Traceback" not in said
+    report = _verified(logs)
+    assert (
+        report["fleet_peak_in_flight"] == {}
+        or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
+    )
