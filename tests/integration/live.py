@@ -53,13 +53,20 @@ def guard_config(
     slots: int = 4,
     window_s: float = 1.0,
     decision_log: str | None = None,
+    excess_policy: str = "spare",
     **extra: Any,
 ) -> GuardServerConfig:
     return GuardServerConfig.model_validate(
         {
             "window_s": window_s,
             "contracts": [
-                {"tenant": "acme", "class": "assured", "floor": floor, "deadline_ms": 1820},
+                {
+                    "tenant": "acme",
+                    "class": "assured",
+                    "floor": floor,
+                    "deadline_ms": 1820,
+                    "excess_policy": excess_policy,
+                },
                 {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
             ],
             "backends": [{"url": backend_url, "slots": slots}],

@@ -282,7 +282,13 @@ def test_the_prompt_is_metered(tmp_path, scripted):
     backend, url = scripted
     backend.mode = "ok"
     contracts = [
-        {"tenant": "acme", "class": "assured", "floor": 2000, "deadline_ms": 1820},
+        {
+            "tenant": "acme",
+            "class": "assured",
+            "floor": 2000,
+            "deadline_ms": 1820,
+            "excess_policy": "reject",
+        },
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
     ]
     with guard_process(
@@ -525,9 +531,10 @@ def test_the_official_client_does_not_retry_a_refusal_into_three_arrivals(tmp_pa
     """The openai SDK retries 429s twice by default; a floor refusal says `x-should-retry:
     false`, so the refused call is one arrival in the log, not three."""
     contracts = [
-        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820},
+        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820,
+         "excess_policy": "reject"},
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
-    ]
+    ]  # fmt: skip
     with guard_process(tmp_path, [emulator], contracts=contracts, window_s=3600.0) as guard:
         client = openai.OpenAI(base_url=guard.url + "/v1", api_key=token("acme"))
         client.completions.create(model="m", prompt="hi", max_tokens=2)

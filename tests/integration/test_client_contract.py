@@ -51,9 +51,10 @@ def test_every_answer_carries_the_floors_rate_limit_headers(tmp_path, emulator, 
     floor = 3 if meter == "count" else 60  # tokens: a request weighs its metered prompt + 4
     unit = "requests" if meter == "count" else "tokens"
     contracts = [
-        {"tenant": "acme", "class": "assured", "floor": floor, "deadline_ms": 1820},
+        {"tenant": "acme", "class": "assured", "floor": floor, "deadline_ms": 1820,
+         "excess_policy": "reject"},  # the floor's end is a 429 (the default serves it idle)
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
-    ]
+    ]  # fmt: skip
     with guard_process(
         tmp_path, [emulator], contracts=contracts, window_s=3600.0, meter=meter
     ) as guard:

@@ -309,9 +309,10 @@ def test_the_documented_headers_are_present_and_the_access_log_is_true(tmp_path,
     backend, url = scripted
     backend.mode = "ok"
     contracts = [
-        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820},
+        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820,
+         "excess_policy": "reject"},
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
-    ]
+    ]  # fmt: skip
     access = tmp_path / "access.jsonl"
     with guard_process(
         tmp_path,

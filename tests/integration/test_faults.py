@@ -146,6 +146,7 @@ def test_redis_killed_and_restarted_mid_run(live, tmp_path):
         window_s=2.0,
         decision_log=str(log),
         store={"url": redis_server.url, "replicas": 1, "timeout_ms": 100, "retry_s": 0.3},
+        excess_policy="reject",  # refused from the floor: not served as spare surplus
     )
     url, app = live.guard(config)
     server = app[SERVER]

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.analysis.checker import check_trace
 from floorguard.core.contract import ContractClass
-from floorguard.core.events import read_jsonl
+from floorguard.core.events import EventKind, read_jsonl
 from floorguard.proxy.process.app import SERVER
 from tests.integration.live import guard_config, token
 
@@ -104,6 +104,35 @@ def test_floor_holds_under_a_flood_while_the_unguarded_path_misses(live):
     on_time = sum(latency <= 1.82 for *_, latency in guarded)
     assert on_time >= 0.9 * len(guarded)
     assert sum(latency > 1.82 for *_, latency in direct) >= len(direct) // 2
+
+
+def test_past_its_floor_an_assured_tenant_is_served_while_the_backend_is_idle(live, tmp_path):
+    """The default `excess_policy: spare`: on an idle backend an assured tenant's requests
+    past its floor are served (as surplus), not refused — the floor is a minimum. Then,
+    under an opportunistic flood at ~2× capacity with the tenant offering 6 a second against
+    a floor of 4 per 1 s window, its excess is refused while the slots are busy, every
+    floor-entitled request is served and completes by its deadline in the guard's
+    accounting, and the decision log verifies."""
+    log = tmp_path / "decisions.jsonl"
+    url, app = live.guard(guard_config(live.emulator(), floor=2, decision_log=str(log)))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("acme"), max_retries=0)
+    said = [
+        client.completions.with_raw_response.create(model="m", prompt="x", max_tokens=2)
+        for _ in range(5)
+    ]
+    decisions = [r.headers["x-floorguard-decision"] for r in said]
+    assert "surplus" in decisions and "rejected" not in decisions  # all 5 served, B = 2
+    results = live.run(_flood(url, live.emulator(), seconds=3.0, assured_per_s=6))
+    assured = [r[2] for r in results if r[0] == "guard"]  # (tag, tenant, status, latency)
+    assert 429 in assured  # the excess, while the flood holds the slots
+    live.flush_log(app)
+    events = list(read_jsonl(str(log)))
+    report = check_trace(events)
+    assert report.ok(), report.violations[:3]
+    deadline = {e.request_id: e.deadline_at for e in events if e.kind is EventKind.ARRIVE}
+    done = {e.request_id: e.at for e in events if e.kind is EventKind.COMPLETE}
+    entitled = [e.request_id for e in events if e.kind is EventKind.ADMIT and e.entitled]
+    assert len(entitled) >= 8 and all(done[r] <= deadline[r] for r in entitled)
 
 
 @pytest.fixture(scope="module")
@@ -217,9 +246,9 @@ def test_bad_input_gets_a_clear_4xx_and_the_guard_keeps_serving(
 
 
 def test_floor_exhausted_is_429_with_retry_after(live, backend):
-    """Beyond B in a window, an assured request is refused with 429, a Retry-After up to the
-    next window and the refusal type."""
-    url, _ = live.guard(guard_config(backend, floor=1, window_s=3600.0))
+    """Beyond B in a window, under `excess_policy: reject`, an assured request is refused
+    with 429, a Retry-After up to the next window and the refusal type."""
+    url, _ = live.guard(guard_config(backend, floor=1, window_s=3600.0, excess_policy="reject"))
     first = _call(live, url, GOOD, _bearer(token("acme")))
     second = _call(live, url, GOOD, _bearer(token("acme")))
     assert first[0] == 200

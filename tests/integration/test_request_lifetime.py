@@ -136,7 +136,9 @@ def test_an_arrival_that_fails_at_the_store_call_still_takes_its_credit(live, tm
     redis_server = RedisServer().start()
     try:
         log = tmp_path / "decisions.jsonl"
-        base = guard_config(live.emulator(), floor=2, window_s=600.0, decision_log=str(log))
+        base = guard_config(
+            live.emulator(), floor=2, window_s=600.0, decision_log=str(log), excess_policy="reject"
+        )
         config = GuardServerConfig.model_validate(
             {
                 **base.model_dump(by_alias=True, exclude={"store"}),

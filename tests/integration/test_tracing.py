@@ -67,9 +67,10 @@ def test_each_request_is_a_span_under_the_clients_trace(tmp_path, scripted, live
     receiver = Receiver()
     endpoint, _ = live.serve(receiver.app)
     contracts = [
-        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820},
+        {"tenant": "acme", "class": "assured", "floor": 1, "deadline_ms": 1820,
+         "excess_policy": "reject"},
         {"tenant": "free", "class": "opportunistic", "deadline_ms": 1820},
-    ]
+    ]  # fmt: skip
     tracing = {"otlp_endpoint": endpoint + "/v1/traces", "service_name": "guard-under-test"}
     with guard_process(
         tmp_path, [url], contracts=contracts, window_s=3600.0, tracing=tracing

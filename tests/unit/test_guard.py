@@ -107,6 +107,26 @@ def test_demote_admits_burst_excess_as_surplus_through_the_learner():
     assert guard_reject.on_arrival(make_request(), 0.0).reason is RejectReason.LEARNER_REJECT
 
 
+def test_spare_admits_burst_excess_only_into_a_free_slot_with_nothing_queued():
+    """Under `spare`, an assured request past B goes on as surplus (demoted) while it would
+    start at once: a slot free and nothing queued. With the one slot busy, or an entitled
+    request queued, it is refused `floor_exhausted` as under `reject`."""
+    guard = make_guard(
+        make_config(floor=1, slots=(1,), excess=ExcessPolicy.SPARE),
+        learner=Scripted(Proposal(True)),
+    )
+    a = guard.on_arrival(make_request(at=0.0, request_id=1), 0.0)  # entitled, queued
+    b = guard.on_arrival(make_request(at=0.0, request_id=2), 0.0)  # one queued: refused
+    assert (a.entitled, b.admitted, b.reason) == (True, False, RejectReason.FLOOR_EXHAUSTED)
+    assert [d.request.request_id for d in guard.poll(0.0)] == [1]  # the slot is busy now
+    c = guard.on_arrival(make_request(at=0.1, request_id=3), 0.1)
+    assert (c.admitted, c.reason) == (False, RejectReason.FLOOR_EXHAUSTED)
+    guard.finish(1, 0.2, "complete")  # the slot is free, nothing queued: spare
+    d = guard.on_arrival(make_request(at=0.3, request_id=4), 0.3)
+    assert (d.admitted, d.entitled, d.demoted) == (True, False, True)
+    assert [x.request.request_id for x in guard.poll(0.3)] == [4]
+
+
 def test_liar_relabel_orders_only_the_surplus_and_never_beats_the_floor():
     """A proposal relabelling a surplus request as assured moves it ahead of other surplus,
     never ahead of a floor-entitled request, and does not make it entitled."""

@@ -53,6 +53,11 @@ class ExcessPolicy(StrEnum):
     """Refuse it with reason `floor_exhausted` (protects the floor at tight deadlines)."""
     DEMOTE = "demote"
     """Admit it as surplus at opportunistic priority, with no SF promise."""
+    SPARE = "spare"
+    """Admit it as surplus (as `demote`) only into spare capacity — a slot free and no
+    request queued, so it starts at once and never waits ahead of anything — else refuse
+    it as `reject` does. The floor is a minimum on an idle backend, and a busy one keeps
+    the floor where `reject` keeps it (docs/design.md §4.1)."""
 
 
 class MeterKind(StrEnum):

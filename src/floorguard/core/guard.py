@@ -171,7 +171,7 @@ class Guard(Ledger):
             self._enqueue(self._admit(pending, now, entitled=True, window_index=window))
             return pending
         reason = self._excess_reason(contract, request, pending.floor, grant)
-        if reason is RejectReason.FLOOR_LOWERED or contract.excess_policy is ExcessPolicy.REJECT:
+        if reason is RejectReason.FLOOR_LOWERED or not self._may_demote(contract.excess_policy):
             return self._refuse(pending, reason, window, now)
         self.stats.per_class[ASSURED].demoted += 1
         pending.demoted = True
@@ -190,6 +190,14 @@ class Guard(Ledger):
             )
         pending.window_index = window
         return self._ask(pending, now)
+
+    def _may_demote(self, policy: ExcessPolicy) -> bool:
+        """Whether an assured request past its floor goes on as surplus: always under
+        `demote`, never under `reject`, and under `spare` while it would start at once (a
+        slot free, nothing queued)."""
+        if policy is ExcessPolicy.SPARE:
+            return self._slots.num_free > 0 and self._queue.num_queued == 0
+        return policy is ExcessPolicy.DEMOTE
 
     def _proposed(self, pending: Pending, now: float, answer: Answer) -> Pending:
         window = pending.window_index

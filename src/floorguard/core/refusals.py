@@ -68,7 +68,8 @@ REFUSALS: Mapping[RejectReason, Refusal] = {
         429,
         Retry.NEXT_WINDOW,
         "refused: floor_exhausted; the next window starts in {retry_s} s",
-        "assured beyond its `B` this window, under `excess_policy: reject`",
+        "assured beyond its `B` this window, under `excess_policy: reject` (or `spare`, "
+        "with no spare slot)",
         AfJudgement.VIOLATION,
     ),
     RejectReason.FLOOR_LOWERED: Refusal(

@@ -92,6 +92,7 @@ def _e12_grid(burstgpt: str | None = None) -> Callable[[bool], list[Condition]]:
                     out += [
                         replace(base, policy="guard", excess="reject"),
                         replace(base, policy="guard", excess="demote"),
+                        replace(base, policy="guard", excess="spare"),
                         replace(base, policy="unguarded"),
                     ]
         return out
@@ -164,19 +165,26 @@ def _e12_reading(rows: Sequence[RunRow]) -> str:
         for label, match in (
             ("guard/reject", ("guard", "reject")),
             ("guard/demote", ("guard", "demote")),
+            ("guard/spare", ("guard", "spare")),
             ("unguarded", ("unguarded", "reject")),
         ):
             runs = [r for r in cell if (r["policy"], r["excess"]) == match]
             late = sum(r["a_late"] for r in runs)
             admitted = sum(r["a_admitted"] for r in runs)
-            stacks.append(f"{label} {late / admitted if admitted else 0:.3f}")
+            met = sum(r["entitled_met"] for r in runs)
+            entitled = sum(r["entitled"] for r in runs)
+            stacks.append(
+                f"{label} {late / admitted if admitted else 0:.3f} "
+                f"(floor met {met / entitled if entitled else 0:.3f}, A admitted {admitted})"
+            )
         parts.append(f"{source_name(path)}, {profile}, d = {deadline:.0f} ms: " + ", ".join(stacks))
     outside = sum(not r["inside_region"] for r in rows)
     guard = [r for r in rows if r["policy"] == "guard"]
     admitted = sum(r["entitled_admitted"] for r in guard)
     entitled = sum(r["entitled"] for r in guard)
     return (
-        "Pooled assured miss over the slices — " + "; ".join(parts) + f". {outside} of "
+        "Pooled assured miss over the slices (the floor's met fraction, entitled and on time "
+        "of entitled, and the assured requests admitted) — " + "; ".join(parts) + f". {outside} of "
         f"{len(rows)} runs lie outside docs/design.md §6's region (ℓ up to 48 needs "
         "d ≥ s_max(48)·(1 + ⌈B/C⌉), and bursts push Q_A past B). Where the guard misses, "
         f"it is SF lapsing outside its region: its runs admitted {admitted} of {entitled} "
@@ -199,7 +207,9 @@ def _e12(burstgpt: str | None = None) -> Experiment:
         "v100-moe; B = 1 on ada-fp8, standing in for the dense-7B profile (no published "
         "figures); d = factor × base, base 820 ms (the published 1230 ms at factor 1.5) on "
         "v100-moe and 820 ms × the Ada scale on ada-fp8, factor ∈ {2.5, 1.5}; doom gate off. "
-        "Guard (reject and demote) vs unguarded always-admit; reps 3 per slice (seeds vary "
+        "Guard (the published regulators reject and demote, and `spare`, serve's default: "
+        "excess demoted only into a free slot with nothing queued) vs unguarded always-admit; "
+        "reps 3 per slice (seeds vary "
         "the class assignment and the service draws). Without the trace on this machine, "
         "seeds of a synthetic gamma stream (CV 2.9) stand in and the source column says so.",
         _e12_grid(burstgpt),

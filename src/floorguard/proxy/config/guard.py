@@ -76,8 +76,14 @@ class ContractSpec(Strict):
     floor: int = Field(default=0, ge=0)
     """`B`: requests (or tokens, with `meter: token`) reserved per window, admitted whatever
     the learner says (AF)."""
-    excess_policy: ExcessPolicy = ExcessPolicy.REJECT
-    """An assured tenant's requests past its floor: refused, or demoted to the surplus."""
+    excess_policy: ExcessPolicy = ExcessPolicy.SPARE
+    """An assured tenant's requests past its floor. `spare` (the default): served as surplus
+    while a slot is free and nothing is queued, else refused `floor_exhausted` — the floor
+    is a minimum on an idle backend, and a busy one refuses the excess as `reject` does.
+    `reject`: always refused — pick it where even excess started on a free slot must never
+    hold one an entitled arrival may want (a deadline near one service). `demote`: always
+    admitted as surplus, queued behind the floor — where deadlines are loose (about twice
+    the service or more). E12 measures the three (docs/results.md); docs/design.md §4.1."""
     models: list[str] | None = Field(default=None, min_length=1)
     """With `models:` pools: the models this contract covers (default: every one). A floor
     is reserved in each pool it covers; a tenant has at most one contract per model."""
