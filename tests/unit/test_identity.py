@@ -21,6 +21,7 @@ from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import (
     GuardServerConfig,
     IdentitySpec,
+    JwtSpec,
     TlsSpec,
     load_config,
     server_ssl_context,
@@ -266,3 +267,13 @@ def test_a_pem_key_verifies_only_its_own_algorithm(tmp_path, kind):
         create_identity(
             IdentitySpec.model_validate({"mode": "jwt", "jwt": {**spec, "algorithms": [foreign]}})
         )
+
+
+def test_one_source_of_public_keys():
+    """`public_key_file`, `jwks_file` and `jwks_url` exclude each other; a URL is http(s)."""
+    with pytest.raises(ValueError, match="one of public_key_file, jwks_file, jwks_url"):
+        JwtSpec.model_validate(
+            {"algorithms": ["RS256"], "jwks_file": "k.json", "jwks_url": "https://idp/jwks"}
+        )
+    with pytest.raises(ValueError, match="jwks_url"):
+        JwtSpec.model_validate({"algorithms": ["RS256"], "jwks_url": "file:///etc/jwks"})

@@ -50,6 +50,28 @@ class JwtSpec(Strict):
     """PEM public key for RS256 / ES256."""
     jwks_file: Path | None = None
     """Or a JWKS (JSON Web Key Set) file for RS256 / ES256: the token's `kid` picks the key."""
+    jwks_url: str | None = Field(default=None, pattern=r"^https?://")
+    """Or the URL an identity provider publishes its JWKS at (RS256 / ES256): fetched at
+    start (one that cannot be fetched refuses the start), every `jwks_refresh_s`, and when a
+    token names a `kid` not held (at most once per `jwks_min_refresh_s`), so a rotated
+    signing key is followed without a restart."""
+    jwks_refresh_s: float = Field(default=300.0, gt=0)
+    """How often the JWKS at `jwks_url` is fetched again."""
+    jwks_min_refresh_s: float = Field(default=10.0, ge=0)
+    """The least time between two fetches of `jwks_url` for tokens naming an unknown `kid`
+    (tokens with made-up `kid`s cannot make the guard hammer the provider)."""
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> JwtSpec:
+        given = [
+            name
+            for name in ("public_key_file", "jwks_file", "jwks_url")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one of public_key_file, jwks_file, jwks_url (not {given})")
+        return self
+
     issuer: str | None = None
     """The `iss` a token must carry (none: not checked)."""
     audience: str | None = None

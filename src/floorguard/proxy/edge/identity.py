@@ -35,8 +35,16 @@ from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import IdentitySpec, JwtSpec
 from floorguard.proxy.config.identity import sample_secret
 from floorguard.proxy.edge.api_keys import KeyRing, looks_like_key
+from floorguard.proxy.edge.jwks import JwksSource, bind_jwks
 
-__all__ = ["AuthError", "Identity", "PeerCert", "create_identity", "peer_address"]
+__all__ = [
+    "AuthError",
+    "Identity",
+    "PeerCert",
+    "UnknownKidError",
+    "create_identity",
+    "peer_address",
+]
 
 BoundKey = tuple[str | Any, str]
 """A verification key and the one algorithm it may verify."""
@@ -53,6 +61,11 @@ class AuthError(Exception):
         super().__init__(message)
         self.status = status
         self.kind = kind
+
+
+class UnknownKidError(AuthError):
+    """A token whose `kid` the key set does not hold (a provider may have rotated its key:
+    with `jwks_url`, the caller fetches the set again and asks once more)."""
 
 
 CREDENTIAL_WORDS = (
@@ -93,6 +106,8 @@ class Identity:
         self.spec = spec
         self.key = key
         self.keys = keys
+        self.jwks = key if isinstance(key, JwksSource) else None
+        """With `jwks_url`: the fetched key set (the server fetches it at start)."""
         self.clock: Clock = WallClock() if clock is None else clock
         """Seconds since the epoch: what a token's `exp`, `nbf` and `iat` are judged on."""
         self._verified: dict[str, tuple[str, float]] = {}
@@ -162,7 +177,9 @@ class Identity:
             except jwt.InvalidTokenError as exc:
                 raise AuthError(401, "invalid_token", f"the JWT is not valid: {exc}") from exc
             if not isinstance(kid, str) or kid not in bound:
-                raise AuthError(401, "invalid_token", f"no key with kid {kid!r} in the JWKS")
+                shown = str(kid)[:80]
+                why = f"no key with kid {shown!r} in the JWKS"
+                raise UnknownKidError(401, "invalid_token", why)
             bound = bound[kid]
         key, algorithm = bound
         now = self.clock.now()
@@ -314,8 +331,14 @@ def _check_times(claims: Mapping[str, Any], now: float, leeway_s: float) -> floa
 
 
 def create_identity(
-    spec: IdentitySpec, environ: Mapping[str, str] | None = None, *, clock: Clock | None = None
+    spec: IdentitySpec,
+    environ: Mapping[str, str] | None = None,
+    *,
+    clock: Clock | None = None,
+    jwks: JwksSource | None = None,
 ) -> Identity:
+    """The identity `spec` configures; `jwks`: the running server's fetched key set, kept
+    where a reload names the same `jwks_url` and algorithms."""
     environ = os.environ if environ is None else environ
     clock = WallClock() if clock is None else clock  # a key's expiry: the epoch's seconds
     keys = KeyRing(spec.api_keys_file, wall=clock.now) if spec.api_keys_file is not None else None
@@ -338,13 +361,34 @@ def create_identity(
         )
     if algorithms == {"HS256"}:
         return Identity(spec, (_hs256_secret(spec.jwt, environ), "HS256"), keys=keys, clock=clock)
-    if spec.jwt.jwks_file is not None:
-        return Identity(spec, _read_jwks(spec.jwt.jwks_file, algorithms), keys=keys, clock=clock)
-    if spec.jwt.public_key_file is None:
+    return Identity(spec, _public_key(spec.jwt, algorithms, clock, jwks), keys=keys, clock=clock)
+
+
+def _public_key(
+    spec: JwtSpec, algorithms: Collection[str], clock: Clock, jwks: JwksSource | None
+) -> Key:
+    """RS256 / ES256: the JWKS file's keys, the JWKS URL's source (the running one where a
+    reload names the same URL and algorithms), or the PEM key."""
+    if spec.jwks_file is not None:
+        return _read_jwks(spec.jwks_file, algorithms)
+    if spec.jwks_url is not None:
+        if jwks is None or (jwks.url, jwks.algorithms) != (spec.jwks_url, frozenset(algorithms)):
+            jwks = JwksSource(
+                spec.jwks_url,
+                algorithms,
+                refresh_s=spec.jwks_refresh_s,
+                min_refresh_s=spec.jwks_min_refresh_s,
+                clock=clock,
+            )
+        jwks.refresh_s, jwks.min_refresh_s = spec.jwks_refresh_s, spec.jwks_min_refresh_s
+        return jwks
+    if spec.public_key_file is None:
         raise ConfigError(
-            "identity.jwt.public_key_file", None, "RS256/ES256 need a PEM public key or a jwks_file"
+            "identity.jwt.public_key_file",
+            None,
+            "RS256/ES256 need a PEM public key, a jwks_file or a jwks_url",
         )
-    return Identity(spec, _read_pem(spec.jwt.public_key_file, algorithms), keys=keys, clock=clock)
+    return _read_pem(spec.public_key_file, algorithms)
 
 
 def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:
@@ -367,20 +411,10 @@ def _read_pem(path: Path, algorithms: Collection[str]) -> BoundKey:
 
 
 def _read_jwks(path: Path, algorithms: Collection[str]) -> dict[str, BoundKey]:
-    """The JWKS file's RSA/EC public keys by `kid`, each bound to its algorithm (its `alg`,
-    else its type's default: a token must use exactly that one). A key without a `kid`, or
-    whose algorithm is not configured, is left out; none left is a config error."""
+    """The JWKS file's keys, bound (`jwks.bind_jwks`)."""
     field = "identity.jwt.jwks_file"
     try:
-        jwks = jwt.PyJWKSet.from_json(path.read_text())
-    except (OSError, jwt.PyJWKSetError, jwt.InvalidKeyError, ValueError) as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(field, str(path), f"cannot be read as a JWKS ({exc})") from exc
-    keys: dict[str, BoundKey] = {
-        jwk.key_id: (jwk.key, jwk.algorithm_name)
-        for jwk in jwks.keys
-        if jwk.key_id and jwk.key_type in {"RSA", "EC"} and jwk.algorithm_name in algorithms
-    }
-    if not keys:
-        wanted = sorted(algorithms)
-        raise ConfigError(field, str(path), f"has no RSA/EC key with a kid for {wanted}")
-    return keys
+    return bind_jwks(text, algorithms, field, str(path))

@@ -35,7 +35,7 @@ from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import GuardServerConfig, load_config, reload_refusals
-from floorguard.proxy.edge.identity import AuthError, create_identity
+from floorguard.proxy.edge.identity import AuthError, UnknownKidError, create_identity
 from floorguard.proxy.edge.normalize import (
     BadRequestError,
     EdgeLimits,
@@ -253,14 +253,28 @@ class GuardServer:
             connector=aiohttp.TCPConnector(limit=2), cookie_jar=aiohttp.DummyCookieJar()
         )
         try:
+            jwks = self.identity.jwks
+            if jwks is not None:  # one that cannot be fetched refuses the start
+                jwks.session = self._side_session
+                await jwks.fetch()
             for pool in self.pools.values():
                 self._background += await pool.start(self._upstream)
         except BaseException:  # refused at start (a ConfigError): nothing left open
             await self._close_sessions()
             raise
+        self._background.append(asyncio.create_task(self._refresh_jwks_every()))
         if self._log is not None or self._access is not None:
             self._background.append(asyncio.create_task(self._flush_every()))
         self._background.append(asyncio.create_task(self._sample_every()))
+
+    async def _refresh_jwks_every(self) -> None:
+        """Fetch the identity's JWKS again every `jwks_refresh_s` (whichever set a reload
+        put in place; none: nothing to fetch)."""
+        while True:
+            jwks = self.identity.jwks
+            await asyncio.sleep(jwks.refresh_s if jwks is not None else 60.0)
+            if self.identity.jwks is not None:
+                await self.identity.jwks.refresh()
 
     async def model_list(self) -> web.Response:
         """The backend's `/v1/models`, from a copy at most `_MODELS_TTL_S` old: one fetch at
@@ -402,7 +416,12 @@ class GuardServer:
         refusals = reload_refusals(self.config, config)
         if refusals:
             raise ConfigError("reload", self.config_path, "; ".join(refusals))
-        identity = create_identity(config.identity, self._environ, clock=self.clock)
+        identity = create_identity(
+            config.identity, self._environ, clock=self.clock, jwks=self.identity.jwks
+        )
+        if identity.jwks is not None and identity.jwks is not self.identity.jwks:
+            identity.jwks.session = self._side_session  # another URL: fetched now, and its
+            self._background.append(asyncio.ensure_future(identity.jwks.refresh()))  # first
         limits = config.limits
         tokenizer = load_tokenizer(str(limits.tokenizer)) if limits.tokenizer else None
         wanted = config.pools()
@@ -443,6 +462,8 @@ class GuardServer:
                 request.query if request.query_string else None,
             )
         except AuthError as exc:
+            if isinstance(exc, UnknownKidError) and self.identity.jwks is not None:
+                raise  # the caller fetches the JWKS again and asks once more
             raise RefusedError(json_error(exc.status, exc.kind, str(exc))) from exc
         if tenant not in self._tenants:
             raise RefusedError(
@@ -535,7 +556,16 @@ class GuardServer:
                     {"Connection": "close", "Retry-After": "1"},
                 )
             )
-        tenant = seen["tenant"] = self._tenant(request)
+        try:
+            tenant = self._tenant(request)
+        except UnknownKidError:  # the provider may have rotated its key: fetch, ask once more
+            assert self.identity.jwks is not None
+            await self.identity.jwks.fetch_for_unknown_kid()
+            try:
+                tenant = self._tenant(request)
+            except UnknownKidError as exc:
+                raise RefusedError(json_error(exc.status, exc.kind, str(exc))) from exc
+        seen["tenant"] = tenant
         raw = await self._read_body(request)
         await self.checkpoint("parse")
         work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
@@ -612,6 +642,8 @@ class GuardServer:
             "replies": replies,
             "reloads": self.reloads[-10:],
         }
+        if self.identity.jwks is not None:
+            edge["jwks"] = self.identity.jwks.status()
         if None in self.pools:
             return {**self.pools[None].status(), **edge}
         return {"pools": {n: pool.status() for n, pool in self.pools.items()}, **edge}
