@@ -52,7 +52,8 @@ _SAID: dict[int, queue.Queue[list[str]]] = {}
 """Per process started: the URLs of each stdout line that says where it listens."""
 _WHERE: dict[int, list[str]] = {}
 """Per process: where it said it listens, once asked (`listening`)."""
-_ON = re.compile(r" on (https?://[^\s,()]+)(?: \(admin on (http://[^\s,()]+)\))?")
+_ON = re.compile(r" on (https?://[^\s,()\"]+)(?: \(admin on (http://[^\s,()\"]+)\))?")
+"""… in a text line or a JSON one (`log_format: json`: the URL ends the quoted message)."""
 
 
 def _read_stdout(process: subprocess.Popen, said: queue.Queue[list[str]]) -> None:

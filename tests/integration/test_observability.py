@@ -125,3 +125,32 @@ def test_access_log_request_ids_rotation_and_shutdown(tmp_path, scripted):
     said = stderr_path.read_text()
     assert "draining: new requests get 503" in said
     assert "stopped: answered {'2xx': " in said and "'4xx': " in said
+
+
+def test_json_logs_are_one_object_a_line_never_wrapped(tmp_path, scripted):
+    """`log_format: json`: everything `serve` writes to stderr — its backend's probe, its
+    drain, its shutdown — is one JSON object a line, however long the message (the
+    shutdown line names a 200-character log path; text through rich wrapped at 80 columns
+    off a terminal); where it listens is still found in its stdout (`listening`)."""
+    _, backend = scripted
+    log = tmp_path / ("decisions-" + "x" * 190 + ".jsonl")
+    config = _config(backend, log, tmp_path / "a.jsonl")
+    config["log_format"] = "json"
+    with (tmp_path / "guard.err").open("wb") as err:
+        url, process = serve(config, tmp_path / "guard.yaml", err)
+    try:
+        headers = {"Authorization": f"Bearer {token('acme')}"}
+
+        async def go():
+            async with aiohttp.ClientSession() as session:
+                return await _post(session, url, headers, {"model": "m", "prompt": "x"})
+
+        assert asyncio.run(go())[0] == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    lines = (tmp_path / "guard.err").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line: one object
+    assert all({"t", "level", "logger", "message"} <= set(r) for r in records)
+    stopped = [r for r in records if r["message"].startswith("stopped:")]
+    assert len(stopped) == 1 and str(log) in stopped[0]["message"]

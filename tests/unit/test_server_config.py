@@ -158,6 +158,27 @@ def test_a_typo_names_the_allowed_keys_and_a_missing_key_does_not_dump_its_paren
     assert "8001" not in str(missing.value)  # not the whole parent object
 
 
+def test_every_config_error_is_reported_at_once_the_typo_first(tmp_path, capsys):
+    """Five mistakes in one file: one run names all five (before, one a run), an unknown
+    key first (a typo is also why a key then looks missing); `serve --check` exits 2."""
+    from floorguard.cli import main  # noqa: PLC0415
+
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        "contracts:\n"
+        "  - {tenant: acme, class: assured, floor: -1, deadline_ms: 1820, excess: reject}\n"
+        "  - {tenant: free, class: opportunistik, deadline_ms: 0}\n"
+        "backends: [{url: 'ftp://x', slots: 4}]\n"
+        "identity: {mode: header, header: x-tenant, trusted_upstreams: [127.0.0.1/32]}\n"
+    )
+    assert main(["serve", "--check", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.index("contracts.0.excess") < err.index("and 4 more")
+    for key in ("contracts.0.floor", "contracts.1.class", "contracts.1.deadline_ms",
+                "backends.0.url"):  # fmt: skip
+        assert key in err
+
+
 def _pooled(**changes):
     config = {
         **{k: v for k, v in BASE.items() if k != "backends"},

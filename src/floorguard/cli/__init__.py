@@ -4,7 +4,7 @@ its parsers and a thin `run` over library functions that return values.
 floorguard simulate --scenario marquee [--policy guard] [--learner NAME] [--reps N] …
 floorguard verify TRACE.jsonl [--strict-sf] [--allow-open] [--json]
 floorguard experiment list | run ID… | run all
-floorguard screen | serve | calibrate | emulate | load | demo | keys | usage | bench …
+floorguard init | screen | serve | calibrate | emulate | load | demo | keys | usage | bench …
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from floorguard._compiled import running
-from floorguard.cli import bench, experiment, http, keys, screen, simulate, usage, verify
+from floorguard.cli import bench, experiment, http, init, keys, screen, simulate, usage, verify
 from floorguard.errors import FloorguardError
 
 __all__ = ["build_parser", "main"]
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"floorguard {package_version('floorguard')}, core: {running()}",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (simulate, verify, experiment, screen, http, keys, usage, bench):
+    for group in (simulate, verify, experiment, screen, http, init, keys, usage, bench):
         group.register(commands)
     return parser
 

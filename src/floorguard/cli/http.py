@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -64,6 +64,12 @@ def register(commands: Any) -> None:
     demo.set_defaults(run=run_demo_command)
     serve = commands.add_parser("serve", help="run the HTTP guard in front of backends")
     serve.add_argument("--config", type=Path, required=True, help="YAML (examples/guard.yaml)")
+    serve.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config (every error at once), print the start-up report and "
+        "verdicts, and exit: 0 when it would start",
+    )
     serve.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # workers: N
     serve.set_defaults(run=run_serve)
     token = commands.add_parser(
@@ -253,9 +259,7 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
     from floorguard.proxy.process.workers import supervise  # noqa: PLC0415
 
     config = load_config(args.config)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    say = _sayer(config.log_format, console)
     backends = (
         {name: [b.url for b in spec.backends] for name, spec in config.models.items()}
         if config.models is not None
@@ -267,42 +271,88 @@ def run_serve(args: argparse.Namespace, console: Console) -> int:
         mine = config.for_worker(args.worker)
 
         def worker_listening(url: str, admin: str | None) -> None:
-            console.print(
-                f"worker {args.worker} ({mine.replica}) on {url}, admin {admin}", markup=False
-            )
+            say(f"worker {args.worker} ({mine.replica}) on {url}, admin {admin}")
 
         run_guard(mine, worker_listening, str(args.config), args.worker)
         return 0
     for line in [event_loop_line(config), *start_report(config)]:
-        console.print(line, markup=False)
+        say(line)
     warnings = start_warnings(config)
     for warning in warnings:
-        console.print(f"warning: {warning}", markup=False, style="yellow")
+        say(f"warning: {warning}", warning=True)
     outside = [w for w in warnings if "outside docs/design.md §6's region" in w]
     if config.strict and outside:
         raise FloorguardError(
             "strict: true and " + "; ".join(outside) + " — refusing to start (set the floors, "
             "slots or deadlines inside the region, or strict: false)"
         )
+    if args.check:
+        return _checked(config, console)
 
     if config.workers > 1:
         scheme = "https" if config.tls else "http"
-        console.print(
+        say(
             f"floorguard guarding {backends} on {scheme}://{config.host}:{config.port} with "
             f"{config.workers} workers (admin ports {config.admin.port}–"
-            f"{(config.admin.port or 0) + config.workers - 1})",
-            markup=False,
+            f"{(config.admin.port or 0) + config.workers - 1})"
         )
         return supervise(args.config, config.workers, drain_timeout_s=config.drain_timeout_s)
 
     def listening(url: str, admin: str | None) -> None:
         admin_line = f" (admin on {admin})" if admin is not None else ""
-        console.print(f"floorguard guarding {backends} on {url}{admin_line}", markup=False)
+        say(f"floorguard guarding {backends} on {url}{admin_line}")
 
     try:
         run_guard(config, listening, str(args.config))
     except OSError as exc:  # the port is taken, the address is not this host's, …
         raise FloorguardError(f"cannot listen on {config.host}:{config.port}: {exc}") from exc
+    return 0
+
+
+class _Say(Protocol):
+    def __call__(self, line: str, *, warning: bool = False) -> None: ...
+
+
+def _sayer(log_format: str, console: Console) -> _Say:
+    """How `serve` says its start-up report and where it listens (stdout), with its log
+    (stderr) set up to match: text lines, or JSON objects one a line (`log_format`)."""
+    if log_format == "json":
+        from floorguard.proxy.observe.json_logs import use_json_logs  # noqa: PLC0415
+
+        report = use_json_logs()
+
+        def as_json(line: str, *, warning: bool = False) -> None:
+            report.log(logging.WARNING if warning else logging.INFO, line)
+
+        return as_json
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def as_text(line: str, *, warning: bool = False) -> None:
+        console.print(line, markup=False, style="yellow" if warning else None)
+
+    return as_text
+
+
+def _checked(config: Any, console: Console) -> int:
+    """`serve --check`: what start-up would refuse beyond the file itself (the identity's
+    secret or keys, a TLS certificate), then a summary; nothing listens, nothing is
+    fetched from the backends or Redis."""
+    from floorguard.proxy.config.guard import server_ssl_context  # noqa: PLC0415
+    from floorguard.proxy.edge.identity import create_identity  # noqa: PLC0415
+
+    create_identity(config.identity)
+    if config.tls is not None:
+        server_ssl_context(config.tls)
+    pools = config.pools()
+    backends = sum(len(pool.backends) for pool in pools.values())
+    tenants = len({c.tenant for c in config.contracts})
+    console.print(
+        f"config OK: {tenants} tenant(s), {backends} backend(s) in {len(pools)} pool(s), "
+        f"identity {config.identity.mode}; `floorguard serve --config …` would start",
+        markup=False,
+    )
     return 0
 
 

@@ -253,6 +253,9 @@ class GuardServerConfig(Strict):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop `serve` runs on: `auto` is uvloop where it is installed (the `uvloop`
     extra), else asyncio's own; the start-up report says which."""
+    log_format: Literal["text", "json"] = "text"
+    """`serve`'s own log (stderr) and its start-up report (stdout): `text` lines, or `json`:
+    one JSON object a line (`t`, `level`, `logger`, `message`), for a log collector."""
 
     @model_validator(mode="after")
     def _backends_or_models(self) -> GuardServerConfig:
@@ -492,13 +495,22 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _first_error(exc: ValidationError) -> ConfigError:
-    """The error an operator should fix first: an unknown key (a typo is also why a key
-    then looks missing) with the keys allowed there; a missing key without dumping its
-    parent; else the first error, naming key and value."""
-    errors = exc.errors()
-    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
-    error = unknown[0] if unknown else errors[0]
+def _config_error(exc: ValidationError) -> ConfigError:
+    """Every error of the file at once, the one an operator should fix first leading: an
+    unknown key (a typo is also why a key then looks missing) with the keys allowed there,
+    a missing key without dumping its parent, else each naming key and value."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    found = list(dict.fromkeys(str(_one_error(e)) for e in errors))
+    first = _one_error(errors[0])
+    if len(found) == 1:
+        return first
+    rest = "\n  ".join(found[1:])
+    return ConfigError(
+        first.field, first.value, f"{first.allowed}\n  and {len(found) - 1} more:\n  {rest}"
+    )
+
+
+def _one_error(error: Any) -> ConfigError:
     key = ".".join(str(p) for p in error["loc"]) or "config"
     if error["type"] == "extra_forbidden":
         model = _model_at(tuple(error["loc"]))
@@ -607,7 +619,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> G
         for pool in config.pools().values():
             pool.guard_config()  # the core's own validation (tenants, floors) runs too
     except ValidationError as exc:
-        raise _first_error(exc) from exc
+        raise _config_error(exc) from exc
     return config
 
 
