@@ -272,7 +272,7 @@ class GuardServer:
         put in place; none: nothing to fetch)."""
         while True:
             jwks = self.identity.jwks
-            await asyncio.sleep(jwks.refresh_s if jwks is not None else 60.0)
+            await self.clock.sleep(jwks.refresh_s if jwks is not None else 60.0)
             if self.identity.jwks is not None:
                 await self.identity.jwks.refresh()
 
