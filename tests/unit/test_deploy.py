@@ -89,6 +89,19 @@ def test_the_dockerfile_runs_the_guard_unprivileged():
     assert "/healthz" in text  # HEALTHCHECK
 
 
+def test_the_image_builds_the_compiled_core():
+    """The build stage copies every file `pip install .` reads — setup.py compiles the core
+    (it was left out, and the image ran the pure core) — installs a C compiler first, and
+    fails the build unless the core it installed is the compiled one. (No image builder
+    runs here; this holds the Dockerfile to what the build needs.)"""
+    text = (DEPLOY.parent / "Dockerfile").read_text()
+    build = text.split("\nFROM ")[1]  # the first stage
+    copied = {name for line in re.findall(r"^COPY (.+) \S+$", build, re.M) for name in line.split()}
+    assert {"pyproject.toml", "setup.py", "README.md", "src"} <= copied
+    assert build.index("gcc") < build.index("pip install")
+    assert "assert r.startswith('compiled')" in build
+
+
 def test_every_metric_on_the_dashboard_is_one_the_guard_exposes(tmp_path, monkeypatch):
     config, _ = _guard_config(tmp_path, monkeypatch)
     config = config.model_copy(update={"decision_log": None})
