@@ -109,7 +109,7 @@ def test_the_emulator_reads_the_fields_vllm_reads(live):
 def test_with_a_model_name_the_emulator_answers_404_for_another_as_vllm_does(live):
     """`--model NAME`: a request naming another model is a 404 `model_not_found`, and
     /v1/models lists NAME; a prompt it cannot count is a 400. Without a name, any model is
-    served."""
+    served, and it lists none."""
     named, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4, model="llama")))
     client = openai.OpenAI(base_url=named + "/v1", api_key="x", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["llama"]
@@ -127,3 +127,4 @@ def test_with_a_model_name_the_emulator_answers_404_for_another_as_vllm_does(liv
     anyname, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4)))
     client = openai.OpenAI(base_url=anyname + "/v1", api_key="x", max_retries=0)
     assert client.completions.create(model="whatever", prompt="x", max_tokens=2).usage
+    assert client.models.list().data == []  # it serves any name: it lists none

@@ -17,6 +17,7 @@ from floorguard.analysis.checker import check_trace
 from floorguard.core.contract import ContractClass
 from floorguard.core.events import EventKind, read_jsonl
 from floorguard.proxy.process.app import SERVER
+from floorguard.rig.emulator import Emulator, create_emulator_app
 from tests.integration.live import guard_config, token
 
 
@@ -133,6 +134,29 @@ def test_past_its_floor_an_assured_tenant_is_served_while_the_backend_is_idle(li
     done = {e.request_id: e.at for e in events if e.kind is EventKind.COMPLETE}
     entitled = [e.request_id for e in events if e.kind is EventKind.ADMIT and e.entitled]
     assert len(entitled) >= 8 and all(done[r] <= deadline[r] for r in entitled)
+
+
+def test_a_mistyped_model_is_refused_before_it_takes_a_credit(live, tmp_path):
+    """One pool (`backends:`) in front of a backend that serves `llama`: the guard learns
+    the name from the backend's `/v1/models`, and a request for `gpt-4` is the guard's own
+    404 `model_not_found` naming what is served — before admission, so no floor credit
+    (before: `remaining` 4 → 3, and a backend round trip) and nothing in the decision log."""
+    emulator, _ = live.serve(lambda: create_emulator_app(Emulator("v100-moe", 4, model="llama")))
+    log = tmp_path / "decisions.jsonl"
+    url, app = live.guard(guard_config(emulator, floor=4, window_s=3600.0, decision_log=str(log)))
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("acme"), max_retries=0)
+    deadline = time.monotonic() + 10
+    while app[SERVER].served_models is None:  # learned at start, beside the first probe
+        assert time.monotonic() < deadline, "the guard never learned the backend's models"
+        time.sleep(0.05)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert refused.value.body["code"] == "model_not_found"
+    assert "['llama']" in refused.value.body["message"]  # the guard's answer, not vLLM's
+    served = client.completions.with_raw_response.create(model="llama", prompt="x", max_tokens=2)
+    assert served.headers["x-ratelimit-remaining-requests"] == "3"  # the first credit taken
+    live.flush_log(app)
+    assert [e.kind for e in read_jsonl(str(log))].count(EventKind.ARRIVE) == 1
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +396,7 @@ def test_health_metrics_and_models(live, backend):
     assert value("floorguard_inter_token_seconds_count", model="default", cls="assured") is None
     assert value("process_resident_memory_bytes") > 0
     assert value("process_open_fds") > 0
-    assert json.loads(out["/v1/models"][1])["data"][0]["id"]
+    assert json.loads(out["/v1/models"][1])["object"] == "list"  # the backend's listing
 
 
 @pytest.mark.parametrize(("dispatch", "first"), [("assured-first", "acme"), ("fifo", "free")])

@@ -73,7 +73,8 @@ class Emulator:
         of memory: it reports the figure, for a guard's start-up check)."""
         self.model = model or "floorguard-emulated"
         """The name it serves; with `model` given, a request naming another is a 404 (as
-        vLLM answers); without, any name is served (the name in replies is this one)."""
+        vLLM answers) and `/v1/models` lists it; without, any name is served (the name in
+        replies is this one) and `/v1/models` lists none."""
         self.check_model = model is not None
         self.slots = slots
         self.priority_scheduling = priority_scheduling
@@ -270,7 +271,9 @@ def create_emulator_app(emulator: Emulator) -> web.Application:
         return web.json_response(
             {
                 "object": "list",
-                "data": [{"id": emulator.model, "object": "model", "owned_by": "floorguard"}],
+                "data": [{"id": emulator.model, "object": "model", "owned_by": "floorguard"}]
+                if emulator.check_model
+                else [],  # it serves any name: none to list (a guard checks none)
             }
         )
 

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -88,6 +89,11 @@ class GuardServer:
 
     _upstream: Upstream | None = None
     """The backends' transport (`HttpUpstream` over `_session`), from startup."""
+
+    served_models: frozenset[str] | None = None
+    """One pool (`backends:`): the model names its backends list at `/v1/models`, as last
+    heard (refreshed every `_MODELS_TTL_S`); another name is refused before admission.
+    None until one answers (then every name goes through)."""
 
     def __init__(
         self,
@@ -266,6 +272,8 @@ class GuardServer:
         if self._log is not None or self._access is not None:
             self._background.append(asyncio.create_task(self._flush_every()))
         self._background.append(asyncio.create_task(self._sample_every()))
+        if None in self.pools:
+            self._background.append(asyncio.create_task(self._learn_models_every()))
 
     async def _refresh_jwks_every(self) -> None:
         """Fetch the identity's JWKS again every `jwks_refresh_s` (whichever set a reload
@@ -277,18 +285,36 @@ class GuardServer:
                 await self.identity.jwks.refresh()
 
     async def model_list(self) -> web.Response:
+        """`/v1/models`: the backend's (`_model_listing`)."""
+        listing = await self._model_listing()
+        if listing is None:
+            return json_error(502, "upstream_unreachable", "the backend could not be reached")
+        return web.Response(body=listing, status=200, content_type="application/json")
+
+    async def _model_listing(self) -> bytes | None:
         """The backend's `/v1/models`, from a copy at most `_MODELS_TTL_S` old: one fetch at
         a time, on a connection pool of its own, so no number of (unauthenticated) calls
-        shares what admitted work needs."""
+        shares what admitted work needs; None if it did not answer."""
         now = self.clock.now()
         if self._models is None or now - self._models[0] > _MODELS_TTL_S:
             if self._models_fetch is None or self._models_fetch.done():
                 self._models_fetch = asyncio.ensure_future(self._fetch_models())
             answer = await asyncio.shield(self._models_fetch)
             if answer is None:
-                return json_error(502, "upstream_unreachable", "the backend could not be reached")
+                return None
             self._models = (now, answer)
-        return web.Response(body=self._models[1], status=200, content_type="application/json")
+        return self._models[1]
+
+    async def _learn_models_every(self) -> None:
+        """One pool: the names its backend lists, every `_MODELS_TTL_S` (the listing
+        clients get, one fetch for both): a mistyped model is then refused before it takes
+        a floor credit or a backend's round trip (`_route`). A listing that names none (a
+        backend that serves any name) checks nothing."""
+        while True:
+            listing = await self._model_listing()
+            names = _model_ids(listing) if listing is not None else None
+            self.served_models = names or None
+            await self.clock.sleep(_MODELS_TTL_S if names is not None else 0.5)
 
     async def _fetch_models(self) -> bytes | None:
         pool = self.pool
@@ -510,6 +536,15 @@ class GuardServer:
 
         def priority(model: str | None) -> int | None:
             pool = self.pools.get(None) or self.pools.get(model or "")
+            served = self.served_models if None in self.pools else None
+            if served is not None and model is not None and model not in served:
+                raise BadRequestError(
+                    404,
+                    "model_not_found",
+                    f"the model {model[:80]!r} is not served here (the backends list "
+                    f"{sorted(served)[:10]}); GET /v1/models lists the models",
+                    "model",
+                )
             if pool is None:
                 raise BadRequestError(
                     404,
@@ -659,6 +694,14 @@ def _too_large(limit: int) -> RefusedError:
     return RefusedError(
         json_error(413, "body_too_large", f"the body exceeds {limit} bytes", NO_RETRY)
     )
+
+
+def _model_ids(listing: bytes) -> frozenset[str] | None:
+    """The model ids an OpenAI `/v1/models` body lists, or None if it is not one."""
+    try:
+        return frozenset(str(m["id"]) for m in orjson.loads(listing)["data"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
 
 
 def _bind_normalize(
