@@ -44,5 +44,6 @@ def test_no_input_makes_the_guard_answer_5xx(case, guard_url):
 
 def test_the_generated_requests_reached_both_service_and_refusal():
     """Runs after the schemathesis test: it sent valid and invalid bodies alike."""
-    completions = {status for (path, status) in STATUSES if path == "/v1/completions"}
-    assert 200 in completions and completions & {400, 413}, STATUSES
+    for endpoint in ("/v1/completions", "/v1/embeddings"):
+        statuses = {status for (path, status) in STATUSES if path == endpoint}
+        assert 200 in statuses and statuses & {400, 413}, STATUSES

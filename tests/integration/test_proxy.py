@@ -159,6 +159,32 @@ def test_a_mistyped_model_is_refused_before_it_takes_a_credit(live, tmp_path):
     assert [e.kind for e in read_jsonl(str(log))].count(EventKind.ARRIVE) == 1
 
 
+def test_embeddings_are_metered_by_their_input_and_floored(live, backend, tmp_path):
+    """`/v1/embeddings` through the guard with the openai SDK: floor-entitled, metered by
+    its input tokens and no output (the token meter's `remaining` falls by the input's
+    bound only: 11 bytes → 13); several inputs in one
+    request are refused (one sequence a request, as for prompts); the log verifies."""
+    log = tmp_path / "decisions.jsonl"
+    config = guard_config(backend, floor=100, window_s=3600.0, decision_log=str(log), meter="token")
+    url, app = live.guard(config)
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token("acme"), max_retries=0)
+    raw = client.embeddings.with_raw_response.create(model="m", input="hello world")
+    assert raw.headers["x-floorguard-decision"] == "entitled"
+    assert raw.headers["x-ratelimit-remaining-tokens"] == str(100 - 13)
+    reply = raw.parse()
+    assert len(reply.data) == 1 and len(reply.data[0].embedding) == 8
+    assert reply.usage.prompt_tokens > 0
+    with pytest.raises(openai.BadRequestError) as batch:
+        client.embeddings.create(model="m", input=["one", "two"])
+    assert batch.value.body["code"] == "multiple_inputs"
+    live.flush_log(app)
+    events = list(read_jsonl(str(log)))
+    report = check_trace(events)
+    assert report.ok() and report.num_requests == 1 and report.num_entitled == 1
+    arrive = next(e for e in events if e.kind is EventKind.ARRIVE)
+    assert (arrive.num_output_tokens, arrive.num_prompt_tokens) == (0, 13)
+
+
 @pytest.fixture(scope="module")
 def strict_guard(live, backend):
     """A guard with a small body limit and an hour-long window (B = 2 for the whole test)."""

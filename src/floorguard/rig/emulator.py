@@ -263,6 +263,41 @@ class Emulator:
             self.cancel(job)
             raise
 
+    async def embed(self, request: web.Request) -> web.Response:
+        """`/v1/embeddings`: one input's vector after one forward pass over it (a step of
+        the service model, in a slot, as vLLM schedules an embedding among its sequences);
+        usage reports the input's tokens, none produced."""
+        try:
+            body = json.loads(await request.read())
+            prompt = prompt_tokens(body, chat=False, embedding=True)
+            priority = float(body.get("priority") or 0)
+            if self.check_model and body.get("model") != self.model:
+                return web.json_response(
+                    error_body(
+                        "model_not_found", f"The model `{body.get('model')!s:.80}` does not exist."
+                    ),
+                    status=404,
+                )
+        except BadRequestError as exc:
+            return web.json_response(error_body(exc.kind, str(exc)), status=400)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return web.json_response(error_body("invalid_request", str(exc)), status=400)
+        job = self.submit(1, priority, prompt)
+        try:
+            await job.done
+        except asyncio.CancelledError:
+            self.cancel(job)
+            raise
+        vector = [round(float(x), 6) for x in np.sin(np.arange(8) + prompt)]
+        return web.json_response(
+            {
+                "object": "list",
+                "model": self.model,
+                "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+            }
+        )
+
 
 def create_emulator_app(emulator: Emulator) -> web.Application:
     app = web.Application()
@@ -295,8 +330,12 @@ def create_emulator_app(emulator: Emulator) -> web.Application:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await emulator.handle(request, chat=True)
 
+    async def embeddings(request: web.Request) -> web.Response:
+        return await emulator.embed(request)
+
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)

@@ -114,6 +114,11 @@ CHAT_FIELDS = SAMPLING_FIELDS | {
     "continue_final_message", "documents", "chat_template_kwargs", "store",
 }  # fmt: skip
 """`chat_template` is not here: a client's own template can expand the prompt without bound."""
+EMBEDDING_FIELDS = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens",
+     "add_special_tokens"}
+)  # fmt: skip
+"""`/v1/embeddings` (OpenAI's and vLLM's): one forward pass over the input, no output."""
 
 
 class BadRequestError(Exception):
@@ -204,10 +209,13 @@ def prompt_tokens(
     chat: bool,
     limits: EdgeLimits | None = None,
     tokenizer: TokenCounter | None = None,
+    embedding: bool = False,
 ) -> int:
-    """The prompt's tokens as the guard meters them (exact with a tokenizer, else the byte
-    bound); BadRequestError when there is no prompt to count."""
+    """The prompt's (an embedding's input's) tokens as the guard meters them (exact with a
+    tokenizer, else the byte bound); BadRequestError when there is none to count."""
     limits = limits if limits is not None else EdgeLimits()
+    if embedding:
+        return _embedding_input(body, tokenizer)[0]
     upper, _ = (
         _chat_prompt(body, limits, tokenizer) if chat else _completion_prompt(body, tokenizer)
     )
@@ -221,8 +229,10 @@ def normalize(
     limits: EdgeLimits,
     priority: Priority = None,
     tokenizer: TokenCounter | None = None,
+    embedding: bool = False,
 ) -> Work:
-    """The forwarded body and metered sizes of one request (module docstring)."""
+    """The forwarded body and metered sizes of one request (module docstring); `embedding`:
+    a `/v1/embeddings` request (`_embedding_work`)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -236,6 +246,8 @@ def normalize(
         raise BadRequestError(400, "invalid_request", "model must be a string", "model")
     if callable(priority):
         priority = priority(model)
+    if embedding:
+        return _embedding_work(body, limits, priority, tokenizer, model)
     forwarded = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, limits)
     _one_sequence(body)
     _bounded_work(forwarded, limits, chat)
@@ -244,15 +256,7 @@ def normalize(
         upper, lower = _chat_prompt(body, limits, tokenizer, limits.chat_roles)
     else:
         upper, lower = _completion_prompt(body, tokenizer)
-    if upper > limits.max_prompt_tokens:
-        bound = "counted" if tokenizer is not None else "bounded by its length at"
-        raise BadRequestError(
-            400,
-            "prompt_too_long",
-            f"the prompt is {bound} {upper} tokens > limits.max_prompt_tokens = "
-            f"{limits.max_prompt_tokens}",
-            "messages" if chat else "prompt",
-        )
+    _within_prompt_limit(upper, limits, tokenizer, "messages" if chat else "prompt")
     forwarded["max_tokens"] = num_output_tokens
     if chat and "max_completion_tokens" in body:
         forwarded["max_completion_tokens"] = num_output_tokens
@@ -274,6 +278,64 @@ def normalize(
         stream,
         model,
         usage_asked,
+    )
+
+
+def _within_prompt_limit(
+    upper: int, limits: EdgeLimits, tokenizer: TokenCounter | None, field: str
+) -> None:
+    """A prompt (an input) over `limits.max_prompt_tokens` is a 400 naming `field`."""
+    if upper > limits.max_prompt_tokens:
+        bound = "counted" if tokenizer is not None else "bounded by its length at"
+        raise BadRequestError(
+            400,
+            "prompt_too_long",
+            f"the {'input' if field == 'input' else 'prompt'} is {bound} {upper} tokens > "
+            f"limits.max_prompt_tokens = {limits.max_prompt_tokens}",
+            field,
+        )
+
+
+def _embedding_work(
+    body: dict[str, Any],
+    limits: EdgeLimits,
+    priority: int | None,
+    tokenizer: TokenCounter | None,
+    model: str | None,
+) -> Work:
+    """An embedding: metered by its input (prompt) tokens, with no output (ℓ = 0): one
+    input a request, as one prompt a completion — the guard meters and places one
+    sequence a request, and a batch of inputs is a batch of sequences on the backend."""
+    forwarded = _known_fields(body, EMBEDDING_FIELDS, limits)
+    upper, lower = _embedding_input(body, tokenizer)
+    _within_prompt_limit(upper, limits, tokenizer, "input")
+    if priority is not None:
+        forwarded["priority"] = priority
+    try:
+        data = orjson.dumps(forwarded)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        raise BadRequestError(400, "invalid_json", f"the body cannot be forwarded: {exc}") from exc
+    return Work(data, 0, upper, None if lower == upper else lower, False, model)
+
+
+def _embedding_input(body: Mapping[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
+    value = body.get("input")
+    if isinstance(value, list) and value and not _is_token_ids(value):
+        if len(value) != 1:
+            raise BadRequestError(
+                400,
+                "multiple_inputs",
+                f"{len(value)} inputs in one request: send one request per input (the guard "
+                "meters and places one sequence a request)",
+                "input",
+            )
+        value = value[0]
+    if isinstance(value, list) and value and _is_token_ids(value):
+        return len(value), len(value)
+    if isinstance(value, str) and value:
+        return _count_text(value, tokenizer, special=True)
+    raise BadRequestError(
+        400, "invalid_input", "input must be a non-empty string or list of token ids", "input"
     )
 
 

@@ -55,7 +55,10 @@ def usage_of(data: Any) -> Usage | None:
     usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    # an embedding's usage has no completion_tokens: it produced none
+    embedding = isinstance(data.get("data"), list) and "choices" not in data
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0 if embedding else None)
     if type(prompt) is not int or type(completion) is not int or min(prompt, completion) < 0:
         return None
     return Usage(prompt, completion)
@@ -67,13 +70,15 @@ class MalformedReplyError(ValueError):
 
 def reply_usage(body: bytes) -> Usage | None:
     """A whole reply's usage (None where it reports none, or a malformed one);
-    `MalformedReplyError` where the body is not a completion at all: a JSON object with a
-    `choices` list, as both OpenAI endpoints answer."""
+    `MalformedReplyError` where the body is not a reply at all: a JSON object with a
+    `choices` list, as both completion endpoints answer, or a `data` list (embeddings)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise MalformedReplyError("not JSON") from None
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+    if not isinstance(data, dict) or not (
+        isinstance(data.get("choices"), list) or isinstance(data.get("data"), list)
+    ):
         raise MalformedReplyError("no choices")
     return usage_of(data)
 

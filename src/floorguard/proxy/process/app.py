@@ -565,8 +565,8 @@ class GuardServer:
 
         return priority
 
-    async def _normalize(self, raw: bytes, chat: bool, tenant: str) -> Work:
-        run = _bind_normalize(raw, chat, self.limits, self._route(tenant), self.tokenizer)
+    async def _normalize(self, raw: bytes, path: str, tenant: str) -> Work:
+        run = _bind_normalize(raw, path, self.limits, self._route(tenant), self.tokenizer)
         try:
             if len(raw) > _LARGE_BODY_BYTES:  # off the event loop, one at a time per tenant
                 async with self._large_bodies.setdefault(tenant, asyncio.Semaphore(1)):
@@ -603,7 +603,7 @@ class GuardServer:
         seen["tenant"] = tenant
         raw = await self._read_body(request)
         await self.checkpoint("parse")
-        work = await self._normalize(raw, path.endswith("/chat/completions"), tenant)
+        work = await self._normalize(raw, path, tenant)
         seen |= {
             "model": work.model[:_LOGGED_CHARS] if work.model is not None else None,
             "stream": work.stream,
@@ -705,9 +705,12 @@ def _model_ids(listing: bytes) -> frozenset[str] | None:
 
 
 def _bind_normalize(
-    raw: bytes, chat: bool, limits: EdgeLimits, priority: Priority, tokenizer: Any
+    raw: bytes, path: str, limits: EdgeLimits, priority: Priority, tokenizer: Any
 ) -> Callable[[], Work]:
-    return lambda: normalize(raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer)
+    chat, embedding = path.endswith("/chat/completions"), path.endswith("/embeddings")
+    return lambda: normalize(
+        raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer, embedding=embedding
+    )
 
 
 _LARGE_BODY_BYTES = 65_536
@@ -782,6 +785,9 @@ def create_app(
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await server.handle(request, "/v1/chat/completions")
 
+    async def embeddings(request: web.Request) -> web.StreamResponse:
+        return await server.handle(request, "/v1/embeddings")
+
     async def expect(request: web.Request) -> web.Response | None:
         """`Expect: 100-continue`: an oversized body is refused before the client sends it
         (413, the connection closed), not invited with 100 Continue."""
@@ -794,6 +800,7 @@ def create_app(
 
     app.router.add_post("/v1/completions", completions, expect_handler=expect)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
