@@ -106,10 +106,8 @@ def test_every_metric_on_the_dashboard_is_one_the_guard_exposes(tmp_path, monkey
     config, _ = _guard_config(tmp_path, monkeypatch)
     config = config.model_copy(update={"decision_log": None})
     server = GuardServer(config)
-    families = {
-        f.name
-        for f in text_string_to_metric_families(generate_latest(server.metrics.registry).decode())
-    }
+    parsed = list(text_string_to_metric_families(generate_latest(server.metrics.registry).decode()))
+    families = {f.name for f in parsed}
     dashboard = json.loads((DEPLOY / "grafana" / "floorguard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert len(exprs) >= 16
@@ -121,6 +119,20 @@ def test_every_metric_on_the_dashboard_is_one_the_guard_exposes(tmp_path, monkey
     assert used - families == set(), (
         f"the dashboard queries metrics the guard lacks: {used - families}"
     )
+    for expr in exprs:  # each replica's job: every selector filters by it (3 of 18 did)
+        for selector in re.findall(r"\{([^{}]*)\}", expr):
+            assert 'job=~"$job"' in selector, expr
+    counters = {f.name for f in parsed if f.type == "counter"}
+    for expr in exprs:  # a cumulative count is read as a rate or an increase, never as is
+        for name in re.findall(r"\b((?:floorguard|process)_[a-z_]+)\{", expr):
+            if re.sub(r"_total$", "", name) in counters:
+                assert re.search(rf"(rate|increase)\({name}\{{", expr), expr
+    assert {"floorguard_learner_faults", "floorguard_capacity_alarms"} <= counters
+    units = {
+        panel["title"]: panel["fieldConfig"]["defaults"]["unit"] for panel in dashboard["panels"]
+    }
+    tokens = next(unit for title, unit in units.items() if title.startswith("Tokens"))
+    assert tokens == "suffix: tok/s"  # tokens a second, not requests
     assert {"floorguard_queue_wait_seconds", "floorguard_ttft_seconds"} <= used
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"$" + v for v in variables} >= {

@@ -259,6 +259,10 @@ _GAUGES: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
         lambda g: g.num_queued_entitled,
     ),
     ("floorguard_in_flight", "Requests in flight to backends", lambda g: g.num_in_flight),
+)
+"""What a pool holds now."""
+
+_COUNTS: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
     (
         "floorguard_learner_faults",
         "Learner exceptions and malformed proposals",
@@ -276,6 +280,8 @@ _GAUGES: tuple[tuple[str, str, Callable[[Guard], float]], ...] = (
         lambda g: g.capacity.num_alarms,
     ),
 )
+"""What a pool's monitors counted since it started: counters (`…_total`), read with
+`rate()` / `increase()` (they were gauges, which a dashboard cannot rate)."""
 
 
 @mypyc_attr(native_class=False)  # its base is prometheus-client's, which mypyc does not compile
@@ -372,7 +378,10 @@ class _GuardCollector(Collector):
             "follow it (docs/replicas.md)",
             labels=["model"],
         )
-        gauges = [GaugeMetricFamily(name, doc, labels=["model"]) for name, doc, _ in _GAUGES]
+        gauges: list[GaugeMetricFamily | CounterMetricFamily] = [
+            GaugeMetricFamily(name, doc, labels=["model"]) for name, doc, _ in _GAUGES
+        ]
+        gauges += [CounterMetricFamily(name, doc, labels=["model"]) for name, doc, _ in _COUNTS]
         credits = GaugeMetricFamily(
             "floorguard_credits_left",
             "Floor credits left in the current window",
@@ -387,7 +396,7 @@ class _GuardCollector(Collector):
                     store_calls.add_metric([model, outcome], count)
                 degraded.add_metric([model], float(floor.degraded))
                 replicas.add_metric([model], float(floor.replicas))
-            for family, (_, _, read) in zip(gauges, _GAUGES, strict=True):
+            for family, (_, _, read) in zip(gauges, _GAUGES + _COUNTS, strict=True):
                 family.add_metric([model], read(guard))
             for contract in guard.config.contracts:
                 if contract.cls is ContractClass.ASSURED:
