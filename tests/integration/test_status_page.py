@@ -1,13 +1,15 @@
 """The live status page (`/admin/`) in a real browser: headless Chromium (Debian's) loads it
 from a guard serving real traffic, with the admin token in the URL's fragment. The rendered
-DOM has each tenant's floor and credits, the slots per backend, the §6 verdict and the three
-charts; the screenshot shows the charts' lines in their colours. Without the token the page
-says why it has no data."""
+DOM has each tenant's floor and credits, the slots per backend, the §6 verdict, the four
+charts (uPlot: time on the x axis) over a stated span, and each tenant's SLO attainment and
+each class's lateness; the screenshot shows the charts' lines in their colours. Without
+the token the page says why it has no data."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 
@@ -68,9 +70,17 @@ def test_the_status_page_renders_the_floor_queues_and_charts(live, tmp_path):
     assert 'data-tenant="acme"' in dom and ">3<" in dom  # its floor B = 3
     assert "backend 0" in dom and "/ 4<" in dom  # in flight of its 4 slots
     assert 'id="region"' in dom
-    for series in ("entitled", "surplus", "reject", "late"):
+    for series in ("entitled", "surplus", "reject", "late", "attainment"):
         assert f'data-series="{series}"' in dom
     assert "from the floor: " in dom  # a legend total
+    # time on the x axis: uPlot's charts (vendored, inlined), over a stated UTC span
+    assert dom.count('class="uplot') == 4 and "<canvas" in dom
+    span = re.search(r"from (\d\d:\d\d:\d\d) to (\d\d:\d\d:\d\d) UTC", dom)
+    assert span is not None and span.group(1) < span.group(2), dom[-3000:]
+    # per-tenant attainment: acme's floor-entitled requests, all on time on an idle backend
+    row = re.search(r'<tr data-attainment="acme">(.*?)</tr>', dom)
+    assert row is not None and "100.0 %" in row.group(1), dom[-3000:]
+    assert 'data-class="assured"' in dom and 'data-class="opportunistic"' in dom
 
     png = tmp_path / "status.png"
     _chromium(f"{url}/admin/#token={ADMIN}", f"--screenshot={png}")

@@ -78,6 +78,7 @@ class Timing:
         "backend",
         "deadline_at",
         "dispatched_at",
+        "entitled",
         "first_token_at",
     )
 
@@ -88,6 +89,7 @@ class Timing:
         self.dispatched_at: float | None = None
         self.first_token_at: float | None = None
         self.backend = ""
+        self.entitled = False
 
 
 class GuardMetrics:
@@ -112,6 +114,11 @@ class GuardMetrics:
         """(model, tenant, class, outcome, reason) → terminal outcomes."""
         self.late: Tally[tuple[str, str, str]] = Tally()
         """(model, tenant, class) → completions after their deadline."""
+        self.floor_ended: Tally[tuple[str, str]] = Tally()
+        """(model, tenant) → floor-entitled requests that ended (any outcome)."""
+        self.floor_met: Tally[tuple[str, str]] = Tally()
+        """(model, tenant) → floor-entitled requests completed by their deadline: with
+        `floor_ended`, the tenant's SLO attainment."""
         self.tokens: Tally[tuple[str, str, str, str]] = Tally()
         """(model, tenant, class, kind) → tokens the backend reported (`prompt`,
         `completion`: its `usage`)."""
@@ -184,6 +191,7 @@ class GuardMetrics:
             if timing is not None:
                 timing.admitted_at = event.at
                 timing.deadline_at = event.deadline_at
+                timing.entitled = bool(event.entitled)
         elif kind is EventKind.DISPATCH and timing is not None:
             timing.dispatched_at = event.at
             timing.backend = self._backend(model, event.backend)
@@ -211,8 +219,14 @@ class GuardMetrics:
             if len(self.ended) > 65_536:  # never taken (a bug): stay bounded
                 self.ended.clear()
             self.ended[event.request_id] = (timing, event)
+        on_time = kind is EventKind.COMPLETE and not (
+            timing.deadline_at is not None and event.at > timing.deadline_at
+        )
+        if timing.entitled:
+            self.floor_ended[model, event.tenant or ""] += 1
+            self.floor_met[model, event.tenant or ""] += on_time
         if kind is EventKind.COMPLETE:
-            if timing.deadline_at is not None and event.at > timing.deadline_at:
+            if not on_time:
                 self.late[model, event.tenant or "", _cls(event)] += 1
             if timing.dispatched_at is not None:
                 labels = (model, _cls(event), timing.backend)
@@ -223,12 +237,37 @@ class GuardMetrics:
 
     def totals(self) -> dict[str, int]:
         """Cumulative counts for the status page's charts (every pool, every tenant)."""
-        out = {"entitled": 0, "surplus": 0, "late": sum(self.late.values())}
+        out = {
+            "entitled": 0,
+            "surplus": 0,
+            "late": sum(self.late.values()),
+            "floor_ended": sum(self.floor_ended.values()),
+            "floor_met": sum(self.floor_met.values()),
+        }
         for (_, _, _, entitled), n in self.admitted.items():
             out["entitled" if entitled == "true" else "surplus"] += n
         for (_, _, _, outcome, _), n in self.outcomes.items():
             out[outcome] = out.get(outcome, 0) + n
         return out
+
+    def attainment(self) -> dict[str, Any]:
+        """`/admin/status`: per model and tenant, the floor-entitled requests ended, those
+        met (completed by their deadline) and the completions after their deadline (any
+        class); per class, completions and late ones. Since the guard started."""
+        tenants: dict[str, dict[str, dict[str, int]]] = {}
+        for (model, tenant), n in self.floor_ended.items():
+            row = tenants.setdefault(model, {}).setdefault(tenant, _row())
+            row["floor"] += n
+            row["met"] += self.floor_met.get((model, tenant), 0)
+        classes: dict[str, dict[str, int]] = {}
+        for (model, tenant, cls, outcome, _), n in self.outcomes.items():
+            if outcome == "complete":
+                tenants.setdefault(model, {}).setdefault(tenant, _row())["completed"] += n
+                classes.setdefault(cls, {"completed": 0, "late": 0})["completed"] += n
+        for (model, tenant, cls), n in self.late.items():
+            tenants.setdefault(model, {}).setdefault(tenant, _row())["late"] += n
+            classes.setdefault(cls, {"completed": 0, "late": 0})["late"] += n
+        return {"tenants": tenants, "classes": classes}
 
     def take_ended(self, rid: Any) -> tuple[Timing, TraceEvent] | None:
         return self.ended.pop(rid, None) if self.ended is not None else None
@@ -237,6 +276,10 @@ class GuardMetrics:
         """The silence between two chunks of a streamed reply (one token per chunk, as
         vLLM streams by default): the inter-token latency."""
         self.gaps.observe((model, _LABEL[cls]), gap_s)
+
+
+def _row() -> dict[str, int]:
+    return {"floor": 0, "met": 0, "completed": 0, "late": 0}
 
 
 _LABEL: dict[ContractClass | EventKind | None, str] = {
@@ -311,6 +354,19 @@ class _GuardCollector(Collector):
             "Completions after their deadline",
             ["model", "tenant", "cls"],
             m.late,
+        )
+        yield _counter(
+            "floorguard_floor_requests",
+            "Floor-entitled requests that ended (any outcome): the SLO attainment's base",
+            ["model", "tenant"],
+            m.floor_ended,
+        )
+        yield _counter(
+            "floorguard_floor_met",
+            "Floor-entitled requests completed by their deadline: attainment = "
+            "rate(floorguard_floor_met_total) / rate(floorguard_floor_requests_total)",
+            ["model", "tenant"],
+            m.floor_met,
         )
         yield _counter(
             "floorguard_tokens",

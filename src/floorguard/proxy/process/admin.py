@@ -88,7 +88,7 @@ def admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bo
             return refused
         return web.json_response({"interval_s": 1.0, "samples": list(server.history)})
 
-    page = resources.files("floorguard.proxy.process").joinpath("admin.html").read_bytes()
+    page = status_page()
 
     async def admin_page(request: web.Request) -> web.Response:
         """The status page: a static shell (no data in it; its script reads `/admin/status`
@@ -121,6 +121,17 @@ def admin_routes(server: GuardServer, app: web.Application, *, loopback_only: bo
     app.router.add_get("/admin/status", admin_status)
     app.router.add_get("/admin/history", admin_history)
     app.router.add_get("/admin/", admin_page)
+
+
+def status_page() -> bytes:
+    """`admin.html` with the vendored uPlot (its script and style) inlined: no CDN, no
+    other request, and the page's Content-Security-Policy stays inline-only."""
+    here = resources.files("floorguard.proxy.process")
+    vendor = here.joinpath("vendor")
+    page = here.joinpath("admin.html").read_text()
+    page = page.replace("/*UPLOT_CSS*/", vendor.joinpath("uPlot.min.css").read_text())
+    page = page.replace("/*UPLOT_JS*/", vendor.joinpath("uPlot.iife.min.js").read_text())
+    return page.encode()
 
 
 _PAGE_HEADERS = {

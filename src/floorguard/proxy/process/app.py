@@ -337,7 +337,7 @@ class GuardServer:
             await self.clock.sleep(1.0)
             now = self.metrics.totals()
             sample: dict[str, float] = {"t": round(self.clock.now(), 3)}
-            for key in ("entitled", "surplus", "reject", "drop", "late", "complete", "fail"):
+            for key in _SAMPLED:
                 sample[key] = now.get(key, 0) - last.get(key, 0)
             self.history.append(sample)
             last = now
@@ -676,6 +676,7 @@ class GuardServer:
             "pid": os.getpid(),
             "replies": replies,
             "reloads": self.reloads[-10:],
+            "attainment": self.metrics.attainment(),
         }
         if self.identity.jwks is not None:
             edge["jwks"] = self.identity.jwks.status()
@@ -712,6 +713,13 @@ def _bind_normalize(
         raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer, embedding=embedding
     )
 
+
+_SAMPLED = (
+    "entitled", "surplus", "reject", "drop", "late", "complete", "fail", "floor_ended",
+    "floor_met",
+)  # fmt: skip
+"""The status page's counts a second (`/admin/history`): admissions, refusals, drops,
+outcomes, and the floor-entitled requests that ended and that were met (attainment)."""
 
 _LARGE_BODY_BYTES = 65_536
 """A body larger than this is parsed and counted off the event loop, one at a time per
