@@ -14,6 +14,7 @@ import pytest
 
 from floorguard.analysis.checker import check_fleet, check_trace
 from floorguard.core.events import EventKind, read_jsonl
+from floorguard.proxy.config.guard import BackendSpec
 from floorguard.proxy.process.app import SERVER
 from tests.integration.live import Bearer, guard_config
 from tests.integration.processes import emulate, serve, stop
@@ -76,6 +77,53 @@ def test_backend_crash_mid_stream_fails_that_request_and_the_guard_keeps_serving
     events = _verified(live, app, log)
     failed = next(e for e in events if e.kind is EventKind.FAIL)
     assert failed.reason == "upstream_broke_mid_stream"
+
+
+async def _failing_backend(how: str):
+    """Answers its health probe; fails every completion before the first byte of a reply:
+    `503` (an overloaded server's answer) or `drop` (the connection closed unanswered)."""
+
+    async def serve(reader, writer):
+        request_line = await reader.readline()
+        if request_line.startswith(b"GET /health"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        elif how == "503":
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize("how", ["503", "drop"])
+def test_a_backend_that_fails_before_its_first_byte_is_retried_on_another(live, tmp_path, how):
+    """Two backends, one failing every request before the first byte of its reply (a 503,
+    or its connection closed unanswered): each request that lands there goes, once, to the
+    other and is served — a `requeue` in the log, one admission (one credit) a request,
+    the failing backend marked down until its probe answers — and the log verifies.
+    Before, each was a 502."""
+    server, bad = live.run(_failing_backend(how))
+    log = tmp_path / "retry.jsonl"
+    config = guard_config(bad, floor=8, window_s=3600.0, decision_log=str(log))
+    backends = [{"url": bad, "slots": 4}, {"url": live.emulator(), "slots": 4}]
+    config = config.model_copy(update={"backends": [BackendSpec(**b) for b in backends]})
+    url, app = live.guard(config)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(app[SERVER].pool.health.healthy):  # both answer their probes
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        statuses = [live.run(_post(url)) for _ in range(6)]
+    finally:
+        server.close()
+    assert [s for s, _ in statuses] == [200] * 6
+    events = _verified(live, app, log)
+    assert [e.kind for e in events].count(EventKind.REQUEUE) >= 1
+    dispatched = [e.backend for e in events if e.kind is EventKind.DISPATCH]
+    assert 0 in dispatched and dispatched.count(1) == 6  # each served once, on the good one
+    admitted = [e for e in events if e.kind is EventKind.ADMIT]
+    assert len(admitted) == 6  # one admission (one charge) a request
 
 
 async def _hanging_backend():

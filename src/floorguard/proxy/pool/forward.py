@@ -44,7 +44,17 @@ from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.relay import HeldReplies, ReplyBox
 from floorguard.proxy.pool.upstream import UnreachableError, Upstream, UpstreamBroke, UpstreamReply
 
-__all__ = ["Forwarder", "PoolHost", "Served", "UnreachableError"]
+__all__ = ["FailedBeforeReplyError", "Forwarder", "PoolHost", "Served", "UnreachableError"]
+
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+"""A backend's answer that says it could not serve (a gateway's, an overloaded vLLM's)."""
+
+
+class FailedBeforeReplyError(Exception):
+    """The backend failed before the first byte of its reply — its connection broke, or it
+    answered 502, 503 or 504 — and the caller allowed a retry: nothing reached the client,
+    and the request goes to another backend once (not charged again: it was admitted)."""
+
 
 log = logging.getLogger("floorguard.proxy")
 
@@ -118,7 +128,11 @@ class Forwarder:
         *,
         headers: dict[str, str],
         exchange: Exchange,
+        retry: bool = False,
     ) -> web.StreamResponse:
+        """Forward `decision`'s request and relay the reply. `retry`: a failure before the
+        first byte of the reply raises `FailedBeforeReplyError` (the request not ended)
+        instead of answering the client."""
         rid = str(decision.request.request_id)
         backend = self.pool.backends[decision.backend]
         upstream_config = self.pool.config.upstream
@@ -133,9 +147,13 @@ class Forwarder:
                     ),
                 )
         except (TimeoutError, UpstreamBroke) as exc:  # UnreachableError: the caller's
+            if retry and isinstance(exc, UpstreamBroke):
+                raise FailedBeforeReplyError(str(exc)) from exc
             return self._upstream_failed(rid, exc, headers)
         try:
             await self.edge.checkpoint("headers")
+            if retry and upstream.status in _RETRIED_STATUSES:
+                raise FailedBeforeReplyError(f"the backend answered {upstream.status}")
             if upstream.status >= 300:
                 self.pool.end(rid, "fail", f"upstream_{upstream.status}")
                 if 400 <= upstream.status < 500 and upstream.status not in (408, 429):

@@ -50,7 +50,12 @@ from floorguard.proxy.observe.access_log import DECISION
 from floorguard.proxy.observe.tracing import SPAN, TRACE_CONTEXT, client_trace_context
 from floorguard.proxy.pool.build import pool_guard
 from floorguard.proxy.pool.fleet import PoolFleet
-from floorguard.proxy.pool.forward import Forwarder, PoolHost, UnreachableError
+from floorguard.proxy.pool.forward import (
+    FailedBeforeReplyError,
+    Forwarder,
+    PoolHost,
+    UnreachableError,
+)
 from floorguard.proxy.pool.health import BackendHealth
 from floorguard.proxy.pool.pump import CutError, Pump
 from floorguard.proxy.pool.shares import Reload, merge_backends
@@ -344,11 +349,14 @@ class Pool:
                 )
             if not await self.fleet.leased_slot(rid, decision, admission.entitled):
                 continue  # requeued: the fleet had no slot for it on that backend yet
+            # a backend that fails before the first byte of its reply: the request goes to
+            # another healthy one, once (it was admitted: no second charge to the floor)
+            retry = unreachable == 0 and sum(self.health.healthy) > 1
             try:
                 return await self.forwarder.forward(
-                    request, path, work, decision, headers=headers, exchange=exchange
+                    request, path, work, decision, headers=headers, exchange=exchange, retry=retry
                 )
-            except UnreachableError:
+            except (UnreachableError, FailedBeforeReplyError):
                 self.health.unreachable(decision.backend)
                 self.fleet.release(rid)
                 unreachable += 1
