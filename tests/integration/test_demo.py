@@ -74,7 +74,7 @@ def test_bench_proxy_reports_the_three_paths_and_nginx_where_installed():
 
 
 def test_load_names_its_tenants_and_counts_refusals_by_status_and_reason(tmp_path, capsys):
-    """Issue 26.6: `load` said 72 × 401 were 'failed'. Against a guard, a tenant sent
+    """`load` said 72 × 401 were 'failed'. Against a guard, a tenant sent
     without a token is refused 401 `missing_identity`, and the summary says so by status
     and reason; one with a token is served; a token for a tenant the workload does not
     send is a usage error."""

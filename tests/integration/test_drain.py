@@ -1,4 +1,4 @@
-"""Issue 31.2: SIGTERM drains as docs/http.md says, against a real `floorguard serve` under
+"""SIGTERM drains as docs/http.md says, against a real `floorguard serve` under
 load: it keeps listening, answers every new request 503 `draining` (`Connection: close`),
 `/readyz` 503 at once, lets in-flight work finish, and cuts a stream still running at the
 deadline with the SSE error event, logged as cut and counted truly in the stop line."""
@@ -109,7 +109,7 @@ async def _at_the_deadline(url: str, process, streams: int, queued: int) -> dict
 
 
 def test_the_drain_deadline_answers_every_request_and_sighup_cannot_kill_it(tmp_path):
-    """Issue 47: at the drain deadline a queued request got zero bytes (logged 499), some
+    """At the drain deadline a queued request got zero bytes (logged 499), some
     streams ended with no SSE error event, and a SIGHUP during the drain killed the guard.
     Here 16 streams hold every slot and 12 requests queue behind them: each queued one is
     answered 503 `draining`, every stream ends with the `drain_deadline` error event, the

@@ -1,7 +1,7 @@
-"""Issue 47's attacks against a real `floorguard serve` on loopback: prompt the meter did
-not see (a chat role, a suffix beside token ids), bills that vanished, the ends of a drain,
-a backend's garbage reply, and the lows of the admin API, tracing and headers. After each
-the decision log verifies (`guard_process`)."""
+"""The edge's round-three attacks against a real `floorguard serve` on loopback: prompt the
+meter did not see (a chat role, a suffix beside token ids), bills that vanished, the ends of
+a drain, a backend's garbage reply, and the lows of the admin API, tracing and headers.
+After each the decision log verifies (`guard_process`)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ async def _admin(url: str, method: str, path: str, headers: dict[str, str]) -> t
 )  # fmt: skip
 def test_the_tokenless_admin_api_refuses_other_sites(tmp_path, scripted, method, path, headers,
                                                      code):  # fmt: skip
-    """Issue 47: with the default admin mode (no token, loopback only) a cross-site
+    """With the default admin mode (no token, loopback only) a cross-site
     `POST /admin/reload` as `text/plain` was executed (CSRF) and a rebound `Host` was
     answered. Both are 403 naming why, nothing is reloaded, and a plain loopback call
     still works."""
@@ -190,7 +190,7 @@ def test_the_tokenless_admin_api_refuses_other_sites(tmp_path, scripted, method,
     ids=["authorization", "x-api-key", "auth-token", "jwt-under-any-name"],
 )
 def test_a_key_under_a_query_name_the_guard_did_not_list_is_refused(tmp_path, scripted, query):
-    """Issue 47: a key under `?authorization=`, `?x-api-key=` … was accepted silently (it
+    """A key under `?authorization=`, `?x-api-key=` … was accepted silently (it
     never authenticated, but a key in a URL is a leak). Any query name that may hold a
     credential, and a JWT under any name, is a 400 `credentials_in_url`."""
     backend, url = scripted
@@ -209,7 +209,7 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_traceparent_w3c_forbids_is_not_forwarded(tmp_path, scripted):
-    """Issue 47: a `traceparent` of version `ff` was forwarded (W3C forbids it). It is
+    """A `traceparent` of version `ff` was forwarded (W3C forbids it). It is
     dropped, as is a version-00 one with fields after its four; a later version's first
     four fields are forwarded as version 00."""
     backend, url = scripted
@@ -223,7 +223,7 @@ def test_a_traceparent_w3c_forbids_is_not_forwarded(tmp_path, scripted):
 
 
 def test_a_clients_sampled_flag_cannot_force_spans_past_the_ceiling(tmp_path, scripted, live):
-    """Issue 47: with `sample_ratio: 0`, a client's sampled flag forced a span on every
+    """With `sample_ratio: 0`, a client's sampled flag forced a span on every
     request (600 requests: 224 KB of spans). `client_sample_ratio` caps it: at 0 none of
     40 sampled requests makes a span; at 0.5 about half do."""
     from tests.integration.test_tracing import Receiver  # noqa: PLC0415
@@ -246,7 +246,7 @@ def test_a_clients_sampled_flag_cannot_force_spans_past_the_ceiling(tmp_path, sc
 
 
 def test_log_lines_hold_for_any_line_splitter(tmp_path, scripted):
-    """Issue 47: U+2028 in a model name split an access-log line for readers that use
+    """U+2028 in a model name split an access-log line for readers that use
     `splitlines`. Every line of both logs is one line to `splitlines` and decodes to the
     same model name."""
     backend, url = scripted

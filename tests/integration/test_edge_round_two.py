@@ -1,6 +1,6 @@
-"""Issue 28's attacks against a real `floorguard serve` on loopback: what takes the floor
-away (a slow reader holding the slots) or reaches the backend unmetered. After each the
-assured tenant is served on time and the decision log verifies (`guard_process`)."""
+"""The edge's round-two attacks against a real `floorguard serve` on loopback: what takes the
+floor away (a slow reader holding the slots) or reaches the backend unmetered. After each
+the assured tenant is served on time and the decision log verifies (`guard_process`)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ async def _shapes(url):
 
 
 def test_long_prompts_and_short_outputs_are_charged_the_slot_time_they_hold(tmp_path, emulator):
-    """Issue 47.3: a polite tenant of 1,000-byte prompts and short outputs was charged a
+    """A polite tenant of 1,000-byte prompts and short outputs was charged a
     prompt byte like an output token, and waited behind a flooder of long outputs. Charged
     the slot time it holds (`fair`), its requests run before most of the flood; charged
     tokens (`fair-tokens`, the old charge) they wait behind it."""

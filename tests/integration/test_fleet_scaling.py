@@ -1,4 +1,4 @@
-"""Issue 31.4: a real fleet of `floorguard serve` replicas sharing one redis-server and one
+"""A real fleet of `floorguard serve` replicas sharing one redis-server and one
 emulated backend (6 slots, which it reports) is scaled up (2 → 3) and down (3 → 2, a
 SIGTERM drain, as `kubectl scale` does) under load. Each replica's share of the backend
 and its fail-static divisor follow the live count within one heartbeat expiry; the live

@@ -1,4 +1,4 @@
-"""Issue 31.1: the CLI and `serve` run as the shipped Deployment runs them — a read-only
+"""The CLI and `serve` run as the shipped Deployment runs them — a read-only
 root file system and a home that does not exist (`readOnlyRootFilesystem: true`, no
 writable /tmp). Nothing imported at start may need a writable directory."""
 
@@ -102,3 +102,21 @@ def test_the_cli_and_serve_run_on_a_read_only_root(tmp_path: Path):
         assert server.wait(30) == 0
     finally:
         stop(server, emulator)
+
+
+@needs_namespaces
+def test_the_demo_on_a_read_only_root_says_where_its_figure_could_not_go():
+    """`floorguard demo` where nothing is writable (the PNG's directory, matplotlib's cache,
+    no home, no temporary directory): it runs, prints its table, and says the figure was
+    not written and how to write it — where it used to end in matplotlib's traceback."""
+    done = subprocess.run(
+        _read_only(sys.executable, "-m", "floorguard", "demo", "--duration-s", "2"),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "floor-entitled attainment" in done.stdout  # its table
+    assert "the figure was not written" in done.stdout and "--png PATH" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr

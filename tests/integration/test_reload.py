@@ -1,4 +1,4 @@
-"""Issue 31.3: a real `floorguard serve` reloads under load (SIGHUP and `POST
+"""A real `floorguard serve` reloads under load (SIGHUP and `POST
 /admin/reload`): a raised floor, a lowered one, a tenant added and one removed, the JWT
 secret rotated (a mounted secret file), a backend removed. No request is lost or answered
 twice, every arrival ends once, AF holds per window across the reloads (`floorguard

@@ -412,10 +412,11 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
 
 
 def test_the_edges_field_bounds_on_vllm(live, vllm):
-    """Issue 28 on the real backend: within their bounds, the fields the guard now bounds
-    reach vLLM and it serves them (4 stop strings, a small `logit_bias`, `top_logprobs` 5
-    with at most 5 alternatives per token, `documents` in `chat_template_kwargs`, counted
-    into the metered prompt); past them, or unmetered, a 400 before vLLM."""
+    """The edge's field bounds on the real backend: within them, the fields the guard
+    bounds reach vLLM and it serves them (4 stop strings, a small `logit_bias`,
+    `top_logprobs` 5 with at most 5 alternatives per token, `documents` in
+    `chat_template_kwargs`, counted into the metered prompt); past them, or unmetered, a
+    400 before vLLM."""
     url, _ = live.guard(guard_config(vllm, slots=SLOTS))
     client = openai.OpenAI(base_url=url + "/v1", api_key=token("free"), max_retries=0)
     messages = [{"role": "user", "content": "hi"}]
@@ -485,7 +486,7 @@ def test_bench_handoff_measures_both_queues_on_vllm(vllm):
 
 
 def test_the_metered_prompt_bounds_what_vllms_chat_template_renders(live, vllm, tmp_path):
-    """Issue 47: vLLM renders any string as a role (a 2,000-byte role costs vLLM hundreds of
+    """VLLM renders any string as a role (a 2,000-byte role costs vLLM hundreds of
     prompt tokens), so through the guard such a role is a 400 `invalid_role`; every chat the
     guard forwards is metered at no fewer prompt tokens than vLLM reports for it."""
     direct = openai.OpenAI(base_url=vllm + "/v1", api_key="x", max_retries=0)

@@ -293,7 +293,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
 
 
 def test_simulate_config_runs_the_configs_own_learner_unless_told(tmp_path, monkeypatch, capsys):
-    """Issue 26.6: `simulate --config` ran always-admit whatever the config said (0 %
+    """`simulate --config` ran always-admit whatever the config said (0 %
     refused where the live guard, with the predictor, refused most of a flood).
     It now runs the config's learner with its options, says so, and `--learner` wins."""
     monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 40)

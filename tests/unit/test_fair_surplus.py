@@ -144,7 +144,7 @@ def _slot_shares(dispatcher, starts=200):
 
 
 def test_a_long_prompt_short_output_tenant_gets_half_the_slot_time():
-    """Issue 47.3: a polite tenant of 1,000-token prompts and 16-token outputs beside a
+    """A polite tenant of 1,000-token prompts and 16-token outputs beside a
     160-token flooder got 6.4 % of the slot time when a prompt token was charged like an
     output token. Charged the slot time it holds, it gets half; the token charge is kept
     (`fair-tokens`) and still shows the skew."""

@@ -240,7 +240,7 @@ def test_a_suffix_counts_beside_a_token_id_prompt():
 
 
 def test_forty_stuffed_roles_are_not_a_long_prompt_answered():
-    """Issue 47's figure: forty messages, each with a 20,000-byte role, were metered 448."""
+    """The figure that found it: forty messages, each with a 20,000-byte role, were metered 448."""
     messages = [{"role": "r" * 20_000, "content": "x"}] * 40
     assert _refusal({"messages": messages}, chat=True, limits=EdgeLimits()).kind == "invalid_role"
     roomy = EdgeLimits(chat_roles=frozenset({"r" * 20_000}), max_prompt_tokens=1_000_000)

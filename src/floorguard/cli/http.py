@@ -157,9 +157,9 @@ def run_demo_command(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     console.print(f"workload: {result['workload']} · seed {result['seed']}", markup=False)
     console.print(CAPTION, markup=False)
+    figure = result["png"] if result.get("png") else result.get("png_error", "none")
     console.print(
-        f"figure: {result['png']} · {result['num_requests']} requests per side · "
-        f"{result['wall_s']:.0f} s",
+        f"figure: {figure} · {result['num_requests']} requests per side · {result['wall_s']:.0f} s",
         markup=False,
     )
     return 0

@@ -118,8 +118,16 @@ def run_demo(*, duration_s: float = 12.0, seed: int = 0, png: Path | None = None
     result["workload"] = f"{duration_s:g} s: {WORKLOAD}"
     result["seed"] = seed
     if png is not None:
-        _plot(result, png)
-        result["png"] = str(png)
+        try:
+            _plot(result, png)
+            result["png"] = str(png)
+        except OSError as exc:  # a read-only root: the PNG's directory, matplotlib's cache
+            result["png"] = None
+            result["png_error"] = (
+                f"the figure was not written ({exc}); pass --png PATH in a writable "
+                "directory (and, where no home or temporary directory is writable, set "
+                "MPLCONFIGDIR to one)"
+            )
     return result
 
 
