@@ -25,7 +25,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src" / "floorguard"))
-from _compiled import COMPILED, HASHES_FILE, source_path  # noqa: E402
+from _compiled import COMPILED, HASHES_FILE, reusable, source_path  # noqa: E402
 
 sys.path.pop(0)
 
@@ -42,6 +42,12 @@ def _mypyc_extensions() -> list:
     """mypyc's extension modules, or none (pure) with the reason said."""
     if os.environ.get("FLOORGUARD_PURE") == "1":
         _say("FLOORGUARD_PURE=1: installing the pure-Python core")
+        return []
+    if "editable_wheel" in sys.argv and reusable(ROOT / "src"):
+        _say(
+            "the core compiled in src/ matches its sources: reused, not compiled again "
+            "(delete src/floorguard/_compiled.json to compile it anew)"
+        )
         return []
     compiler = os.environ.get("CC", "cc").split()[0]
     if shutil.which(compiler) is None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMPILED", "HASHES_FILE", "running", "select", "source_path"]
+__all__ = ["COMPILED", "HASHES_FILE", "reusable", "running", "select", "source_path"]
 
 COMPILED = (
     "floorguard.clock",
@@ -107,6 +107,14 @@ def _stale(root: Path, built: set[str]) -> list[str]:
         if recorded.get(module)
         != hashlib.sha256(source_path(root, module).read_bytes()).hexdigest()
     ]
+
+
+def reusable(root: Path) -> bool:
+    """Whether `root` (an editable install's `src`) holds a compiled build of every module
+    of `COMPILED` whose source has not changed since: `pip install -e` then reuses it
+    instead of compiling again (setup.py; the README's second command after its first)."""
+    built = _extensions(root)
+    return built == set(COMPILED) and not _stale(root, built)
 
 
 class _PureSources:

@@ -97,3 +97,32 @@ def test_the_check_finds_a_class_over_a_dependencys_base(tmp_path):
     assert _foreign_bases("floorguard.proxy.observe.metrics", tmp_path) == [
         "floorguard.proxy.observe.metrics._GuardCollector(Collector)"
     ]
+
+
+def test_an_editable_reinstall_reuses_a_compiled_core_whose_sources_are_unchanged(tmp_path):
+    """setup.py reuses the compiled core an editable install left in `src/` (the README's
+    second command after its first: it compiled for five minutes again) only while every
+    compiled module is there and its source is the one compiled."""
+    import hashlib  # noqa: PLC0415
+    import importlib.machinery  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    from floorguard._compiled import HASHES_FILE, reusable  # noqa: PLC0415
+
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    hashes = {}
+    for module in COMPILED:
+        source = source_path(tmp_path, module)
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(f"# {module}\n")
+        source.with_name(source.stem + suffix).write_bytes(b"")
+        hashes[module] = hashlib.sha256(source.read_bytes()).hexdigest()
+    record = tmp_path / "floorguard" / HASHES_FILE
+    record.write_text(json.dumps(hashes))
+    assert reusable(tmp_path)
+    edited = source_path(tmp_path, COMPILED[0])
+    edited.write_text("# changed since it was compiled\n")
+    assert not reusable(tmp_path)  # a changed source: compiled again
+    edited.write_text(f"# {COMPILED[0]}\n")
+    edited.with_name(edited.stem + suffix).unlink()
+    assert not reusable(tmp_path)  # one module not compiled: compiled again
