@@ -49,12 +49,38 @@ needs_namespaces = pytest.mark.skipif(
 
 def test_starting_the_cli_imports_no_matplotlib():
     """The CLI with every subcommand, and the guard's server, load without matplotlib
-    (which needs a writable cache directory); figures import it when they draw."""
+    (which needs a writable cache directory); figures import it when they draw. Nor does
+    the guard's server, or the fleet simulator, import scipy: both are the `eval` extra,
+    which a guard's install leaves out."""
     code = (
         "import sys, floorguard.cli, floorguard.proxy.process.serve, floorguard.sim.fleet; "
-        "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'; "
+        "assert 'scipy' not in sys.modules, 'scipy imported by serve'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_command_that_needs_the_eval_extra_says_so_without_it(tmp_path: Path):
+    """Without scipy and matplotlib (the `eval` extra), `experiment run` is a clear error
+    naming the extra, not a traceback; `serve --check` needs neither."""
+    code = (
+        "import sys; sys.modules['scipy'] = sys.modules['matplotlib'] = None; "
+        "from floorguard.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "experiment", "run", "E1", "--quick", "--out",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "pip install 'floorguard[eval]'" in done.stderr and "Traceback" not in done.stderr
+    example = Path(__file__).parents[2] / "examples" / "guard.yaml"
+    checked = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--check", "--config", str(example)],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "FLOORGUARD_JWT_SECRET": "x" * 40},
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr[-2000:]
 
 
 @needs_namespaces

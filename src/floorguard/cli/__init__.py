@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_EVAL_EXTRA = frozenset({"scipy", "matplotlib"})
+"""The packages of the `eval` extra: the experiment suite's statistics and fits, figures."""
+
 BROKEN_PIPE = 141
 """The exit code of a command whose reader went away (`… --json | head`): 128 + SIGPIPE,
 what a shell tool killed by it reports."""
@@ -94,6 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return BROKEN_PIPE
+    except ModuleNotFoundError as exc:
+        if exc.name not in _EVAL_EXTRA:
+            raise
+        print(
+            f"floorguard {args.command}: error: this needs {exc.name}, in the evaluation "
+            "extra: pip install 'floorguard[eval]' (serve does not)",
+            file=sys.stderr,
+        )
+        return 2
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         print(
             f"floorguard {args.command}: error: cannot read {exc.filename}: {exc.strerror}",

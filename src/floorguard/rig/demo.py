@@ -128,6 +128,12 @@ def run_demo(*, duration_s: float = 12.0, seed: int = 0, png: Path | None = None
                 "directory (and, where no home or temporary directory is writable, set "
                 "MPLCONFIGDIR to one)"
             )
+        except ModuleNotFoundError as exc:  # installed without the `eval` extra
+            result["png"] = None
+            result["png_error"] = (
+                f"the figure was not drawn ({exc.name} is not installed: "
+                "pip install 'floorguard[eval]')"
+            )
     return result
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from floorguard.analysis.records import fold_trace
 from floorguard.core.contract import Contract, ContractClass
@@ -288,6 +287,8 @@ def fit_profile(
     first = (np.clip([getattr(base, k) for k in FIT_PARAMETERS], lo, hi) - lo) / scale
     rng = np.random.default_rng(0)
     best = None
+    from scipy.optimize import least_squares  # noqa: PLC0415  # the `eval` extra: fits only
+
     for x0 in [first, *rng.uniform(0.0, 1.0, (starts - 1, len(FIT_PARAMETERS)))]:
         result = least_squares(
             objective,
