@@ -186,26 +186,44 @@ def test_a_fleet_whose_redis_forgets_it_never_overfills_the_backend(tmp_path, fa
     server = RedisServer().start()
     backend, emulator = emulate(slots=BACKEND_SLOTS)
     processes = [emulator]
-    logs = [tmp_path / f"r{n}.jsonl" for n in range(REPLICAS)]
     try:
-        urls = []
-        for n in range(REPLICAS):
-            with (tmp_path / f"r{n}.err").open("wb") as err:
-                url, process = serve(_replica(backend, server.url, n, logs[n], slots),
-                                     tmp_path / f"r{n}.yaml", err)  # fmt: skip
-            urls.append(url)
-            processes.append(process)
+        urls = _replicas(tmp_path, backend, server.url, slots, processes)
         with redis.Redis.from_url(server.url) as admin:  # learned at start, nothing taken
             assert admin.exists("floorguard:{acme}:gen") and not admin.exists("floorguard:{acme}")
 
         _held_and_served(asyncio.run(_under_fault(server, fault, urls, 8)), backend)
-        for process in processes[1:]:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(30) == 0
+        _stopped(processes[1:])
     finally:
         stop(*processes)
         server.close()
-    report = _verified(logs)
+    _fleet_verified(tmp_path)
+
+
+def _replicas(tmp_path, backend: str, store_url: str, slots: str, processes: list, **more) -> list:
+    """`REPLICAS` `serve` replicas of one fleet (their configs `_replica`'s, with `more` on
+    top), each appended to `processes` as it starts: their URLs."""
+    urls = []
+    for n in range(REPLICAS):
+        config = _replica(backend, store_url, n, tmp_path / f"r{n}.jsonl", slots) | more
+        with (tmp_path / f"r{n}.err").open("wb") as err:
+            url, process = serve(config, tmp_path / f"r{n}.yaml", err)
+        urls.append(url)
+        processes.append(process)
+    return urls
+
+
+def _stopped(replicas: list) -> None:
+    for process in replicas:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+
+
+def _fleet_verified(tmp_path) -> None:
+    """The replicas' logs verify together, the fleet never over the backend's slots, and
+    no replica wrote a traceback."""
+    said = "".join((tmp_path / f"r{n}.err").read_text() for n in range(REPLICAS))
+    assert "Traceback" not in said
+    report = _verified([tmp_path / f"r{n}.jsonl" for n in range(REPLICAS)])
     assert (
         report["fleet_peak_in_flight"] == {}
         or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
@@ -297,29 +315,14 @@ def test_a_fleet_through_a_failover_to_a_replica_behind_holds_its_floor(tmp_path
     sentinel = LocalSentinel(master).start()
     backend, emulator = emulate(slots=BACKEND_SLOTS)
     processes = [emulator]
-    logs = [tmp_path / f"r{n}.jsonl" for n in range(REPLICAS)]
-    try:
-        urls = []
-        for n in range(REPLICAS):
-            with (tmp_path / f"r{n}.err").open("wb") as err:
-                config = _replica(backend, sentinel.url, n, logs[n], slots)
-                config["window_s"] = FAILOVER_WINDOW_S  # the lag and the failover in one window
-                url, process = serve(config, tmp_path / f"r{n}.yaml", err)
-            urls.append(url)
-            processes.append(process)
+    try:  # the lag and the failover in one window
+        urls = _replicas(tmp_path, backend, sentinel.url, slots, processes,
+                         window_s=FAILOVER_WINDOW_S)  # fmt: skip
         _held_and_served(asyncio.run(_failover_behind(master, replica, sentinel, urls)), backend)
-        for process in processes[1:]:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(30) == 0
+        _stopped(processes[1:])
     finally:
         stop(*processes)
         sentinel.close()
         master.close()
         replica.close()
-    said = "".join((tmp_path / f"r{n}.err").read_text() for n in range(REPLICAS))
-    assert "Traceback" not in said
-    report = _verified(logs)
-    assert (
-        report["fleet_peak_in_flight"] == {}
-        or max(report["fleet_peak_in_flight"].values()) <= BACKEND_SLOTS
-    )
+    _fleet_verified(tmp_path)

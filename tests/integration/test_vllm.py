@@ -377,7 +377,9 @@ def test_vllm_bench_serve_through_the_guard(vllm, vllm_python, vllm_model, tmp_p
     too slow for the floor (on a slow machine vLLM served these in 1.6 s, so 4 a window over
     4 slots queued past their deadlines: DR, not a fault); the log verifies."""
     log = tmp_path / "decisions.jsonl"
-    config = guard_config(vllm, floor=4, slots=SLOTS, decision_log=str(log))
+    config = guard_config(
+        vllm, floor=4, slots=SLOTS, decision_log=str(log), excess_policy="reject"
+    )  # the excess refused, not served as spare surplus (serve's default)
     url, process = serve(config.model_dump(mode="json", by_alias=True), tmp_path / "guard.yaml")
     try:
         bench = subprocess.run(

@@ -211,13 +211,8 @@ class Emulator:
             options = body.get("stream_options") or {}
             include_usage = stream and bool(options.get("include_usage", False))
             prompt = prompt_tokens(body, chat=chat)
-            if self.check_model and body.get("model") != self.model:
-                return web.json_response(
-                    error_body(
-                        "model_not_found", f"The model `{body.get('model')!s:.80}` does not exist."
-                    ),
-                    status=404,
-                )
+            if (wrong := self._wrong_model(body)) is not None:
+                return wrong
         except BadRequestError as exc:
             return web.json_response(error_body(exc.kind, str(exc)), status=400)
         except (ValueError, TypeError, AttributeError) as exc:
@@ -263,6 +258,17 @@ class Emulator:
             self.cancel(job)
             raise
 
+    def _wrong_model(self, body: dict[str, Any]) -> web.Response | None:
+        """With a model name: vLLM's 404 for a request naming another (None: served)."""
+        if self.check_model and body.get("model") != self.model:
+            return web.json_response(
+                error_body(
+                    "model_not_found", f"The model `{body.get('model')!s:.80}` does not exist."
+                ),
+                status=404,
+            )
+        return None
+
     async def embed(self, request: web.Request) -> web.Response:
         """`/v1/embeddings`: one input's vector after one forward pass over it (a step of
         the service model, in a slot, as vLLM schedules an embedding among its sequences);
@@ -271,13 +277,8 @@ class Emulator:
             body = json.loads(await request.read())
             prompt = prompt_tokens(body, chat=False, embedding=True)
             priority = float(body.get("priority") or 0)
-            if self.check_model and body.get("model") != self.model:
-                return web.json_response(
-                    error_body(
-                        "model_not_found", f"The model `{body.get('model')!s:.80}` does not exist."
-                    ),
-                    status=404,
-                )
+            if (wrong := self._wrong_model(body)) is not None:
+                return wrong
         except BadRequestError as exc:
             return web.json_response(error_body(exc.kind, str(exc)), status=400)
         except (ValueError, TypeError, AttributeError) as exc:
