@@ -126,3 +126,30 @@ def test_an_editable_reinstall_reuses_a_compiled_core_whose_sources_are_unchange
     edited.write_text(f"# {COMPILED[0]}\n")
     edited.with_name(edited.stem + suffix).unlink()
     assert not reusable(tmp_path)  # one module not compiled: compiled again
+
+
+def test_no_compiled_module_keeps_a_generator_at_module_level():
+    """mypyc evaluates a module-level generator expression eagerly: one kept as a generator
+    over `itertools.count()` (fresh request ids) filled the memory at import, and CI's
+    compiled run was killed while it collected the tests. One consumed at once by a call
+    (`tuple(… for …)`) is harmless; in a function a generator stays lazy."""
+    import ast  # noqa: PLC0415
+
+    found = []
+    for module in COMPILED:
+        tree = ast.parse(source_path(SRC, module).read_text())
+        for statement in tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            consumed = {
+                id(arg)
+                for node in ast.walk(statement)
+                if isinstance(node, ast.Call)
+                for arg in node.args
+            }
+            found += [
+                f"{module}:{node.lineno}"
+                for node in ast.walk(statement)
+                if isinstance(node, ast.GeneratorExp) and id(node) not in consumed
+            ]
+    assert found == []

@@ -627,7 +627,7 @@ class GuardServer:
         """One request, end to end: its `x-request-id` (the client's, if well-formed, else
         a fresh one) goes upstream and back, and it is one access-log line."""
         given = request.headers.get("x-request-id", "")
-        request_id = given if _REQUEST_ID.match(given) else next(_FRESH_IDS)
+        request_id = given if _REQUEST_ID.match(given) else _fresh_request_id()
         rid = f"{self.replica}-{next(self._ids)}"
         seen: dict[str, Any] = {}
         response: web.StreamResponse | None = None
@@ -715,10 +715,16 @@ def _bind_normalize(
 
 
 _ID_PREFIX = secrets.token_hex(8)
-_FRESH_IDS = (f"{_ID_PREFIX}{n:016x}" for n in itertools.count())
-"""Fresh `x-request-id`s (32 hex digits): a random prefix for this process, then a count —
-unique across replicas and workers (each its own process) without a `getrandom` system
-call per request."""
+_ID_COUNT = itertools.count()
+
+
+def _fresh_request_id() -> str:
+    """A fresh `x-request-id` (32 hex digits): a random prefix for this process, then a
+    count — unique across replicas and workers (each its own process) without a
+    `getrandom` system call per request. (Not a module-level generator expression: mypyc
+    evaluates one eagerly, and over `itertools.count()` that never ends.)"""
+    return f"{_ID_PREFIX}{next(_ID_COUNT):016x}"
+
 
 _SAMPLED = (
     "entitled", "surplus", "reject", "drop", "late", "complete", "fail", "floor_ended",
