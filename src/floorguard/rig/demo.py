@@ -51,7 +51,15 @@ def _guard_config(backend: str, secret: str) -> GuardServerConfig:
     return GuardServerConfig.model_validate(
         {
             "contracts": [
-                {"tenant": ASSURED, "class": "assured", "floor": 6, "deadline_ms": 1820},
+                # the excess refused, as published: the table's assured lateness is then
+                # the floor's alone (serve's default `spare` would serve some as surplus)
+                {
+                    "tenant": ASSURED,
+                    "class": "assured",
+                    "floor": 6,
+                    "deadline_ms": 1820,
+                    "excess_policy": "reject",
+                },
                 {"tenant": OPPORTUNISTIC, "class": "opportunistic", "deadline_ms": 1820},
             ],
             "backends": [{"url": backend, "slots": 4}],
