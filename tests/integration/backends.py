@@ -49,7 +49,9 @@ class ScriptedBackend:
         """`/v1/models`, taking `models_delay_s` (a backend slow to list its models)."""
         self.hits["models"] = self.hits.get("models", 0) + 1
         await asyncio.sleep(self.models_delay_s)
-        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        # it serves any name (mode ok): it lists none, as `floorguard emulate` without
+        # --model, so a guard checks no name against it
+        return web.json_response({"object": "list", "data": []})
 
     async def _elsewhere(self, _: web.Request) -> web.Response:
         self.hits["elsewhere"] = self.hits.get("elsewhere", 0) + 1
