@@ -114,6 +114,20 @@ def serve(
     return listening(process)[0], process
 
 
+def refused_start(config: dict[str, Any], path: Path, timeout_s: float = 60) -> str:
+    """`floorguard serve` with `config` (written to `path`, `port: 0`), which must exit
+    non-zero: what it said on stderr (also beside `path`, as `<name>.err`)."""
+    path.write_text(yaml.safe_dump({"port": 0, **config}))
+    err_path = path.with_suffix(".err")
+    with err_path.open("wb") as err:
+        process = floorguard("serve", "--config", str(path), stderr=err)
+        try:
+            assert process.wait(timeout_s) != 0
+        finally:
+            stop(process)
+    return err_path.read_text()
+
+
 def stop(*processes: subprocess.Popen) -> None:
     for process in processes:
         if process.poll() is None:

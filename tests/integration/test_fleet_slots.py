@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.store.leases import lease_keys, pool_tag
 from tests.integration.live import ISSUER, SECRET, token
-from tests.integration.processes import emulate, floorguard, serve, stop
+from tests.integration.processes import emulate, refused_start, serve, stop
 
 BACKEND_SLOTS, REPLICAS = 6, 3
 
@@ -279,14 +279,6 @@ def test_a_leased_replica_does_not_lease_beside_an_earlier_versions_leases(small
     with redis.Redis.from_url(redis_url) as client:
         client.zadd(f"floorguard:slots:{{{url}}}", {"old|1|1": 4e9})
     config = _leased(url, redis_url, 0, tmp_path / "r0.jsonl", ttl_s=0.5)
-    path = tmp_path / "r0.yaml"
-    path.write_text(yaml.safe_dump({"port": 0, **config}))
-    with (tmp_path / "r0.err").open("wb") as err:
-        process = floorguard("serve", "--config", str(path), stderr=err)
-        try:
-            assert process.wait(60) != 0
-        finally:
-            stop(process)
-    said = (tmp_path / "r0.err").read_text()
+    said = refused_start(config, tmp_path / "r0.yaml")
     assert "earlier floorguard" in said and f"slots:{{{url}}}" in said and "docs/deploy.md" in said
     assert "Traceback" not in said

@@ -15,13 +15,12 @@ import time
 import aiohttp
 import pytest
 import redis
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from floorguard.rig.local_redis import LocalRedis, LocalSentinel
 from floorguard.rig.net import free_port_run, wait_listening
 from tests.integration.live import ISSUER, SECRET, token
-from tests.integration.processes import emulate, floorguard, serve, stop
+from tests.integration.processes import emulate, refused_start, serve, stop
 from tests.redis_server import RedisServer
 
 
@@ -57,16 +56,7 @@ def test_a_redis_that_can_evict_the_floor_is_refused_at_start(tmp_path, evicting
     """`volatile-lru` evicts the floor's keys (each has a TTL) as surely as `allkeys-lru`:
     `serve` exits non-zero naming `store.eviction`, the policy and what to set."""
     server, backend = evicting
-    path = tmp_path / "guard.yaml"
-    path.write_text(yaml.safe_dump({**_config({"url": server.url}, backend), "port": 0}))
-    with (tmp_path / "guard.err").open("wb") as err:
-        process = floorguard("serve", "--config", str(path), stderr=err)
-        try:
-            assert process.wait(60) != 0
-        except subprocess.TimeoutExpired:
-            stop(process)
-            raise
-    said = (tmp_path / "guard.err").read_text()
+    said = refused_start(_config({"url": server.url}, backend), tmp_path / "guard.yaml")
     assert "store.eviction" in said and "volatile-lru" in said and "noeviction" in said
     assert "Traceback" not in said and "Unclosed" not in said
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,13 +14,12 @@ from collections.abc import Iterator
 import aiohttp
 import jwt
 import pytest
-import yaml
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from floorguard.rig.net import free_port_run
-from tests.integration.processes import emulate, floorguard, serve, stop
+from tests.integration.processes import emulate, refused_start, serve, stop
 
 
 class Provider:
@@ -143,15 +141,6 @@ def test_a_rotated_signing_key_is_followed_without_a_restart(tmp_path, backend):
 
 def test_a_jwks_url_that_cannot_be_fetched_refuses_the_start(tmp_path, backend):
     dead = f"http://127.0.0.1:{free_port_run(1)}/jwks.json"
-    path = tmp_path / "guard.yaml"
-    path.write_text(yaml.safe_dump({"port": 0, **_config(dead, backend)}))
-    with (tmp_path / "guard.err").open("wb") as err:
-        process = floorguard("serve", "--config", str(path), stderr=err)
-        try:
-            assert process.wait(60) != 0
-        except subprocess.TimeoutExpired:
-            stop(process)
-            raise
-    said = (tmp_path / "guard.err").read_text()
+    said = refused_start(_config(dead, backend), tmp_path / "guard.yaml")
     assert "identity.jwt.jwks_url" in said and "cannot be fetched" in said
     assert "Traceback" not in said
