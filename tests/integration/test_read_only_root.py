@@ -53,7 +53,7 @@ def test_starting_the_cli_imports_no_matplotlib():
     the guard's server, or the fleet simulator, import scipy: both are the `eval` extra,
     which a guard's install leaves out."""
     code = (
-        "import sys, floorguard.cli, floorguard.proxy.process.serve, floorguard.sim.fleet; "
+        "import sys, floorguard.cli, floorguard.proxy.process.serve, floorguard.datacenter; "
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at start'; "
         "assert 'scipy' not in sys.modules, 'scipy imported by serve'"
     )

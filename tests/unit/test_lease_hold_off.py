@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from floorguard.core.events import EventKind
-from floorguard.core.leasing import lease_answered
+from floorguard.core.leasing import LeaseFlow, lease_answered
 from floorguard.core.surface import LEASE_HOLD_OFF_MAX_S, LEASE_HOLD_OFF_S, NO_LEASE, Dispatch
 from floorguard.errors import ProtocolError
 from floorguard.store.leases import LeaseReply, SlotLeases
@@ -428,3 +428,59 @@ def test_the_backends_a_full_denial_names_come_back_a_period_after_the_denied_on
     assert [d.backend for d in guard.poll(0.5)] == [backend]  # the denied one only
     assert guard.next_wake_at() == 1.0
     assert {d.backend for d in guard.poll(1.0)} == set(others)
+
+
+def _flow(guard, backends=("b0", "b1", "b2")):
+    flow = LeaseFlow(
+        None, lambda: 0.0, backends=list(backends), capacity=[1] * len(backends),
+        replica="r1", ttl_s=2.0, on_handed=lambda backend: None, script_clock=lambda: 0.0,
+    )  # fmt: skip
+    flow.serve(guard)
+    return flow
+
+
+def test_a_lease_answer_reaches_the_stack_only_in_the_driver_step_that_goes_on():
+    """The HTTP guard runs `plan_start` in a task of its own and goes on with the request
+    when it is done. Had the plan requeued the denied request itself, another request's
+    pump could dispatch it again before its handler waited for it: that dispatch had no
+    one to go to, and the request hung in flight until its client gave up (found in CI's
+    leased-replicas test). The plan only answers; `answered` requeues."""
+    events = []
+    config = dataclasses.replace(make_config(slots=(1, 1, 1)), slot_leases=True)
+    guard = make_guard(config, events=events)
+    flow = _flow(guard)
+    decision = _first(guard)
+    plan = flow.plan_start(decision)
+    next(plan)
+    with pytest.raises(StopIteration) as done:
+        plan.send(LeaseReply(False, "full", 1))
+    assert done.value.value == "full"
+    assert guard.awaits_lease(decision.request.request_id)  # nothing told the stack yet
+    assert all(d.request.request_id != decision.request.request_id for d in guard.poll(0.0))
+    assert flow.answered(decision, "full") is False
+    assert events[-1].kind is EventKind.REQUEUE and events[-1].reason == NO_LEASE
+
+
+def test_an_answer_for_a_request_that_ended_meanwhile_is_not_told():
+    """The client left while the lease call was out: the request ended; its answer is
+    dropped (its end gives the lease back), not a `ProtocolError` in a background task."""
+    config = dataclasses.replace(make_config(slots=(1, 1, 1)), slot_leases=True)
+    guard = make_guard(config)
+    flow = _flow(guard)
+    decision = _first(guard)
+    guard.finish(decision.request.request_id, 0.0, "abort", "client_disconnected")
+    assert flow.answered(decision, "") is False
+
+
+def test_a_handed_slot_nothing_here_will_take_is_handed_on_after_the_poll():
+    """A slot handed here while nothing is queued (the request it was for was dropped or
+    started elsewhere): the settling after the next poll hands it on in one call."""
+    config = dataclasses.replace(make_config(slots=(1, 1, 1)), slot_leases=True)
+    guard = make_guard(config)
+    flow = _flow(guard)
+    flow.leases.on_message("b1", "r1|handed|3")
+    assert flow.needs_settling()
+    plan = flow.plan_settle()
+    call = next(plan)
+    assert (call.backend, call.op, call.members) == ("b1", "pass", ("r1|handed|3",))
+    assert not flow.needs_settling()

@@ -254,15 +254,14 @@ def fleet_slots(
     not yet ended or requeued), summed over every replica's log on one time line, never
     more than the backend's own capacity as the logs record it (`backend_capacity`, keyed
     by `backend_ids`). Backends without a recorded capacity are not judged fleet-wide
-    (each log's own SLOTS check still holds). The logs' clocks are the replicas': a
-    release and a start at one instant count the release first."""
+    (each log's own SLOTS check still holds), but their peaks are counted. The logs'
+    clocks are the replicas': a release and a start at one instant count the release
+    first."""
     capacity: dict[str, int] = {}
     for config in configs:
         for i, c in enumerate(config.backend_capacity):
             if c is not None and config.backend_ids:
                 capacity[config.backend_ids[i]] = min(c, capacity.get(config.backend_ids[i], c))
-    if not capacity:
-        return
     changes = [
         change
         for number, (events, config) in enumerate(zip(logs, configs, strict=True))

@@ -112,7 +112,7 @@ def bench_fleet(*, repeats: int = 3, **fleet: Any) -> dict[str, Any]:
     """Simulated requests per wall second at fleet scale (default 8 replicas × 64 backends
     × 50 assured tenants, leased slots: every lease call runs), beside the single-backend
     marquee in the same run (both record their decision logs)."""
-    from floorguard.sim.fleet import Fleet, simulate_fleet  # noqa: PLC0415  # sim.fleet is heavy
+    from floorguard.datacenter import Fleet, simulate_fleet  # noqa: PLC0415  # the datacenter is heavy
 
     scale = Fleet(**{"replicas": 8, "backends": 64, "tenants": 50, "floor": 2, **fleet})
     one = Fleet(

@@ -33,8 +33,8 @@ from floorguard.sim.workloads import (
 )
 
 if TYPE_CHECKING:  # each loads when its command runs, not for the parser (`--help`)
+    from floorguard.datacenter import Fleet
     from floorguard.proxy.config.guard import GuardServerConfig
-    from floorguard.sim.fleet import Fleet
 
 __all__ = ["pool_scenarios", "register", "run", "scenario_from", "stack_options_from"]
 
@@ -372,7 +372,7 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
 
 
 def _fleets(args: argparse.Namespace) -> list[Fleet]:
-    from floorguard.sim.fleet import Fleet, SlotMode  # noqa: PLC0415  # see the imports
+    from floorguard.datacenter import Fleet, SlotMode  # noqa: PLC0415  # see the imports
 
     try:
         skews = [float(x) for x in str(args.skew).split(",")]
@@ -410,8 +410,8 @@ def _fleets(args: argparse.Namespace) -> list[Fleet]:
 
 
 def _run_fleet(args: argparse.Namespace, console: Console) -> int:
+    from floorguard.datacenter import simulate_fleet  # noqa: PLC0415
     from floorguard.experiments.figures import fleet_figure  # noqa: PLC0415  # see the imports
-    from floorguard.sim.fleet import simulate_fleet  # noqa: PLC0415
 
     fleets = _fleets(args)
     results = []

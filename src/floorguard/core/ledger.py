@@ -670,6 +670,12 @@ class Ledger:
         """Whether the request is still queued or in flight (not yet ended)."""
         return request_id in self._queued or request_id in self._in_flight
 
+    def awaits_lease(self, request_id: RequestId) -> bool:
+        """Whether the request is in flight and its start waits for its slot lease's
+        answer (`lease_granted` or `lease_denied`)."""
+        ticket = self._in_flight.get(request_id)
+        return ticket is not None and ticket.leasing
+
     def in_flight_request(self, request_id: RequestId) -> Request | None:
         """The request if it is in flight (dispatched, not yet ended), else None."""
         ticket = self._in_flight.get(request_id)

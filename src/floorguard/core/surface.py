@@ -51,6 +51,7 @@ __all__ = [
     "LEASE_HOLD_OFF_S",
     "LOCAL_LEASE",
     "NO_LEASE",
+    "PAST_DOOM_S",
     "SLOTS_LOST",
     "SLOTS_RECOVERING",
     "SLOTS_SHARED",
@@ -93,6 +94,10 @@ class RejectReason(StrEnum):
     """A surplus request that cannot start before it is doomed (`QueueLimits.refuse_busy`,
     docs/design.md §17): refused on arrival instead of dropped at the end of its wait."""
 
+
+PAST_DOOM_S = 1e-4
+"""How long after a doom instant `next_wake_at` names a driver calls `expire`: just past it,
+so `now + L > D` holds (at the instant itself the request is not doomed yet)."""
 
 NO_LEASE = "no_lease"
 """A `requeue` event's reason when the fleet had no slot lease for the request: its

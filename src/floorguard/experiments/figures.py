@@ -18,7 +18,7 @@ from floorguard.experiments.tables import source_name, summarize
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from floorguard.sim.fleet import FleetResult
+    from floorguard.datacenter import FleetResult
 
 __all__ = [
     "attainment_vs_phase",

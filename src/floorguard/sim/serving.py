@@ -1,6 +1,6 @@
 """The simulated backends on an engine: each backend's next completion is one live event,
 rescheduled whenever its batch changes (a stale one is skipped by its version). The one
-simulation loop both drivers share — `sim/run.py` (one stack) and `sim/fleet.py` (a fleet
+simulation loop both drivers share — `sim/run.py` (one stack) and `datacenter.py` (a fleet
 of replicas) extend it — so completions are scheduled, invalidated and handled one way.
 
 A base class, not a part the driver holds with a callback: a `Serving` holding its owner's

@@ -606,9 +606,6 @@ class SlotLeases:
         else:
             self._learn(backend, reply)
 
-    async def pass_on_async(self, backend: int | None = None) -> None:
-        await run_plan_async(self.plan_pass_on(backend), self._script())
-
     def _answered(self) -> Plan[None]:
         """Redis answered: release the leases in doubt, and after an outage put every
         lease held back in it."""
@@ -753,9 +750,6 @@ class SlotLeases:
         self, backend: int, request_id: str, waiting: int | None = None
     ) -> None:
         await run_plan_async(self.plan_release(backend, request_id, waiting), self._script())
-
-    async def announce_async(self) -> None:
-        await run_plan_async(self.plan_announce(), self._script())
 
     async def renew_every(self, clock: Clock) -> None:
         """Keep this replica's leases and waiting-board entries alive (every `ttl_s / 4`)."""

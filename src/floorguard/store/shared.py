@@ -60,6 +60,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -238,7 +239,10 @@ class SharedFloor(CreditStore):
         now: float,
         *,
         floor: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> Grant:
+        """`sleep`: how a retry's backoff is waited (a simulation on a virtual clock
+        waits none)."""
         plan = self._plan(key, weight, capacity, schedule, now, floor=floor)
         store = self.store
 
@@ -246,7 +250,7 @@ class SharedFloor(CreditStore):
             key, weight, capacity, options = step
             return store.call(key, weight, capacity, schedule, now, **options)
 
-        return run_plan(plan, call)
+        return run_plan(plan, call, sleep)
 
     def remaining(self, key: str, capacity: int, schedule: WindowSchedule, now: float) -> int:
         """As last seen by this replica (no round trip): the shared count after its latest

@@ -1,5 +1,5 @@
 """`acquire.lua`'s and `lease.lua`'s semantics in process, on the caller's clock: the Redis
-a simulation runs against (the datacenter in `sim/fleet.py`), held to the real scripts by
+a simulation runs against (the datacenter in `datacenter.py`), held to the real scripts by
 differential tests against a real `redis-server` (`tests/integration/test_simulated_store.py`).
 
 Every step of the script is here — the generation marker, the carried hand-back and the

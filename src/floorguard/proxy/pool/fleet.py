@@ -12,21 +12,23 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from floorguard.core.contract import Contract
-from floorguard.core.leasing import lease_answered, nothing_to_start, slots_changed
+from floorguard.core.guard import Guard
+from floorguard.core.leasing import LeaseFlow
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.guard import BackendSpec, StoreSpec
+from floorguard.proxy.pool.build import pool_floor
 from floorguard.proxy.pool.health import backend_report
 from floorguard.proxy.pool.shares import capacities, slot_shares
 from floorguard.proxy.pool.upstream import Upstream
 from floorguard.store.base import StoreUnavailable
 from floorguard.store.leases import SlotLeases, handed_channel, pool_tag, redis_lease_script
 from floorguard.store.members import Membership
+from floorguard.store.plan import Plan, run_plan_async
 from floorguard.store.redis_store import RedisCreditStore
-from floorguard.store.shared import SharedFloor
 
 if TYPE_CHECKING:
     from floorguard.proxy.pool.pool import Pool
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["PoolFleet"]
 
 log = logging.getLogger("floorguard.proxy")
+_T = TypeVar("_T")
 
 
 class PoolFleet:
@@ -48,21 +51,20 @@ class PoolFleet:
         self.redis = _redis(store) if store is not None else None
         """The pool's Redis (the floor, the leases and the membership share it)."""
         self.floor = (
-            SharedFloor(
+            pool_floor(
+                store,
                 self.redis,
-                policy=store.on_unavailable,
-                replicas=store.replicas,
-                retry_s=store.retry_s,
                 clock=pool.clock.now,
-                attempts=store.attempts,
                 on_change=self._on_store_change,
                 on_lost_state=self._on_lost_state,
             )
             if store is not None and self.redis is not None
             else None
         )
-        self.leases = self._create_leases(store)
-        """Fleet-wide slot leases (`store.slots: leased`); None: slots are this replica's."""
+        self.flow = self._create_flow(store)
+        """What follows a leased start (`store.slots: leased`), the leases with it; None:
+        slots are this replica's."""
+        self.leases: SlotLeases | None = self.flow.leases if self.flow is not None else None
         self.membership = self._create_membership(store)
         """The live fleet sharing this pool's store (docs/design.md §14); None without one."""
         self._leased: dict[str, tuple[int, asyncio.Future[str] | None]] = {}
@@ -75,24 +77,27 @@ class PoolFleet:
         store = self.pool.config.store
         return store is not None and store.slots == "partition"
 
-    def _create_leases(self, store: StoreSpec | None) -> SlotLeases | None:
+    def _create_flow(self, store: StoreSpec | None) -> LeaseFlow | None:
         if store is None or store.slots != "leased":
             return None
         assert self.redis is not None
         pool = self.pool
-        return SlotLeases(
+        return LeaseFlow(
             redis_lease_script(self.redis),
+            pool.clock.now,
             backends=[b.url.rstrip("/") for b in pool.config.backends],
             capacity=[b.slots for b in pool.config.backends],
             replica=pool.edge.replica,
             ttl_s=store.lease_ttl_s,
-            waiting=lambda: pool.guard.num_waiting_entitled,
-            surplus=lambda: pool.guard.num_queued - pool.guard.num_queued_entitled,
             on_handed=self._handed,
-            on_change=lambda state: slots_changed(pool.guard, state, pool.clock.now()),
             first_seq=int(pool.clock.now() * 1e6),  # above any former self's under this name
             pool=pool_tag(pool.name),
         )
+
+    def serve(self, guard: Guard) -> None:
+        """The pool's guard, built on this fleet's floor: the leased starts serve it."""
+        if self.flow is not None:
+            self.flow.serve(guard)
 
     def _create_membership(self, store: StoreSpec | None) -> Membership | None:
         if store is None:
@@ -305,28 +310,38 @@ class PoolFleet:
 
     # -- fleet-wide slot leases -------------------------------------------------------------
 
-    async def leased_slot(self, rid: str, decision: Dispatch, entitled: bool) -> bool:
+    def _run(self, plan: Plan[_T]) -> Coroutine[Any, Any, _T]:
+        """One of the flow's plans, run through the lease script."""
+        assert self.leases is not None and self.leases.script is not None
+        return run_plan_async(plan, self.leases.script)
+
+    def admitted(self, *, entitled: bool) -> None:
+        """An admission: an entitled one goes on the pool's waiting board at once."""
+        if self.flow is not None and entitled:
+            self.in_background(self._run(self.flow.plan_admitted(entitled=entitled)))
+
+    async def leased_slot(self, rid: str, decision: Dispatch) -> bool:
         """With fleet-wide leases, take one for the slot the guard chose; without one the
         guard puts the request back (`no_lease`) and holds the backend off, so the pump
         does not spin on it. True when the request may start."""
         if not decision.lease:
             return True
-        leases, guard = self.leases, self.pool.guard
-        assert leases is not None  # the guard leases slots only when the pool has leases
-        taking = asyncio.ensure_future(
-            leases.acquire_async(decision.backend, rid, entitled=entitled)
-        )
+        assert self.flow is not None  # the guard leases slots only when the pool has leases
+        taking = asyncio.ensure_future(self._run(self.flow.plan_start(decision)))
         try:
             why = await asyncio.shield(taking)
         except asyncio.CancelledError:  # the client went away: give back what it may get
             self._leased[rid] = (decision.backend, taking)
             raise
-        if not lease_answered(guard, leases, decision, why, self.pool.clock.now()):
+        if not self.flow.answered(decision, why):  # requeued: this handler waits again next
             return False
         self._leased[rid] = (decision.backend, None)
-        if nothing_to_start(guard) and leases.holds_handed():
-            self.in_background(leases.pass_on_async())
         return True
+
+    def settle(self) -> None:
+        """After each pump: slots handed here that nothing is left to start on go on."""
+        if self.flow is not None and self.flow.needs_settling():
+            self.in_background(self._run(self.flow.plan_settle()))
 
     def _hand_over(self, message: str) -> None:
         """A slot handed to this replica, as published: `<backend> <member>`."""
@@ -335,30 +350,26 @@ class PoolFleet:
         self.leases.on_message(backend, member)
 
     def _handed(self, backend: int) -> None:
-        """A slot on `backend` was handed to this replica: offer the backend again and
-        start the next request there (it takes the handed lease, no call); with nothing
-        queued, hand it on."""
-        guard, leases = self.pool.guard, self.leases
-        assert leases is not None
-        guard.lease_handed(backend, self.pool.clock.now())
-        if nothing_to_start(guard):  # hand it on at once
-            self.in_background(leases.pass_on_async(backend))
+        """A slot on `backend` was handed to this replica: the next start there takes it
+        (the pump's settling hands it on if nothing is left to start)."""
+        assert self.flow is not None
+        self.flow.handed(backend)
         self.pool.pump.pump()
 
     def release(self, rid: str) -> None:
         """Give a request's lease back (it ended, or its backend was unreachable); the
         pump runs once the lease is free, so the next start can take it."""
         held = self._leased.pop(rid, None)
-        if held is None or self.leases is None:
+        if held is None or self.flow is None:
             return
         backend, taking = held
-        leases, pump = self.leases, self.pool.pump
-        waiting = leases.waiting()  # before this end lets the queue move on
+        flow, pump = self.flow, self.pool.pump
+        ending = flow.plan_end(backend, rid, flow.leases.waiting())  # before the queue moves
 
         async def release() -> None:
             if taking is not None:
                 await asyncio.wait([taking])  # the lease it was taking, if granted
-            await leases.release_async(backend, rid, waiting)
+            await self._run(ending)
             pump.pump()
 
         self.in_background(release())

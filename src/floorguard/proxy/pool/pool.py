@@ -89,13 +89,15 @@ class Pool:
         self.shared_floor, self.leases = self.fleet.floor, self.fleet.leases  # set once, there
         self.guard = pool_guard(
             config,
-            self.fleet,
+            shares=self.fleet.shares,
+            floor=self.fleet.floor,
             asks_over_http=edge.http_learner is not None,  # the callout answers (`_answer`)
             sink=edge.on_event if self.name is None else self._on_event,  # one call less
             seed=seed,
             now=self.clock.now(),
         )
-        self.pump = Pump(self.guard, self.clock)
+        self.fleet.serve(self.guard)
+        self.pump = Pump(self.guard, self.clock, settle=self.fleet.settle)
         """The wall-clock driver of the guard: dispatch decisions to waiting requests, and
         the doom timer."""
         self.health = BackendHealth(
@@ -272,8 +274,7 @@ class Pool:
             limits = rate_limit_headers(pending, config.meter, config.schedule, now)
             if not admission.admitted:
                 return refusal(admission, now, limits)
-            if admission.entitled and self.leases is not None:
-                self.fleet.in_background(self.leases.announce_async())
+            self.fleet.admitted(entitled=admission.entitled)
             return await self._serve(
                 request, path, work, admission, limits, exchange=exchange, request_id=request_id
             )
@@ -347,7 +348,7 @@ class Pool:
                     headers,
                     entitled=admission.entitled,
                 )
-            if not await self.fleet.leased_slot(rid, decision, admission.entitled):
+            if not await self.fleet.leased_slot(rid, decision):
                 continue  # requeued: the fleet had no slot for it on that backend yet
             # a backend that fails before the first byte of its reply: the request goes to
             # another healthy one, once (it was admitted: no second charge to the floor)

@@ -16,12 +16,9 @@ from collections.abc import Awaitable, Callable
 
 from floorguard.clock import Clock, Timer
 from floorguard.core.request import RequestId
-from floorguard.core.surface import Dispatch, Drop, Stack
+from floorguard.core.surface import PAST_DOOM_S, Dispatch, Drop, Stack
 
 __all__ = ["CutError", "Pump"]
-
-_PAST_DOOM_S = 1e-4
-"""How long after `D − L` the timer fires: just past it, so `now + L > D` holds."""
 
 
 class CutError(Exception):
@@ -30,9 +27,13 @@ class CutError(Exception):
 
 
 class Pump:
-    def __init__(self, stack: Stack, clock: Clock) -> None:
+    def __init__(
+        self, stack: Stack, clock: Clock, settle: Callable[[], None] | None = None
+    ) -> None:
         self.stack = stack
         self.clock = clock
+        self._settle = settle
+        """Called after each pump (the fleet's leases hand on what nothing here will take)."""
         self._waiters: dict[RequestId, asyncio.Future[Dispatch | Drop]] = {}
         self._timer: Timer | None = None
         self._timer_at = math.inf
@@ -57,6 +58,8 @@ class Pump:
         on the stack's next wake-up."""
         self._resolve(self.stack.poll(self.clock.now()))
         self._arm()
+        if self._settle is not None:
+            self._settle()
 
     def cut_waiting(self) -> int:
         """The drain deadline: every request still waiting for its turn gets `CutError` (its
@@ -83,7 +86,7 @@ class Pump:
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.clock.call_at(at + _PAST_DOOM_S, self._on_timer)
+        self._timer = self.clock.call_at(at + PAST_DOOM_S, self._on_timer)
         self._timer_at = at
 
     def _on_timer(self) -> None:

@@ -1,17 +1,23 @@
 """The datacenter in the simulator (docs/design.md §13): `R` guard replicas sharing one floor store,
 `M` backends of `C` slots, `T` assured tenants, behind a load balancer that may be skewed.
 
-Every replica is the shipped `Guard`; the store is the shipped `SharedFloor` policy over a
-simulated Redis (`store/simulated.py`: `acquire.lua`'s and `lease.lua`'s semantics on the
-virtual clock, held to the real scripts by differential tests; a configurable round trip,
-and an outage window during which every call fails). Slots are either *partitioned* — each
-replica owns `M/R` whole backends (C slots each) — or *leased*: every replica's guard
-offers every backend's `C` slots, and each start first takes a lease through the shipped
-`SlotLeases` policy (the waiting board; while the store is down, each replica keeps the
-slots it held); a start the fleet has no lease for waits again (`no_lease`) and its
-backend is held off, as the guard core decides for the HTTP guard. The decision logs of
-all replicas pass `check_fleet` (AF across replicas, SLOTS per backend across replicas,
-and ORDER across replicas when leased).
+Every replica is what `serve` builds from its configuration: `Fleet.config` writes each
+replica's `GuardServerConfig` (W, the contracts, the backends, the store's section, the
+learner, the queue limits), and the replica's guard is `pool_guard`'s (the pool's guard
+builder: the configuration's core, its slot shares, its learner) over the shipped
+`SharedFloor` policy with the store section's settings. The store is a simulated Redis
+(`store/simulated.py`: `acquire.lua`'s and `lease.lua`'s semantics on the virtual clock,
+held to the real scripts by differential tests; a configurable round trip, and an outage
+window during which every call fails). Slots are either *partitioned* — each replica's
+configuration lists its own `M/R` whole backends — or *leased*: every replica lists every
+backend, and what follows each start is the pool's `LeaseFlow` (a lease taken through the
+shipped `SlotLeases` policy and its waiting board, hand-overs, hand-ons, releases), its plans
+carried here over the simulated script as the HTTP guard carries them over Redis. The
+decision logs of all replicas pass `check_fleet` (AF across replicas, SLOTS per backend
+across replicas where a backend's capacity is declared, ORDER across replicas when leased).
+
+It sits above `proxy/` in the layer list: it builds replicas from the HTTP guard's own
+configuration objects and builder, on `sim/`'s engine and backend model.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import functools
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -28,29 +34,24 @@ import numpy as np
 
 from floorguard.analysis.checker import check_fleet
 from floorguard.analysis.records import fold_trace
-from floorguard.core.contract import (
-    Contract,
-    ContractClass,
-    GuardConfig,
-    QueueLimits,
-    WindowSchedule,
-)
+from floorguard.core.contract import ContractClass
 from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
-from floorguard.core.learner import consult
-from floorguard.core.leasing import lease_answered, nothing_to_start, slots_changed
+from floorguard.core.leasing import LeaseFlow
 from floorguard.core.request import Request, RequestId
-from floorguard.core.surface import Dispatch, Pending, StoreCall
-from floorguard.learners.registry import create_learner
+from floorguard.core.surface import PAST_DOOM_S, Dispatch, LearnerAsk, Pending, StoreCall
 from floorguard.profiles import get_profile
+from floorguard.proxy.config.guard import BackendSpec, GuardServerConfig
+from floorguard.proxy.pool.build import pool_floor, pool_guard
+from floorguard.proxy.pool.shares import slot_shares
 from floorguard.sim.backend import create_backend
 from floorguard.sim.engine import Engine, Priority
 from floorguard.sim.serving import Serving
 from floorguard.sim.targets import saturated_capacity
 from floorguard.store.base import StoreUnavailable
-from floorguard.store.leases import LeaseCall, LeaseReply, SlotLeases
+from floorguard.store.leases import LeaseCall, LeaseReply, pool_tag
 from floorguard.store.plan import Plan, run_plan
-from floorguard.store.shared import SharedFloor, Unavailable
+from floorguard.store.shared import SharedFloor
 from floorguard.store.simulated import SimulatedRedis
 
 __all__ = ["Fleet", "FleetResult", "SlotMode", "simulate_fleet"]
@@ -100,6 +101,50 @@ class Fleet:
                 f"a partition gives each replica whole backends: {self.backends} backends "
                 f"do not divide among {self.replicas} replicas"
             )
+
+    def owned(self, replica: int) -> list[int]:
+        """The backends `replica` lists: its `M/R` whole ones (partition), or every one."""
+        if self.slot_mode == "leased":
+            return list(range(self.backends))
+        per = self.backends // self.replicas
+        return list(range(replica * per, (replica + 1) * per))
+
+    def config(self, replica: int) -> GuardServerConfig:
+        """Replica `replica`'s configuration, as `serve` reads it from YAML: the assured
+        tenants and the flood, its backends (a partition lists its own and declares no
+        capacity, so its share of each is the whole `C`; leased replicas declare it), the
+        store's section (the configured replica count, the slot mode, the lease TTL; the
+        rest `serve`'s defaults), W, the learner, the profile and the surplus queue."""
+        leased = self.slot_mode == "leased"
+        contracts: list[dict[str, Any]] = [
+            {"tenant": f"t{t}", "class": "assured", "deadline_ms": self.deadline_ms,
+             "floor": self.floor}
+            for t in range(self.tenants)
+        ]  # fmt: skip
+        contracts.append(
+            {"tenant": "flood", "class": "opportunistic", "deadline_ms": self.deadline_ms}
+        )
+        return GuardServerConfig.model_validate(
+            {
+                "window_s": self.window_s,
+                "contracts": contracts,
+                "backends": [
+                    {"url": f"http://b{b}", "slots": self.slots}
+                    | ({"capacity": self.slots} if leased else {})
+                    for b in self.owned(replica)
+                ],
+                "identity": {"mode": "header", "header": "x-tenant",
+                             "trusted_upstreams": ["10.0.0.1/32"]},
+                "store": {"url": "redis://simulated", "replicas": self.replicas,
+                          "slots": self.slot_mode, "lease_ttl_s": self.lease_ttl_s},
+                "replica": f"r{replica}",
+                "learner": self.learner,
+                "profile": self.profile,
+                "limits": {"default_max_tokens": self.tokens},
+                "queue": {"max_opportunistic": self.queue_per_backend * self.slots
+                          * self.backends // self.replicas},
+            }
+        )  # fmt: skip
 
 
 @dataclass
@@ -151,6 +196,10 @@ def _mu_sat(profile: str, tokens: int, slots: int) -> float:
     return saturated_capacity(get_profile(profile), tokens, slots)[0]
 
 
+def _no_wait(_seconds: float) -> None:
+    """A retry's backoff on the virtual clock: the next attempt is sent at once."""
+
+
 class _FleetSimulation(Serving):
     def __init__(self, fleet: Fleet, seed: int) -> None:
         self.fleet = fleet
@@ -163,85 +212,72 @@ class _FleetSimulation(Serving):
         self.running = [0] * fleet.backends
         """Requests in flight on each backend, fleet-wide."""
         self.peak = 0
-        self.schedule = WindowSchedule(fleet.window_s)
         self.redis = SimulatedRedis(outage=fleet.store_outage)
         self.logs: list[list[TraceEvent]] = [[] for _ in range(fleet.replicas)]
-        per = fleet.backends // fleet.replicas
-        self.owned = (
-            [list(range(r * per, (r + 1) * per)) for r in range(fleet.replicas)]
-            if fleet.slot_mode == "partition"
-            else [list(range(fleet.backends)) for _ in range(fleet.replicas)]
-        )
+        self.owned = [fleet.owned(r) for r in range(fleet.replicas)]
+        self.configs = [fleet.config(r) for r in range(fleet.replicas)]
         self.floors: list[SharedFloor] = []
         self.guards: list[Guard] = []
-        for replica in range(fleet.replicas):
-            floor = SharedFloor(
-                self.redis.client(f"r{replica}"),
-                policy=Unavailable.FAIL_STATIC,
-                replicas=fleet.replicas,
-                retry_s=0.5,
-                clock=lambda: self.engine.now,
-                attempts=1,
-                backoff_s=0.0,
-                on_change=self._marker(replica),
-            )
-            self.floors.append(floor)
-            self.guards.append(self._guard(replica, floor))
-        self.leases = [self._leases(r) for r in range(fleet.replicas)]
+        self.flows: list[LeaseFlow | None] = []
+        for replica, config in enumerate(self.configs):
+            self._build(replica, config, int(rng.integers(2**32)))
         self.owner: dict[RequestId, int] = {}
-        self.learner = create_learner(fleet.learner, rng)
         self._wake_at = [math.inf] * fleet.replicas
         self.lease_calls = 0
         self.no_lease = 0
 
-    def _marker(self, replica: int) -> Callable[[str, float], None]:
-        """The replica's log marks its store's degraded periods, as the HTTP guard's does."""
-        return lambda state, now: self.guards[replica].store_changed(now, state)
-
-    def _guard(self, replica: int, floor: SharedFloor) -> Guard:
-        fleet = self.fleet
-        mine = self.owned[replica]
-        contracts = [
-            Contract(f"t{t}", ContractClass.ASSURED, fleet.deadline_ms / 1e3, fleet.floor)
-            for t in range(fleet.tenants)
-        ]
-        contracts.append(Contract("flood", ContractClass.OPPORTUNISTIC, fleet.deadline_ms / 1e3))
-        config = GuardConfig(
-            contracts=tuple(contracts),
-            schedule=self.schedule,
-            slots=tuple(fleet.slots for _ in mine),
-            queue_limits=QueueLimits(
-                opportunistic=fleet.queue_per_backend
-                * fleet.slots
-                * fleet.backends
-                // fleet.replicas
-            ),
-            backend_ids=tuple(f"b{b}" for b in mine),
-            backend_capacity=tuple(fleet.slots for _ in mine),
-            slot_leases=fleet.slot_mode == "leased",
-        )
-        return Guard(config, learner=None, store=floor, sink=self.logs[replica].append)
-
-    def _leases(self, replica: int) -> SlotLeases | None:
-        """The shipped lease policy over the simulated Redis, on the virtual clock."""
-        fleet = self.fleet
-        if fleet.slot_mode != "leased":
-            return None
-        guard = self.guards[replica]
-        return SlotLeases(
-            None,  # the simulation drives the plans over the simulated Redis
-            backends=[f"b{b}" for b in range(fleet.backends)],
-            capacity=[fleet.slots] * fleet.backends,
-            replica=f"r{replica}",
-            ttl_s=fleet.lease_ttl_s,
-            waiting=lambda: guard.num_waiting_entitled,
-            surplus=lambda: guard.num_queued - guard.num_queued_entitled,
-            on_handed=lambda backend: self.engine.schedule(
-                self.engine.now, Priority.ARRIVAL, self.on_handed, (replica, backend)
-            ),
-            on_change=lambda state: slots_changed(guard, state, self.engine.now),
+    def _build(self, replica: int, config: GuardServerConfig, seed: int) -> None:
+        """One replica as `serve` builds its pool: the shared floor, the guard core (its
+        shares, its learner), and the leased starts' flow."""
+        store = config.store
+        assert store is not None
+        now = self.engine.now
+        floor = pool_floor(
+            store,
+            self.redis.client(f"r{replica}"),
             clock=lambda: self.engine.now,
+            on_change=lambda state, at: self.guards[replica].store_changed(at, state),
+            on_lost_state=lambda tenant, window, at: self.guards[replica].store_changed(
+                at, "lost-state", tenant, window
+            ),
         )
+        partitioned = store.slots == "partition"
+
+        def shares(
+            backends: Sequence[BackendSpec], removed: frozenset[int], count: int
+        ) -> tuple[int, ...]:
+            return slot_shares(
+                backends, removed, count, partitioned=partitioned, capacity_of=_declared
+            )
+
+        guard = pool_guard(
+            config,
+            shares=shares,
+            floor=floor,
+            asks_over_http=False,
+            sink=self.logs[replica].append,
+            seed=seed,
+            now=now,
+        )
+        flow = None
+        if not partitioned:
+            flow = LeaseFlow(
+                None,  # the simulation carries the plans over the simulated Redis
+                lambda: self.engine.now,
+                backends=[b.url.rstrip("/") for b in config.backends],
+                capacity=[b.slots for b in config.backends],
+                replica=f"r{replica}",
+                ttl_s=store.lease_ttl_s,
+                on_handed=lambda backend: self.engine.schedule(
+                    self.engine.now, Priority.ARRIVAL, self.on_handed, (replica, backend)
+                ),
+                script_clock=lambda: self.engine.now,
+                pool=pool_tag(None),
+            )
+            flow.serve(guard)
+        self.floors.append(floor)
+        self.guards.append(guard)
+        self.flows.append(flow)
 
     # -- arrivals -------------------------------------------------------------------------
 
@@ -275,65 +311,69 @@ class _FleetSimulation(Serving):
                 for n, ((at, tenant), r) in enumerate(zip(arrivals, replicas, strict=True))
             ],
         )
-        for replica, leases in enumerate(self.leases):
-            if leases is not None:
-                self.engine.schedule(leases.ttl_s / 4, Priority.ARRIVAL, self.on_renew, replica)
+        for replica, flow in enumerate(self.flows):
+            if flow is not None:
+                at = flow.leases.ttl_s / 4
+                self.engine.schedule(at, Priority.ARRIVAL, self.on_renew, replica)
         return len(arrivals)
 
     def on_arrival(self, payload: tuple[int, Request], now: float) -> None:
         replica, request = payload
         self.owner[request.request_id] = replica
         pending = self.guards[replica].begin_arrival(request, now, scheduled_at=request.arrival_at)
-        if type(pending.need) is StoreCall:
-            self.engine.schedule(
-                now + self.fleet.store_rtt_s, Priority.ARRIVAL, self.on_store, (replica, pending)
-            )
-        else:
-            self._decide(replica, pending, now)
+        self._admit(replica, pending, now)
+
+    def _admit(self, replica: int, pending: Pending, now: float) -> None:
+        """The arrival's needs answered as the pool answers them: the shared floor a store
+        round trip later, the learner (the replica's own, `pool_guard`'s) at once."""
+        guard = self.guards[replica]
+        while (need := pending.need) is not None:
+            if type(need) is StoreCall:
+                at = now + self.fleet.store_rtt_s
+                self.engine.schedule(at, Priority.ARRIVAL, self.on_store, (replica, pending))
+                return
+            assert type(need) is LearnerAsk
+            pending = guard.continue_arrival(pending, now, guard.answer(need, now))
+        admission = pending.admission
+        flow = self.flows[replica]
+        if flow is not None and admission is not None and admission.admitted:
+            self._carry(flow.plan_admitted(entitled=admission.entitled))
+        self._poll(replica, now)
 
     def on_store(self, payload: tuple[int, Pending], now: float) -> None:
         replica, pending = payload
         need = pending.need
         assert type(need) is StoreCall
-        grant = self.floors[replica].acquire(
-            need.key, need.weight, need.capacity, self.schedule, need.at, floor=need.floor
-        )
-        self._decide(replica, self.guards[replica].continue_arrival(pending, now, grant), now)
-
-    def _decide(self, replica: int, pending: Pending, now: float) -> None:
         guard = self.guards[replica]
-        need = pending.need
-        if need is not None:  # a learner ask: the surplus learner answers at once
-            answer = consult(self.learner, need.request, need.cls, need.load, now)  # type: ignore[union-attr]
-            pending = guard.continue_arrival(pending, now, answer)
-        leases = self.leases[replica]
-        admission = pending.admission
-        if leases is not None and admission is not None and admission.entitled:
-            self._finish_plan(leases.plan_announce())
-        self._poll(replica, now)
+        grant = self.floors[replica].acquire(
+            need.key,
+            need.weight,
+            need.capacity,
+            guard.config.schedule,
+            need.at,
+            floor=need.floor,
+            sleep=_no_wait,
+        )
+        self._admit(replica, guard.continue_arrival(pending, now, grant), now)
 
     # -- dispatch, leases and completion ----------------------------------------------------
 
     def _poll(self, replica: int, now: float) -> None:
-        """The replica's pump: fill its slots; with leased slots each start first takes a
-        lease (the shipped `SlotLeases` plan, the script run when sent and its answer a
-        store round trip later); then keep the wake-up on the guard's `next_wake_at`."""
-        guard, leases = self.guards[replica], self.leases[replica]
+        """The replica's pump: fill its slots; a leased start carries the flow's plan (the
+        script run when the call is sent, its answer a store round trip later); after it,
+        the flow settles the slots handed here; the wake-up follows `next_wake_at`."""
+        guard, flow = self.guards[replica], self.flows[replica]
         for decision in guard.poll(now):
             if type(decision) is not Dispatch:
                 continue
-            if not decision.lease:
+            if flow is None or not decision.lease:
                 self._start(replica, decision, now)
                 continue
-            assert leases is not None  # leased slots: the replica has the fleet's leases
-            request = decision.request
-            plan = leases.plan_acquire(
-                decision.backend, str(request.request_id), entitled=decision.entitled
-            )
+            plan = flow.plan_start(decision)
             try:
                 call = next(plan)
-            except StopIteration as handed:  # a slot handed to this replica: no call
-                self._leased(replica, decision, handed.value, now)
+            except StopIteration as taken:  # a slot handed to this replica: no call
+                self._answered(replica, decision, taken.value)
                 continue
             reply = self._lease_call(call)
             self.engine.schedule(
@@ -342,25 +382,24 @@ class _FleetSimulation(Serving):
                 self.on_lease,
                 (replica, decision, plan, reply),
             )
-        if leases is not None and nothing_to_start(guard) and leases.holds_handed():
-            self._finish_plan(leases.plan_pass_on())  # nothing left to start on them
+        if flow is not None and flow.needs_settling():
+            self._carry(flow.plan_settle())
         self._arm(replica)
 
     def on_lease(self, payload: tuple[int, Dispatch, Plan[str], object], now: float) -> None:
         replica, decision, plan, reply = payload
-        self._leased(replica, decision, self._finish_plan(plan, reply), now)
+        self._answered(replica, decision, self._carry(plan, reply))
         self._poll(replica, now)
 
-    def _leased(self, replica: int, decision: Dispatch, why: str, now: float) -> None:
-        """The lease's answer, `why` not ('' to start), carried to the guard."""
-        guard, leases = self.guards[replica], self.leases[replica]
-        assert leases is not None
-        if lease_answered(guard, leases, decision, why, now):
-            self._start(replica, decision, now)
+    def _answered(self, replica: int, decision: Dispatch, why: str) -> None:
+        flow = self.flows[replica]
+        assert flow is not None
+        if flow.answered(decision, why):
+            self._start(replica, decision, self.engine.now)
         else:  # on the waiting board: a slot is handed over, or the renewal looks again
             self.no_lease += 1
 
-    def _finish_plan(self, plan: Plan[_T], reply: object = None) -> _T:
+    def _carry(self, plan: Plan[_T], reply: object = None) -> _T:
         """Send a call's reply (None: start the plan); run every further call the plan
         asks for at once (a release, a renewal, the leases restored after an outage)."""
         return run_plan(plan, self._lease_call, answer=reply)
@@ -384,39 +423,45 @@ class _FleetSimulation(Serving):
     def on_message(self, message: tuple[int, str, str], now: float) -> None:
         """A hand-over published to a replica (`handed_channel` in the HTTP guard)."""
         replica, backend, member = message
-        leases = self.leases[replica]
-        assert leases is not None
-        leases.on_message(backend, member)
+        flow = self.flows[replica]
+        assert flow is not None
+        flow.leases.on_message(backend, member)
 
     def on_handed(self, handed: tuple[int, int], now: float) -> None:
         """A slot handed to the replica: it offers the backend again and starts there."""
         replica, backend = handed
-        guard, leases = self.guards[replica], self.leases[replica]
-        assert leases is not None
-        guard.lease_handed(backend, now)
-        self._poll(replica, now)  # hands it on if nothing is left to start
+        flow = self.flows[replica]
+        assert flow is not None
+        flow.handed(backend)
+        self._poll(replica, now)  # settles it (hands it on) if nothing is left to start
 
     def _arm(self, replica: int) -> None:
-        """One wake-up per replica at its guard's `next_wake_at` (a held-off backend)."""
+        """One wake-up per replica at its guard's `next_wake_at` (a doom instant, or a
+        held-off backend's end), as the HTTP guard's pump keeps its timer."""
         at = self.guards[replica].next_wake_at()
-        if at is None or at >= self._wake_at[replica]:
+        if at is None:
+            return
+        at = max(at + PAST_DOOM_S, self.engine.now)
+        if at >= self._wake_at[replica]:
             return
         self._wake_at[replica] = at
-        self.engine.schedule(max(at, self.engine.now), Priority.ARRIVAL, self.on_wake, replica)
+        self.engine.schedule(at, Priority.ARRIVAL, self.on_wake, replica)
 
     def on_wake(self, replica: int, now: float) -> None:
         if now < self._wake_at[replica]:
             return  # superseded by an earlier one that already ran
         self._wake_at[replica] = math.inf
+        self.guards[replica].expire(now)
         self._poll(replica, now)
 
     def on_renew(self, replica: int, now: float) -> None:
-        leases = self.leases[replica]
-        assert leases is not None
-        self._finish_plan(leases.plan_renew())
+        flow = self.flows[replica]
+        assert flow is not None
+        self._carry(flow.leases.plan_renew())
         guard = self.guards[replica]
         if now < self.fleet.duration_s or guard.num_in_flight or guard.num_queued:
-            self.engine.schedule(now + leases.ttl_s / 4, Priority.ARRIVAL, self.on_renew, replica)
+            at = now + flow.leases.ttl_s / 4
+            self.engine.schedule(at, Priority.ARRIVAL, self.on_renew, replica)
 
     def _start(self, replica: int, decision: Dispatch, now: float) -> None:
         backend = self.owned[replica][decision.backend]
@@ -430,15 +475,20 @@ class _FleetSimulation(Serving):
         for request_id in done:
             replica = self.owner.pop(request_id)
             self.running[backend] -= 1
-            leases = self.leases[replica]
-            if leases is not None:  # the release carries the count as of the end
+            flow = self.flows[replica]
+            if flow is not None:  # the release carries the count as of the end
                 local = self.owned[replica].index(backend)
-                self._finish_plan(leases.plan_release(local, str(request_id), leases.waiting()))
+                self._carry(flow.plan_end(local, str(request_id), flow.leases.waiting()))
             self.guards[replica].finish(request_id, now, "complete")
             owners.append(replica)
         self.reschedule(backend)
         for replica in dict.fromkeys(owners):
             self._poll(replica, now)
+
+
+def _declared(backend: BackendSpec) -> int | None:
+    """A simulated backend reports nothing: its capacity is what its configuration declares."""
+    return backend.capacity
 
 
 def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> FleetResult:
@@ -453,9 +503,10 @@ def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> Fleet
     wall_s = time.perf_counter() - started
     records = [r for log in sim.logs for r in fold_trace(log).records]
     assured = [r for r in records if r.cls is ContractClass.ASSURED]
+    schedule = sim.guards[0].config.schedule
     offered: Counter[tuple[str, int]] = Counter()
     for r in assured:
-        offered[r.tenant, math.floor(r.arrival_at)] += 1
+        offered[r.tenant, schedule.index_at(r.arrival_at)] += 1
     entitled_total = sum(min(fleet.floor, n) for n in offered.values())
     floor_admitted = [r for r in assured if r.entitled]
     sojourns = [r.sojourn_s for r in floor_admitted if r.outcome == "completed"]
@@ -485,6 +536,6 @@ def simulate_fleet(fleet: Fleet, *, seed: int = 0, verify: bool = True) -> Fleet
         max(report.fleet_peak_in_flight.values(), default=0) if report is not None else 0,
         sim.lease_calls,
         sim.no_lease,
-        sum(leases.local_grants for leases in sim.leases if leases is not None),
+        sum(flow.leases.local_grants for flow in sim.flows if flow is not None),
         wall_s,
     )
