@@ -32,7 +32,7 @@ def register(commands: Any) -> None:
     sim_cmd.add_argument(
         "--fleet",
         action="store_true",
-        help="requests per wall second at fleet scale (16 replicas × 256 backends × 200 "
+        help="requests per wall second at fleet scale (8 replicas × 64 backends × 50 "
         "tenants) beside the single-backend figure",
     )
     sim_cmd.add_argument("--json", action="store_true")
