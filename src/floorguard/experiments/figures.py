@@ -97,13 +97,18 @@ def priority_vs_fifo(rows: Sequence[RunRow], out: Path) -> Path:
     identical admission."""
     fig, axes = subplots(1, 2, figsize=(9, 3.8))
     summaries = summarize(rows)
-    for policy, label in (("guard", "assured-first (guard)"), ("gated-fifo", "FIFO (gated-fifo)")):
-        mine = sorted(
-            (s for s in summaries if s["policy"] == policy), key=lambda s: s["rho_hat"] or 0.0
-        )
-        rho = [s["rho_hat"] for s in mine]
-        axes[0].plot(rho, [s["miss"].estimate or 0 for s in mine], "o-", label=label)
-        axes[1].plot(rho, [s["sojourn_p99_ms"] or 0 for s in mine], "o-", label=label)
+    policies = (("guard", "assured-first"), ("gated-fifo", "FIFO"))
+    learners = list(dict.fromkeys(s["learner"] for s in summaries))
+    for learner, style in zip(learners, ("-", "--", ":")[: len(learners)], strict=True):
+        for policy, label in policies:
+            mine = sorted(
+                (s for s in summaries if (s["policy"], s["learner"]) == (policy, learner)),
+                key=lambda s: s["rho_hat"] or 0.0,
+            )
+            rho = [s["rho_hat"] for s in mine]
+            name = f"{label}, {learner}"
+            axes[0].plot(rho, [s["miss"].estimate or 0 for s in mine], "o" + style, label=name)
+            axes[1].plot(rho, [s["sojourn_p99_ms"] or 0 for s in mine], "o" + style, label=name)
     deadline = rows[0]["deadline_ms"] if rows else 0
     axes[1].axhline(deadline, color="k", ls="--", lw=1, label="deadline")
     axes[0].set_ylabel("assured miss (late / admitted)")
