@@ -60,6 +60,14 @@ class Cell:
     """Each screen's predicted assured sojourn (`math.inf`: unbounded)."""
     accepts: dict[str, bool]
     """Each verdict in `VERDICTS`."""
+    dispatch: str = "assured-first"
+    admitted_load: float = 0.0
+    """What the stack in front admitted, as the screens see it: (admitted assured +
+    admitted opportunistic rate) · ŝ / C."""
+    competing_load: float = 0.0
+    """The first-moment screen's `ρ_rel`: the admitted work that competes with an assured
+    request (assured-first: the assured load alone; FIFO: all of it). Past 1 its queue has
+    no steady state and the screen's mean wait is unbounded."""
 
 
 def screen_config(row: Row, service_s: float, opportunistic_rate_per_s: float) -> ScreenConfig:
@@ -90,7 +98,10 @@ def cells_for(
     p95 = float(np.percentile(sojourns, 95)) if sojourns else float("inf")
     rho_hat = float(np.mean([r["rho_hat"] for r in test]))
     base = screen_config(test[0], s_hat, opportunistic)
-    predicted = {m.value: predict(base, m).sojourn_s for m in ScreenModel}
+    predictions = {m.value: predict(base, m) for m in ScreenModel}
+    predicted = {name: p.sojourn_s for name, p in predictions.items()}
+    assured = predictions[ScreenModel.FIRST_MOMENT.value].admitted_assured_per_window
+    admitted_load = (assured / base.window_s + opportunistic) * s_hat / base.slots
     return [
         Cell(
             config,
@@ -105,6 +116,9 @@ def cells_for(
                 "service-only": service_only(s_hat, deadline),
                 "always-reject": False,
             },
+            base.dispatch.value,
+            admitted_load,
+            predictions[ScreenModel.FIRST_MOMENT.value].rho_rel,
         )
         for deadline in DEADLINES_S
     ]
