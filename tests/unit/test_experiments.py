@@ -187,3 +187,20 @@ def test_e10_counts_split_the_assured_misses_by_length():
     shed = run_condition(token, seed_for("E10", 0, token))
     assert shed["a_admitted"] == shed["a_short_admitted"]  # every long one is cost-excess
     assert shed["count_entitled_shed"] == long_admitted
+
+
+def test_every_doom_gate_firing_is_accounted_for():
+    """E15's accounting: each doomed drop has one cause (an assured request; an
+    opportunistic one overtaken by a later assured arrival; or one behind what was admitted
+    before it), and the causes add up to the firings. With the assured stream past capacity
+    the firings are assured; within capacity they are opportunistic ones the assured-first
+    order overtook."""
+    from floorguard.experiments.catalogue.e15 import _e15  # noqa: PLC0415
+
+    for condition in (c for c in _e15(quick=True) if c.doom_gate):
+        row = run_condition(condition, seed=0)
+        causes = row["doomed_causes"]
+        assert sum(causes.values()) == row["dr_firings"] > 0
+        assert causes["assured"] == row["dr_firings_assured"]
+        if condition.floor == 6:  # 6/s assured, within the backend's capacity
+            assert causes["assured"] == 0 and causes["overtaken"] > 0

@@ -8,6 +8,7 @@ measured `μ_sat` and loaded traces from being recomputed per run.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable
@@ -485,6 +486,29 @@ def _stack_options(c: Condition) -> StackOptions:
     )
 
 
+def _doom_causes(trace: TraceRecords) -> dict[str, int]:
+    """Each doomed drop by what kept it waiting (E15 accounts for every firing): an
+    opportunistic one `overtaken` by at least one assured request that arrived after it
+    and started while it waited (assured-first dispatch), or `queued` behind what was
+    admitted before it; an assured one `assured`."""
+    assured = sorted(
+        (r.arrival_at, r.dispatched_at)
+        for r in trace.of_class(ContractClass.ASSURED)
+        if not math.isnan(r.dispatched_at)
+    )
+    causes = {"assured": 0, "overtaken": 0, "queued": 0}
+    for r in trace.records:
+        if r.outcome != "dropped" or r.reason != "doomed":
+            continue
+        if r.cls is ContractClass.ASSURED:
+            causes["assured"] += 1
+            continue
+        later = assured[bisect.bisect_right(assured, (r.arrival_at, math.inf)) :]
+        overtaken = any(dispatched < r.ended_at for _, dispatched in later)
+        causes["overtaken" if overtaken else "queued"] += 1
+    return causes
+
+
 def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
     """The per-request extras a condition asks its row to keep (samples, ids, detail)."""
     row: dict[str, Any] = {}
@@ -510,6 +534,7 @@ def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
             r.request_id for r in trace.records if r.outcome == "dropped" and r.reason == "doomed"
         )
         row["on_time_ids"] = sorted(r.request_id for r in trace.records if r.on_time)
+        row["doomed_causes"] = _doom_causes(trace)
     if c.detail:
         row["detail"] = [
             (

@@ -172,6 +172,10 @@ class RunRow(ConditionKeys, total=False):
     """`keep_ids`."""
     on_time_ids: list[RequestId]
     """`keep_ids`."""
+    doomed_causes: dict[str, int]
+    """`keep_ids`: the doomed drops by what kept each waiting (`assured`: an assured
+    request; `overtaken`: an opportunistic one an assured request arriving after it went
+    ahead of; `queued`: an opportunistic one behind what was admitted before it)."""
 
 
 class Summary(ConditionKeys):
