@@ -7,6 +7,7 @@ import pytest
 
 from floorguard.analysis.stats import Interval
 from floorguard.cli import main
+from floorguard.errors import FloorguardError
 from floorguard.experiments import Condition, catalogue, run_condition
 from floorguard.experiments.records import CONDITION_KEYS, ConditionKeys, Summary, run_row
 from floorguard.experiments.runner import seed_for
@@ -145,15 +146,20 @@ def test_single_experiments_run_by_id(tmp_path, experiment_id):
 
 def test_e12_reads_a_real_burstgpt_csv_when_given(tmp_path):
     """`--burstgpt PATH` replaces E12's source, replayed at its own timestamps, sliced where
-    its interarrival CV falls in the published range."""
+    its interarrival CV falls in the published range and its offered load is below
+    capacity; a trace with no such slice is a clear error, not an empty table."""
     path = write_burstgpt(
-        tmp_path / "burstgpt.csv", 6000, gap_s=0.1, response_tokens=lambda i: 10 + i % 30, cv=1.5
+        tmp_path / "burstgpt.csv", 3000, gap_s=0.2, response_tokens=lambda i: 10 + i % 30, cv=1.5
     )
     grid = catalogue(str(path))["E12"].grid(True)
     mine = [c for c in grid if c.trace_path == str(path)]
     assert mine and all(c.speedup == 1.0 for c in mine)
     row = run_condition(mine[0], 1)
     assert row["a_offered"] + row["o_offered"] > 0 and row["max_fire_lag_s"] == 0.0
+    assert row["rho_hat"] < 1
+    flooded = write_burstgpt(tmp_path / "flood.csv", 6000, gap_s=0.05, cv=1.5)  # 20/s
+    with pytest.raises(FloorguardError, match="below capacity"):
+        catalogue(str(flooded))["E12"].grid(True)
 
 
 def test_e20_keeps_each_tenants_share_and_its_log_verifies():
