@@ -173,9 +173,13 @@ V100_MOE = ServiceProfile(
     # the published ceiling: s_max(16) = 660 ms, scaled along the full-batch line 183 + 14.9·ℓ
     ceiling=AffineEnvelope(0.183 * 0.660 / 0.4214, 0.0149 * 0.660 / 0.4214),
 )
-ADA_SCALE = 0.8230
-"""Light load 214 ms, docs/design.md §5's one Ada figure (`fit_scale`, bisection on the fitted v100
-shape)."""
+ADA_SCALE = 0.3817
+"""Ada's one figure: a measured service ≈ 214 ms *at its base sweep's load* (the assured stream
+alone paced at B = 20 with C = 4, ρ_eff = 20 × 0.214 / 4 = 1.07; docs/design.md §11), fitted
+by `fit_scale` (bisection on the fitted v100 shape's mean service at that load). Its light-load
+service is then ≈ 99 ms and its break cells B = 22 and 26 sit at ρ_eff 1.18 and 1.39, as
+published; docs/calibration.md. (It was once scaled to a 214 ms *light-load* service, 0.8230,
+which put its capacity near 9/s and its break at B = 12.)"""
 ADA_FP8 = V100_MOE.scaled("ada-fp8", ADA_SCALE)
 DETERMINISTIC = replace(
     V100_MOE,

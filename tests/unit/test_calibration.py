@@ -19,6 +19,7 @@ from floorguard.sim.targets import (
     TARGETS,
     light_mean_ms,
     measure_figures,
+    paced_services,
     residuals,
 )
 from tests.helpers import make_request
@@ -97,9 +98,15 @@ def test_the_dispersion_never_goes_below_L():
     assert min(alone) <= V100_MOE.lower.at(16) * 1.01
 
 
-def test_ada_light_load():
-    """The Ada FP8 profile gives ≈ 214 ms at ℓ = 16, light load (its one figure, fitted)."""
-    assert within(light_mean_ms(ADA_FP8), 214, 0.02)
+def test_ada_at_its_base_cell():
+    """The Ada FP8 profile gives ≈ 214 ms at ℓ = 16 at its base sweep's load (B = 20 paced,
+    C = 4: its one figure, fitted), so its cells sit at the published ρ_eff: 1.07 at B = 20,
+    1.18 at 22 and 1.39 at 26 (docs/design.md §11) — not a light-load 214 ms, which broke it
+    at B = 12."""
+    for b, rho_eff in ((20, 1.07), (22, 1.18), (26, 1.39)):
+        service = float(np.mean(paced_services(ADA_FP8, float(b))))
+        assert within(b * service / 4, rho_eff, 0.02)
+    assert light_mean_ms(ADA_FP8) < 150  # faster at light load than at its base cell
 
 
 def test_deterministic_profile_service_is_its_lower_envelope():

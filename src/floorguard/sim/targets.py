@@ -25,6 +25,8 @@ from floorguard.sim.simulate import learner_options_for
 from floorguard.sim.workloads import FixedLength, PacedArrivals, Stream, SyntheticStream
 
 __all__ = [
+    "ADA_BASE_RATE_PER_S",
+    "ADA_BASE_SERVICE_MS",
     "FIT_PARAMETERS",
     "LIGHT_RATE_PER_S",
     "MARQUEE_LEARNER",
@@ -304,13 +306,26 @@ def fit_profile(
     return fitted, measure_figures(fitted)
 
 
-def fit_scale(base: ServiceProfile, name: str, target_light_ms: float) -> float:
-    """The duration scale factor that gives `base`'s shape a light-load mean of
-    `target_light_ms` (bisection; the light-load mean rises with the factor)."""
+ADA_BASE_RATE_PER_S = 20.0
+"""Ada's base cell (docs/design.md §11): B = 20 paced, where its measured service is
+≈ 214 ms (ρ_eff = 20 × 0.214 / 4 = 1.07)."""
+ADA_BASE_SERVICE_MS = 214.0
+
+
+def fit_scale(
+    base: ServiceProfile,
+    name: str,
+    target_ms: float = ADA_BASE_SERVICE_MS,
+    rate_per_s: float = ADA_BASE_RATE_PER_S,
+) -> float:
+    """The duration scale factor that gives `base`'s shape a mean service of `target_ms`
+    under the assured stream alone paced at `rate_per_s` — the load the figure was measured
+    at (bisection; the mean service rises with the factor)."""
     lo, hi = 0.05, 2.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        if light_mean_ms(base.scaled(name, mid)) < target_light_ms:
+        services = paced_services(base.scaled(name, mid), rate_per_s)
+        if float(np.mean(services)) * 1e3 < target_ms:
             lo = mid
         else:
             hi = mid

@@ -14,14 +14,25 @@ from floorguard.experiments.records import RunRow
 from floorguard.experiments.spec import Experiment
 from floorguard.experiments.tables import summarize
 
-_E5_FLOORS = {"v100-moe": (4, 5, 6, 7, 8, 9, 10), "ada-fp8": (4, 8, 12, 14, 16, 18, 22, 26)}
+_E5_FLOORS = {"v100-moe": (4, 5, 6, 7, 8, 9, 10), "ada-fp8": (4, 8, 12, 16, 18, 20, 22, 26)}
+_PUBLISHED_RHO = {
+    ("v100-moe", 7): 1.04,
+    ("v100-moe", 8): 1.19,
+    ("ada-fp8", 20): 1.07,
+    ("ada-fp8", 22): 1.18,
+    ("ada-fp8", 26): 1.39,
+}
+"""The published cells' ρ_eff (docs/design.md §11): V100's B = 7 and its break B = 8; Ada's
+base cell B = 20 and its break cells 22 and 26."""
 
 
 _E5_RUN_S = 12.0
 """E5's run length (the marquee's 12 s of arrivals): the published length is not stated."""
 _E5_RUN_LENGTHS = (6.0, 24.0, 48.0)
-"""The other run lengths the published break cells (v100-moe B = 7, 8) are run at, to show
-how a break's size depends on the choice."""
+"""The other run lengths the published cells each side of a break are run at, to show how a
+break's size depends on the choice."""
+_E5_LENGTH_CELLS = (("v100-moe", 7), ("v100-moe", 8), ("ada-fp8", 20), ("ada-fp8", 22))
+"""V100's last cell before its break and its break; Ada's base cell and its first break."""
 
 
 def _e5(quick: bool) -> list[Condition]:
@@ -32,22 +43,25 @@ def _e5(quick: bool) -> list[Condition]:
     ]
     lengths = () if quick else _E5_RUN_LENGTHS
     return cells + [
-        Condition(floor=b, assured_rate=float(b), opp_rate=0.0, duration_s=t)
-        for b in (7, 8)
+        Condition(floor=b, assured_rate=float(b), opp_rate=0.0, profile=p, duration_s=t)
+        for p, b in _E5_LENGTH_CELLS
         for t in lengths
     ]
 
 
 def _e5_run_lengths(rows: Sequence[RunRow]) -> str:
-    """How the published break cells' miss and queue growth move with the run length."""
-    cells = [s for s in summarize(rows) if s["profile"] == "v100-moe" and s["floor"] in (7, 8)]
+    """How the published cells' miss and queue growth move with the run length."""
+    cells = [s for s in summarize(rows) if (s["profile"], s["floor"]) in _E5_LENGTH_CELLS]
     if len({s["duration_s"] for s in cells}) < 2:
         return ""
     parts = []
-    for b in (7, 8):
-        mine = sorted((s for s in cells if s["floor"] == b), key=lambda s: s["duration_s"])
+    for p, b in _E5_LENGTH_CELLS:
+        mine = sorted(
+            (s for s in cells if (s["profile"], s["floor"]) == (p, b)),
+            key=lambda s: s["duration_s"],
+        )
         parts.append(
-            f"B = {b}: "
+            f"{p} B = {b}: "
             + ", ".join(
                 f"T {s['duration_s']:g} s miss {s['miss'].fmt()}, growth "
                 f"{round(s['wait_growth_ms_per_s'] or 0):.0f} ms/s"
@@ -74,11 +88,11 @@ def _e5_reading(rows: Sequence[RunRow]) -> str:
             for s in mine
         )
         broke = next((s for s in mine if s["a_late"] > 0), None)
-        published = {7: 1.04, 8: 1.19} if profile == "v100-moe" else {}
         compared = ", ".join(
-            f"B = {s['floor']}: ρ_eff {s['rho_eff']:.2f} (published {published[s['floor']]})"
+            f"B = {s['floor']}: ρ_eff {s['rho_eff']:.2f} (published "
+            f"{_PUBLISHED_RHO[profile, s['floor']]})"
             for s in mine
-            if s["floor"] in published
+            if (profile, s["floor"]) in _PUBLISHED_RHO
         )
         if compared:
             cells += f". Beside the published break: {compared}"
@@ -105,10 +119,11 @@ E5 = Experiment(
     "The assured stream alone, paced at B/s (every window offers exactly B), no "
     "opportunistic flood, d = 1820 ms, doom gate off, guard; B from 4 upward past the break: "
     "v100-moe 4–10 (published to 8: ρ_eff ≈ 1.04 at B = 7, 1.19 at B = 8), ada-fp8 4–26 "
-    "(published break cells 22 and 26). Reported: ρ_eff and the assured queue growth (slope "
+    "(its base cell B = 20 at ρ_eff 1.07, its break cells 22 and 26 at 1.18 and 1.39). "
+    "Reported: ρ_eff and the assured queue growth (slope "
     "of queue wait over arrival time, ms per s). Run length 12 s of arrivals (not stated in "
-    "the published setup: a choice); the published break cells B = 7, 8 also at 6, 24 and "
-    "48 s, to show how the break's size depends on it.",
+    "the published setup: a choice); the cells each side of each break (v100-moe B = 7, 8; "
+    "ada-fp8 B = 20, 22) also at 6, 24 and 48 s, to show how the break's size depends on it.",
     _e5,
     reps=10,
     shown=("profile", "floor", "duration_s"),
@@ -116,9 +131,8 @@ E5 = Experiment(
 )
 
 
-_E6_PUBLISHED_RHO = {("v100-moe", 8): 1.19}
-"""The published break cells' ρ_eff where the published setup states one (Ada's 22 and 26
-have none)."""
+_E6_CELLS = (("v100-moe", 8), ("ada-fp8", 22), ("ada-fp8", 26))
+"""E5's published break cells, matched by their published ρ_eff (`_PUBLISHED_RHO`)."""
 
 
 @functools.cache
@@ -143,11 +157,9 @@ def _e6_window_s(profile: str, floor: int, rho_eff: float) -> float:
 
 def _e6(quick: bool) -> list[Condition]:
     deadlines = (1200, 400) if quick else (1200, 1000, 800, 600, 400)
-    cells = (("v100-moe", 8), ("ada-fp8", 22), ("ada-fp8", 26))
     out = []
-    for p, b in cells:
-        target = _E6_PUBLISHED_RHO.get((p, b))
-        window_s = _e6_window_s(p, b, target) if target is not None else 1.0
+    for p, b in _E6_CELLS:
+        window_s = _e6_window_s(p, b, _PUBLISHED_RHO[p, b])
         out += [
             Condition(
                 floor=b,
@@ -166,18 +178,12 @@ def _e6_reading(rows: Sequence[RunRow]) -> str:
     cells = []
     for s in summarize(rows):
         key = (s["profile"], s["floor"])
-        if key in _E6_PUBLISHED_RHO and s["deadline_ms"] == max(r["deadline_ms"] for r in rows):
+        if s["deadline_ms"] == max(r["deadline_ms"] for r in rows):
             cells.append(
                 f"{s['profile']} B = {s['floor']} runs at W = {s['window_s']:g} s, ρ_eff "
-                f"{s['rho_eff']:.2f} (published {_E6_PUBLISHED_RHO[key]})"
+                f"{s['rho_eff']:.2f} (published {_PUBLISHED_RHO[key]})"
             )
-    return (
-        _sweep(rows, "deadline_ms", "d")
-        + " Matched by ρ_eff: "
-        + "; ".join(cells)
-        + ". Ada's break cells have no published ρ_eff, so they run as published by B "
-        "(W = 1 s)."
-    )
+    return _sweep(rows, "deadline_ms", "d") + " Matched by ρ_eff: " + "; ".join(cells) + "."
 
 
 E6 = Experiment(
@@ -185,10 +191,9 @@ E6 = Experiment(
     "Compound: floor past capacity × tightening deadline",
     "E5's break cells (v100-moe B = 8; ada-fp8 B = 22 and 26), the assured stream alone "
     "paced B per window, × d from 1200 down to 400 ms, doom gate off, guard; reps 5 (the "
-    "published setup leaves reps open). Matched by ρ_eff (docs/design.md §11): v100-moe's "
-    "B = 8 runs with the window "
-    "at which this model's ρ_eff is the published 1.19 (bisection on W); Ada's cells have no "
-    "published ρ_eff and run at W = 1 s.",
+    "published setup leaves reps open). Matched by ρ_eff (docs/design.md §11): each cell "
+    "runs with the window at which this model's ρ_eff is the published one (bisection on "
+    "W): v100-moe B = 8 at 1.19, ada-fp8 B = 22 at 1.18 and B = 26 at 1.39.",
     _e6,
     reps=5,
     shown=("profile", "floor", "deadline_ms"),
