@@ -395,3 +395,27 @@ def test_the_start_report_says_what_each_kv_cache_holds(tmp_path):
         "backend http://127.0.0.1:8003: KV not budgeted (slots only)",
     ]
     assert config.guard_config().kv_tokens == (40_000, 1_000, None)
+
+
+def test_contracts_of_one_shape_share_their_set_of_given_fields():
+    """100,000 tenants hold one set of given field names per shape, not one each (memory:
+    `floorguard bench tenants --serve`); what each contract says was given is unchanged."""
+    config = GuardServerConfig.model_validate(
+        {
+            "contracts": [
+                {"tenant": "a", "class": "assured", "floor": 1, "deadline_ms": 900},
+                {"tenant": "b", "class": "assured", "floor": 2, "deadline_ms": 800},
+                {"tenant": "c", "class": "opportunistic", "deadline_ms": 900},
+            ],
+            "backends": [{"url": "http://b:8000", "slots": 4}],
+            "identity": {"mode": "header", "header": "x-t", "trusted_upstreams": ["10.0.0.1/32"]},
+        }
+    )
+    a, b, c = config.contracts
+    assert a.__pydantic_fields_set__ is b.__pydantic_fields_set__
+    assert c.__pydantic_fields_set__ is not a.__pydantic_fields_set__
+    assert a.model_fields_set == {"tenant", "cls", "floor", "deadline_ms"}
+    assert c.model_fields_set == {"tenant", "cls", "deadline_ms"}
+    assert a.model_dump(exclude_unset=True) == {
+        "tenant": "a", "cls": "assured", "floor": 1, "deadline_ms": 900.0
+    }  # fmt: skip

@@ -91,6 +91,22 @@ class ContractSpec(Strict):
     def covers(self, model: str) -> bool:
         return self.models is None or model in self.models
 
+    @model_validator(mode="after")
+    def _share_the_fields_set(self) -> ContractSpec:
+        """One set of given field names per shape, shared by every contract that has it,
+        instead of one per contract: 216 bytes a tenant, a third of what a contract's
+        configuration holds at 100,000 tenants (`floorguard bench tenants --serve`). The
+        model is frozen, so nothing adds to a shared set."""
+        shared = _FIELD_SETS.setdefault(
+            frozenset(self.__pydantic_fields_set__), self.__pydantic_fields_set__
+        )
+        object.__setattr__(self, "__pydantic_fields_set__", shared)
+        return self
+
+
+_FIELD_SETS: dict[frozenset[str], set[str]] = {}
+"""`ContractSpec`'s shared sets of given field names, by their contents."""
+
 
 class BackendSpec(Strict):
     url: str = Field(pattern=r"^https?://")
