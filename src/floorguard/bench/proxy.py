@@ -1,13 +1,15 @@
 """`floorguard bench proxy`: what the guard adds on loopback, measured beside references.
 
-A child process serves three paths to one instant upstream (a fixed OpenAI-shaped answer):
-`direct` (the upstream itself), `passthrough` (a bare aiohttp proxy: read body, forward,
-return) and `floorguard` (JWT identity + meter + dispatch + decision log, `C` large enough
-that nothing queues). Where `nginx` is installed, a fourth: `nginx`, one worker process
-proxying to the same upstream on keep-alive connections (a compiled proxy's cost, for
-scale). The parent is the client: latency at concurrency 1 and requests/s at concurrency 32,
-paths interleaved, best of `repeats`; on Linux also the child's CPU per request at
-concurrency 32 (the least of `repeats`), each proxy's own share of it beside the upstream's.
+One instant upstream (a fixed OpenAI-shaped answer) runs in a child process of its own
+(`direct`); a second child runs the two proxies in front of it on the event loop `serve`
+runs (uvloop where it is installed, `serve.loop_factory`): `passthrough` (a bare aiohttp
+proxy: read body, forward, return) and `floorguard` (JWT identity + meter + dispatch +
+decision log, `C` large enough that nothing queues). Where `nginx` is installed, a fourth:
+`nginx`, one worker process proxying to the same upstream on keep-alive connections (a
+compiled proxy's cost, for scale). The parent is the client: latency at concurrency 1 and
+requests/s at concurrency 32, paths interleaved, best of `repeats`; on Linux also each
+child's CPU per request at concurrency 32 (the least of `repeats`): the proxies' own, and
+the upstream's beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from floorguard.proxy.config.guard import GuardServerConfig
 from floorguard.proxy.edge.openai_format import completion_body
 from floorguard.proxy.process.app import GuardRunner, create_app
 from floorguard.proxy.process.http_server import freeze_startup_heap
+from floorguard.proxy.process.serve import loop_factory
 from floorguard.rig.net import free_ports
 
 __all__ = ["PATHS", "bench_proxy", "cpu_s", "nginx_binary", "serving_in_child"]
@@ -83,9 +86,20 @@ def _passthrough_app(upstream: str) -> web.Application:
     return app
 
 
-def _serve_forever(ports: list[int], log_path: str) -> None:
-    upstream = f"http://127.0.0.1:{ports[0]}"
-    config = GuardServerConfig.model_validate(
+def _serve_upstream(ports: list[int], _: str) -> None:
+    """The upstream alone, in its own process."""
+
+    async def main() -> None:
+        runner = GuardRunner(_upstream_app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", ports[0]).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _guard_config(upstream: str, log_path: str) -> GuardServerConfig:
+    return GuardServerConfig.model_validate(
         {
             "window_s": 1.0,
             "contracts": [
@@ -97,13 +111,16 @@ def _serve_forever(ports: list[int], log_path: str) -> None:
         }
     )
 
+
+def _serve_proxies(ports: list[int], log_path: str) -> None:
+    """The pass-through and the guard in front of the upstream at `ports[0]`, on `ports[1]`
+    and `ports[2]`, on the event loop `serve` would run the guard's configuration on."""
+    upstream = f"http://127.0.0.1:{ports[0]}"
+    config = _guard_config(upstream, log_path)
+
     async def main() -> None:
         runners = []
-        for app, port in (
-            (_upstream_app(), ports[0]),
-            (_passthrough_app(upstream), ports[1]),
-            (create_app(config), ports[2]),
-        ):
+        for app, port in ((_passthrough_app(upstream), ports[1]), (create_app(config), ports[2])):
             runner = GuardRunner(app, handler_cancellation=True, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -111,7 +128,8 @@ def _serve_forever(ports: list[int], log_path: str) -> None:
         freeze_startup_heap()  # as `serve` does
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
+        runner.run(main())
 
 
 async def _latencies(
@@ -146,21 +164,21 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu(server_cpu_us: dict[str, float]) -> dict[str, Any]:
-    """The server child's CPU per request at concurrency 32, by path: the upstream serves
-    every path in that child, so each proxy's own share is its figure less `direct`'s."""
-    own = {p: server_cpu_us[p] - server_cpu_us["direct"] for p in ("passthrough", "floorguard")}
+def _own_cpu(proxy_cpu_us: dict[str, float], upstream_cpu_us: dict[str, float]) -> dict[str, Any]:
+    """CPU per request at concurrency 32, by path: the proxies' process's (each proxy's
+    own: the upstream runs apart) and the upstream's beside it."""
+    own = {p: proxy_cpu_us[p] for p in ("passthrough", "floorguard")}
     return {
-        "server_cpu_us_per_request": server_cpu_us,
         "own_cpu_us_per_request": own,
-        "floorguard_over_passthrough_cpu": server_cpu_us["floorguard"]
-        / server_cpu_us["passthrough"],
+        "upstream_cpu_us_per_request": upstream_cpu_us,
+        "floorguard_over_passthrough_cpu": own["floorguard"] / own["passthrough"],
     }
 
 
 async def _client(
-    ports: dict[str, int], requests: int, repeats: int, server_pid: int | None
+    ports: dict[str, int], requests: int, repeats: int, pids: tuple[int, int] | None
 ) -> dict[str, Any]:
+    """`pids`: the upstream's process and the proxies' (Linux: their CPU is read)."""
     paths = list(ports)
     urls = {p: f"http://127.0.0.1:{port}/v1/completions" for p, port in ports.items()}
     token = jwt.encode({"sub": "acme", "exp": time.time() + 3600}, SECRET, algorithm="HS256")
@@ -173,17 +191,22 @@ async def _client(
             await _latencies(session, urls[p], 50, headers[p])
         c1: dict[str, list[float]] = {p: [] for p in paths}
         rps: dict[str, float] = dict.fromkeys(paths, 0.0)
-        server_cpu_us: dict[str, float] = {p: math.inf for p in PATHS}
+        upstream_cpu_us: dict[str, float] = {p: math.inf for p in paths}
+        proxy_cpu_us: dict[str, float] = {p: math.inf for p in PATHS[1:]}
         sent = requests * 4 // 32 * 32  # what `_throughput` sends at concurrency 32
         for _ in range(repeats):
             for p in paths:
                 c1[p] += await _latencies(session, urls[p], requests, headers[p])
             for p in paths:
-                before = cpu_s(server_pid) if server_pid is not None else 0.0
+                before = [cpu_s(pid) for pid in pids] if pids is not None else []
                 rps[p] = max(rps[p], await _throughput(session, urls[p], sent, 32, headers[p]))
-                if server_pid is not None and p in server_cpu_us:  # nginx is not the child
-                    spent_us = (cpu_s(server_pid) - before) * 1e6 / sent
-                    server_cpu_us[p] = min(server_cpu_us[p], spent_us)
+                if pids is not None:
+                    spent = [
+                        (cpu_s(pid) - b) * 1e6 / sent for pid, b in zip(pids, before, strict=True)
+                    ]
+                    upstream_cpu_us[p] = min(upstream_cpu_us[p], spent[0])
+                    if p in proxy_cpu_us:  # nginx is not the proxies' child
+                        proxy_cpu_us[p] = min(proxy_cpu_us[p], spent[1])
     p50 = {p: float(np.percentile(c1[p], 50)) * 1e3 for p in paths}
     p99 = {p: float(np.percentile(c1[p], 99)) * 1e3 for p in paths}
     nginx: dict[str, Any] = (
@@ -205,7 +228,8 @@ async def _client(
         "rps_passthrough": rps["passthrough"],
         "rps_floorguard": rps["floorguard"],
         "floorguard_over_passthrough_rps": rps["floorguard"] / rps["passthrough"],
-        **(_own_cpu(server_cpu_us) if server_pid is not None else {}),
+        **(_own_cpu(proxy_cpu_us, upstream_cpu_us) if pids is not None else {}),
+        "event_loop": _guard_config("http://upstream", "-").loop_choice(),
         **nginx,
         "requests_per_path": requests * repeats,
         "repeats": repeats,
@@ -216,13 +240,16 @@ def bench_proxy(*, requests: int = 400, repeats: int = 2) -> dict[str, Any]:
     ports = free_ports(4)
     paths = dict(zip(PATHS, ports, strict=False))
     with ExitStack() as stack:
-        child, _ = stack.enter_context(serving_in_child(_serve_forever, ports[:3]))
+        upstream, _ = stack.enter_context(serving_in_child(_serve_upstream, ports[:1]))
+        proxies, _ = stack.enter_context(serving_in_child(_serve_proxies, ports[:3]))
         binary = nginx_binary()
         if binary is not None:
             stack.enter_context(_nginx(binary, upstream=ports[0], port=ports[3]))
             paths["nginx"] = ports[3]
-        linux = Path(f"/proc/{child.pid}/stat").exists()
-        return asyncio.run(_client(paths, requests, repeats, child.pid if linux else None))
+        assert upstream.pid is not None and proxies.pid is not None
+        linux = Path(f"/proc/{proxies.pid}/stat").exists()
+        pids = (upstream.pid, proxies.pid) if linux else None
+        return asyncio.run(_client(paths, requests, repeats, pids))
 
 
 def nginx_binary() -> str | None:

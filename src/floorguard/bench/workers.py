@@ -41,8 +41,8 @@ import yaml
 from floorguard.bench.proxy import (
     SECRET,
     _latencies,
+    _serve_upstream,
     _throughput,
-    _upstream_app,
     cpu_s,
     serving_in_child,
 )
@@ -59,20 +59,6 @@ wrk.body = '{"model":"m","prompt":"x","max_tokens":1}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("TOKEN")
 """
-
-
-def _serve_upstream(ports: list[int], _: str) -> None:
-    from aiohttp import web  # noqa: PLC0415  # a spawned child imports what it serves
-
-    from floorguard.proxy.process.app import GuardRunner  # noqa: PLC0415
-
-    async def main() -> None:
-        runner = GuardRunner(_upstream_app(), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", ports[0]).start()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
 
 
 def _config(

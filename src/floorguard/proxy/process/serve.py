@@ -282,10 +282,15 @@ def run_guard(
             loop.add_signal_handler(sig, stop.set)
         await serve_guard(config, stop, on_listening, config_path, worker)
 
-    factory = None
-    if config.loop_choice() == "uvloop":
-        import uvloop  # noqa: PLC0415  # the optional extra, checked at load
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
         runner.run(main())
+
+
+def loop_factory(config: GuardServerConfig) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop `serve` runs `config` on (`loop_choice`): uvloop's, or None for
+    asyncio's own (`bench proxy` runs its proxies on the same)."""
+    if config.loop_choice() != "uvloop":
+        return None
+    import uvloop  # noqa: PLC0415  # the optional extra, checked at load
+
+    return uvloop.new_event_loop
