@@ -333,10 +333,13 @@ class PoolFleet:
         except asyncio.CancelledError:  # the client went away: give back what it may get
             self._leased[rid] = (decision.backend, taking)
             raise
-        if not self.flow.answered(decision, why):  # requeued: this handler waits again next
-            return False
-        self._leased[rid] = (decision.backend, None)
-        return True
+        if self.flow.answered(decision, why):
+            self._leased[rid] = (decision.backend, None)
+            return True
+        if not why:  # granted to a request that ended meanwhile: the lease goes back
+            self._leased[rid] = (decision.backend, None)
+            self.release(rid)
+        return False  # denied: requeued, this handler waits for its turn again
 
     def settle(self) -> None:
         """After each pump: slots handed here that nothing is left to start on go on."""
