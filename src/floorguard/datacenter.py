@@ -394,8 +394,9 @@ class _FleetSimulation(Serving):
     def _answered(self, replica: int, decision: Dispatch, why: str) -> None:
         flow = self.flows[replica]
         assert flow is not None
-        if flow.answered(decision, why):
-            self._start(replica, decision, self.engine.now)
+        now = self.engine.now
+        if flow.answered(decision, why, now):
+            self._start(replica, decision, now)
         else:  # on the waiting board: a slot is handed over, or the renewal looks again
             self.no_lease += 1
 
@@ -432,7 +433,7 @@ class _FleetSimulation(Serving):
         replica, backend = handed
         flow = self.flows[replica]
         assert flow is not None
-        flow.handed(backend)
+        flow.handed(backend, now)
         self._poll(replica, now)  # settles it (hands it on) if nothing is left to start
 
     def _arm(self, replica: int) -> None:

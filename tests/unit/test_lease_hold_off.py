@@ -457,7 +457,7 @@ def test_a_lease_answer_reaches_the_stack_only_in_the_driver_step_that_goes_on()
     assert done.value.value == "full"
     assert guard.awaits_lease(decision.request.request_id)  # nothing told the stack yet
     assert all(d.request.request_id != decision.request.request_id for d in guard.poll(0.0))
-    assert flow.answered(decision, "full") is False
+    assert flow.answered(decision, "full", 0.0) is False
     assert events[-1].kind is EventKind.REQUEUE and events[-1].reason == NO_LEASE
 
 
@@ -469,7 +469,7 @@ def test_an_answer_for_a_request_that_ended_meanwhile_is_not_told():
     flow = _flow(guard)
     decision = _first(guard)
     guard.finish(decision.request.request_id, 0.0, "abort", "client_disconnected")
-    assert flow.answered(decision, "") is False
+    assert flow.answered(decision, "", 0.0) is False
 
 
 def test_a_handed_slot_nothing_here_will_take_is_handed_on_after_the_poll():

@@ -47,7 +47,8 @@ class LeaseFlow:
         pool: str = "pool",
     ) -> None:
         self.clock = clock
-        """The driver's clock, read when a lease's answer reaches the stack."""
+        """The driver's clock, read only when the leases' state changes (`SlotLeases` says
+        no time with it); everything else is told `now` by the driver."""
         self._stack: Guard | None = None
         self.leases = SlotLeases(
             script,
@@ -106,18 +107,18 @@ class LeaseFlow:
             )
         )
 
-    def answered(self, decision: Dispatch, why: str) -> bool:
+    def answered(self, decision: Dispatch, why: str, now: float) -> bool:
         """`plan_start`'s answer `why` for `decision`, told the stack; True when the request
         may start. A request that ended while its call was out (its client left) is not
         told: its end gives back what the call took (`plan_end`)."""
         if not self.stack.awaits_lease(decision.request.request_id):
             return False
-        return lease_answered(self.stack, self.leases, decision, why, self.clock())
+        return lease_answered(self.stack, self.leases, decision, why, now)
 
-    def handed(self, backend: int) -> None:
+    def handed(self, backend: int, now: float) -> None:
         """A slot on `backend` was handed to this replica: the backend is offered again, and
         the driver's next poll starts there (or `plan_settle` hands it on)."""
-        self.stack.lease_handed(backend, self.clock())
+        self.stack.lease_handed(backend, now)
 
     def needs_settling(self) -> bool:
         """Whether slots handed here wait while nothing is left to start on them: nothing is

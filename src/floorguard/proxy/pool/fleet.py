@@ -333,7 +333,7 @@ class PoolFleet:
         except asyncio.CancelledError:  # the client went away: give back what it may get
             self._leased[rid] = (decision.backend, taking)
             raise
-        if self.flow.answered(decision, why):
+        if self.flow.answered(decision, why, self.pool.clock.now()):
             self._leased[rid] = (decision.backend, None)
             return True
         if not why:  # granted to a request that ended meanwhile: the lease goes back
@@ -356,7 +356,7 @@ class PoolFleet:
         """A slot on `backend` was handed to this replica: the next start there takes it
         (the pump's settling hands it on if nothing is left to start)."""
         assert self.flow is not None
-        self.flow.handed(backend)
+        self.flow.handed(backend, self.pool.clock.now())
         self.pool.pump.pump()
 
     def release(self, rid: str) -> None:
