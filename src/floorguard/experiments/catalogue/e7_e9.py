@@ -38,8 +38,12 @@ def _reading_e7(rows: Sequence[RunRow]) -> str:
     return (
         f"{len(inside)} of {len(summaries)} cells lie inside docs/design.md §6's region; their "
         f"assured miss is {_range(inside)}. Outside it, {len(held_out)} of {len(outside)} "
-        f"cells still had no late assured request (miss {_range(outside)} overall): the "
-        "bound is sufficient, not necessary, and the measured boundary lies beyond it."
+        f"cells still had no late assured request (miss {_range(outside)} overall)"
+        + (
+            ": the bound is sufficient, not necessary, and the measured boundary lies beyond it."
+            if held_out
+            else ": here the measured boundary is the bound itself."
+        )
     )
 
 
