@@ -198,8 +198,8 @@ def _reversals(rows: Sequence[RunRow]) -> str:
                     f"{profile} at d = {deadline:.0f} ms, guard/{excess} {guard[0]:.3f} against "
                     f"admit-all's {unguarded[0]:.3f}: {guard[1]} of its {guard[3]} offered "
                     f"assured requests refused as excess past B = {cell[0]['floor']} and "
-                    f"{guard[2]} late, where admit-all served every one, "
-                    f"{unguarded[3] - unguarded[1] - unguarded[2]} of them on time"
+                    f"{guard[2]} late, where admit-all refused {unguarded[1]} and served "
+                    f"{unguarded[3] - unguarded[1] - unguarded[2]} on time"
                 )
     if not found:
         return ""
