@@ -16,7 +16,7 @@ from floorguard.cli import main
 from floorguard.core.monitors import assumption_report
 from floorguard.core.request import Request
 from floorguard.errors import FloorguardError
-from floorguard.experiments import Condition, catalogue, real
+from floorguard.experiments import Condition, catalogue, fidelity, real
 from floorguard.experiments.conditions import mu_sat_of
 from floorguard.experiments.fidelity import (
     admission,
@@ -46,7 +46,10 @@ def _backend(tmp_path, mu_sat, profile=V100_MOE):
     return RealBackend.from_profile("http://127.0.0.1:1/", "m", path)
 
 
-def test_a_condition_scales_by_measured_capacity_and_keeps_d_over_s_max(tmp_path):
+def test_a_condition_scales_by_measured_capacity_deadlines_included(tmp_path):
+    """Every time in a condition (window, run length, deadline) scales by k, so a deadline
+    stays the same multiple of the measured sustained service C / μ_sat; the calibrated
+    ceiling does not enter (it sits at another multiple of the service on another backend)."""
     marquee = Condition()
     same = scaled(marquee, _backend(tmp_path, mu_sat_of("v100-moe", 4)))
     assert same.assured_rate == pytest.approx(6.0) and same.window_s == pytest.approx(1.0)
@@ -56,19 +59,26 @@ def test_a_condition_scales_by_measured_capacity_and_keeps_d_over_s_max(tmp_path
     half = scaled(marquee, _backend(tmp_path, mu_sat_of("v100-moe", 4) / 2))
     assert (half.assured_rate, half.opp_rate) == pytest.approx((3.0, 8.0))
     assert (half.window_s, half.duration_s) == pytest.approx((2.0, 24.0))
-    assert half.deadline_ms == pytest.approx(1820.0)  # same s_max(16): same deadline
+    assert half.deadline_ms == pytest.approx(3640.0)  # half the capacity: twice the service
 
     ceiling = V100_MOE.ceiling
     slower = replace(V100_MOE, ceiling=replace(ceiling, base_s=2 * ceiling.base_s,
                                                per_token_s=2 * ceiling.per_token_s))  # fmt: skip
-    assert scaled(marquee, _backend(tmp_path, 9.0, slower)).deadline_ms == pytest.approx(3640.0)
+    at_speed = scaled(marquee, _backend(tmp_path, mu_sat_of("v100-moe", 4), slower))
+    assert at_speed.deadline_ms == pytest.approx(1820.0)  # same measured capacity: same d
     assert scaled(marquee, _backend(tmp_path, 9.0), duration_s=5).duration_s == 5
+    service_ms = 4 / mu_sat_of("v100-moe", 4) * 1e3
+    assert f"{1820 / service_ms:.2f} services → d = 3640 ms" in real.describe(
+        _backend(tmp_path, mu_sat_of("v100-moe", 4) / 2), marquee
+    )
 
 
 def test_a_deadline_keeps_its_ratio_to_the_requests_own_service_prompt_included(tmp_path):
-    """E21's requests carry 100-token prompts: on a backend that charges for prompts its
-    deadline grows by the prompt's cost × the catalogue's factor; v100-moe charges none, so
-    the factor is d / s_max(64) there, and prompt-less workloads see no prompt term."""
+    """E21's deadline is written as the region's bound, so it keeps its factor over the
+    request's own ceiling: its requests carry 100-token prompts, and on a backend that
+    charges for prompts its deadline grows by the prompt's cost × the catalogue's factor
+    (v100-moe charges none, so the factor is d / s_max(64) there); a deadline not written
+    as the bound sees no prompt term."""
     charging = replace(V100_MOE, ceiling=replace(V100_MOE.ceiling, per_prompt_token_s=0.01))
     backend = _backend(tmp_path, mu_sat_of("v100-moe", 4), charging)
     memory = catalogue()["E21"].grid(True)[0]
@@ -206,6 +216,53 @@ def test_runs_on_a_backend_off_its_calibrated_speed_are_named():
     assert "0.50–1.50 ×" in text
     assert drift([{**r, "backend_service_mean_s": None} for r in slowed], sim) == ""
     assert service_mean(steady) == pytest.approx(0.4133, abs=1e-4)
+
+
+def test_where_the_guard_misses_on_the_backend_is_said_with_its_cause():
+    """Each deadline in the backend's own measured services, and each guard condition with a
+    late assured request named with why: outside the region, or inside it where the
+    simulator predicts it, or inside it where the simulator does not (the backend ran slower
+    than its calibration). A stack with no decision log (vLLM's own priority) is not named."""
+    e8 = catalogue()["E8"]
+
+    def side(index, deadline_ms, late, *, guard=True, inside=True, service=0.2):
+        base = {f: getattr(e8.grid(True)[index], f) for f in CONDITION_FIELDS}
+        measured = {"a_late": late, "a_admitted": 20, "log_violations": 0 if guard else None}
+        backend = {"backend_requests": 40, "backend_service_mean_s": service}
+        region = {"inside_region": inside, "bound_s": 0.45}
+        return [
+            {
+                **base,
+                "condition": index,
+                "rep": rep,
+                "deadline_ms": deadline_ms,
+                **measured,
+                **backend,
+                **region,
+            }
+            for rep in range(2)
+        ]
+
+    groups = {
+        0: (side(0, 600, 0), side(0, 600, 0)),
+        1: (side(1, 600, 3, guard=False), side(1, 600, 0)),
+        2: (side(2, 420, 2, inside=False), side(2, 420, 1, inside=False)),
+        4: (side(4, 500, 1), side(4, 500, 0)),
+        6: (side(6, 520, 1), side(6, 520, 1)),
+    }
+    text = fidelity.guard_misses(e8, groups)
+    assert "mean service during their runs: 2.10–3.00" in text
+    assert "server-priority" not in text  # no decision log: not the guard
+    assert "guard 420: 0.100 at d = 2.10 services (outside the region" in text
+    assert "bound 450 ms against d = 420 ms" in text and "the simulator predicts 0.050" in text
+    assert "guard 500: 0.050 at d = 2.50 services (inside the region, where the simulator " \
+        "predicts none: the backend served slower" in text  # fmt: skip
+    assert "guard 520: 0.050 at d = 2.60 services (inside the region, and the simulator " \
+        "predicts 0.050 there too)" in text  # fmt: skip
+    assert "guard 600" not in text
+    assert "no late assured" in fidelity.guard_misses(e8, {0: groups[0]})
+    silent = {0: ([{**r, "backend_service_mean_s": None} for r in groups[0][0]], groups[0][1])}
+    assert fidelity.guard_misses(e8, silent) == ""
 
 
 def test_whether_the_fifo_runs_admitted_what_the_assured_first_runs_did_is_said():

@@ -9,11 +9,18 @@ backend they are rescaled by its measured capacity: with
 `k = μ_sat(v100-moe, C) / μ_sat(backend)` (both at ℓ = 16), every arrival rate is divided by
 `k` and the window `W` and the run length are multiplied by `k`, so the offered load against
 capacity (ρ̂), the arrivals per window against the floor `B` and the requests per run stay
-what they were. Deadlines come from the calibrated service instead: the catalogue's factor
-`d / s_max(ℓ, p)` of the condition's own request is kept (marquee: 1820 ms / 660 ms = 2.76 at
-ℓ = 16), so `d = factor · s_max_backend(ℓ, p)`. The prompt `p` matters only where a profile
-charges for it: v100-moe charges nothing, a CPU build's calibration ≈ 1.2 s per 100 tokens,
-and E21's and E22's is the one workload with long (100-token) prompts.
+what they were. Deadlines are time too, and scale by the same `k`: `k` is the ratio of
+the two backends' measured sustained services (with `C` slots saturated, a request's mean
+service is `C / μ_sat`: ≈ 452 ms on v100-moe at ℓ = 16), so a deadline stays the same
+multiple of the measured service it was published at (E8's 1284–900 ms are 2.8–2.0 of
+v100-moe's; the marquee's 1820 ms is 4.0). Scaling them by the calibrated ceiling `s_max`
+instead put them at 1.5–2.2 measured services on the CPU build, whose ceiling sits close to
+its mean service where v100-moe's is 1.5× it — another region than the published one.
+The exception is a deadline the catalogue writes as the region's bound (E21, E22:
+`s_max(64, p)·(1 + ⌈B/C⌉)`, docs/design.md §6): it keeps its factor over the backend's own
+calibrated ceiling for the condition's request, `d = factor · s_max_backend(ℓ, p)`, so the
+row stays inside the region on that backend. The prompt `p` matters only where a profile
+charges for it: v100-moe charges nothing, a CPU build's calibration ≈ 1.2 s per 100 tokens.
 
 **The stacks on a real backend.** E3's FIFO run cannot take replayed decisions from a real
 guard; it runs the same learner, and its row says whether its admitted set matched the
@@ -185,13 +192,15 @@ def holds_cache_of(c: Condition, backend: RealBackend) -> bool:
 
 def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) -> Condition:
     """`c` rescaled to `backend` (module docstring); `duration_s` overrides the run length."""
-    reference = get_profile(c.profile)
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
-    shape = (c.tokens, prompt_tokens_of(c))
-    factor = c.deadline_ms / 1e3 / reference.ceiling.at(*shape)
-    if c.workload == "kv-pressure" and backend.kv_tokens and backend.kv_block_tokens:
-        block = backend.kv_block_tokens
-        c = replace(c, kv_blocks=backend.kv_tokens // block, kv_block_tokens=block)
+    deadline_ms = c.deadline_ms * k
+    if c.workload == "kv-pressure":  # written as the region's bound: keep d / s_max(ℓ, p)
+        shape = (c.tokens, prompt_tokens_of(c))
+        factor = c.deadline_ms / 1e3 / get_profile(c.profile).ceiling.at(*shape)
+        deadline_ms = factor * backend.profile.ceiling.at(*shape) * 1e3
+        if backend.kv_tokens and backend.kv_block_tokens:
+            block = backend.kv_block_tokens
+            c = replace(c, kv_blocks=backend.kv_tokens // block, kv_block_tokens=block)
     return replace(
         c,
         profile=str(backend.profile_path),
@@ -199,7 +208,7 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
         opp_rate=c.opp_rate / k,
         window_s=c.window_s * k,
         duration_s=duration_s if duration_s is not None else c.duration_s * k,
-        deadline_ms=factor * backend.profile.ceiling.at(*shape) * 1e3,
+        deadline_ms=deadline_ms,
     )
 
 
@@ -609,6 +618,19 @@ def describe(backend: RealBackend, c: Condition, duration_s: float | None = None
     k = mu_sat_of(c.profile, c.slots) / backend.mu_sat_per_s
     name, ell, prompt = c.workload, c.tokens, prompt_tokens_of(c)
     shape = f"{ell}, p = {prompt}" if prompt else f"{ell}"
+    if c.workload == "kv-pressure":
+        deadlines = (
+            f"deadlines keep d / s_max({shape}) ({name} "
+            f"{c.deadline_ms / 1e3 / reference.ceiling.at(ell, prompt):.2f} → "
+            f"d = {s.deadline_ms:.0f} ms)."
+        )
+    else:
+        ours, theirs = c.slots / backend.mu_sat_per_s, c.slots / mu_sat_of(c.profile, c.slots)
+        deadlines = (
+            f"deadlines × k too, the same multiple of the measured sustained service C / μ_sat "
+            f"(v100-moe {theirs * 1e3:.0f} ms, this backend {ours * 1e3:.0f} ms; {name} "
+            f"{c.deadline_ms / 1e3 / theirs:.2f} services → d = {s.deadline_ms:.0f} ms)."
+        )
     return (
         f"Backend {backend.url} (model `{backend.model}`), profile `{backend.profile_path}`: "
         f"measured μ_sat {backend.mu_sat_per_s:.2f}/s at ℓ = 16, C = {c.slots} "
@@ -617,9 +639,7 @@ def describe(backend: RealBackend, c: Condition, duration_s: float | None = None
         f"(v100-moe: {reference.ceiling.at(ell, prompt) * 1e3:.0f} ms). "
         f"k = μ_sat(v100-moe) / μ_sat = {k:.2f}: rates ÷ k, W and run length × k "
         f"({name}: W = {s.window_s:.2f} s, assured {s.assured_rate:.2f}/s, opportunistic "
-        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); deadlines keep d / s_max({shape}) "
-        f"({name} {c.deadline_ms / 1e3 / reference.ceiling.at(ell, prompt):.2f} → "
-        f"d = {s.deadline_ms:.0f} ms)."
+        f"{s.opp_rate:.2f}/s, {s.duration_s:.1f} s); " + deadlines
     )
 
 
