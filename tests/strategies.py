@@ -31,21 +31,32 @@ def configs(draw) -> GuardConfig:
     slots = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
     kv = st.one_of(st.none(), st.integers(16, 160))  # requests reserve 16-96 tokens
     kv_tokens = draw(st.one_of(st.just(()), st.tuples(*(kv for _ in slots))))
+    dispatch = draw(st.sampled_from(DispatchOrder))
+    reserved = (
+        draw(st.integers(0, sum(slots) - 1)) if dispatch is DispatchOrder.ASSURED_FIRST else 0
+    )
+    upper = draw(
+        st.one_of(st.none(), st.builds(AffineEnvelope, st.floats(0.01, 0.3), st.floats(0, 0.01)))
+    )
+    a_deadline = draw(st.floats(0.1, 2.0))
     return GuardConfig(
         contracts=(
             Contract(
                 "a95",
                 ContractClass.ASSURED,
-                draw(st.floats(0.1, 2.0)),
+                a_deadline,
                 draw(floor_range),
                 draw(st.sampled_from(ExcessPolicy)),
+                ttft_budget_s=draw(st.one_of(st.none(), st.floats(0.05, a_deadline))),
             ),
-            Contract(
+            Contract(  # sometimes in first-token terms only: due at ttft + tpot·ℓ
                 "b95",
                 ContractClass.ASSURED,
-                draw(st.floats(0.1, 2.0)),
+                draw(st.one_of(st.none(), st.floats(0.5, 2.0))),
                 draw(floor_range),
                 draw(st.sampled_from(ExcessPolicy)),
+                ttft_budget_s=draw(st.floats(0.05, 0.5)),
+                tpot_budget_s=draw(st.floats(0.001, 0.05)),
             ),
             Contract("a10", ContractClass.OPPORTUNISTIC, draw(st.floats(0.1, 2.0))),
         ),
@@ -54,9 +65,11 @@ def configs(draw) -> GuardConfig:
         ),
         slots=slots,
         kv_tokens=kv_tokens,
-        dispatch=draw(st.sampled_from(DispatchOrder)),
+        dispatch=dispatch,
         meter=meter,
         lower_envelope=lower,
+        upper_envelope=upper,
+        reserved_slots=reserved,
         capacity_action=draw(st.sampled_from(CapacityAction)),
     )
 

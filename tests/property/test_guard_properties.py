@@ -91,8 +91,11 @@ def drive(config, script, ops, prefetch=False, timer_from_start=False):
             if isinstance(d, Drop):
                 lower = config.lower_envelope
                 assert lower is not None, "dropped without a lower envelope"
-                deadline = guard_deadlines[d.request.request_id]
-                assert now + lower.at(d.request.num_output_tokens) > deadline, "unsound drop"
+                request = d.request
+                deadline, first_by = guard_deadlines[request.request_id]
+                doomed = now + lower.at(request.num_output_tokens) > deadline
+                first = lower.per_token_s > 0 and now + lower.at(0, request.num_prompt_tokens)
+                assert doomed or first > first_by, "unsound drop"
 
     def poll():
         decisions = guard.poll(now)
@@ -115,7 +118,9 @@ def drive(config, script, ops, prefetch=False, timer_from_start=False):
                 admission = _answered_by_driver(guard, store, request, now)
             else:
                 admission = guard.on_arrival(request, now)
-            guard_deadlines[request.request_id] = admission.deadline_at
+            ttft = getattr(guard.contract_of(tenant), "ttft_budget_s", None)
+            first_by = now + ttft if ttft is not None else float("inf")
+            guard_deadlines[request.request_id] = (admission.deadline_at, first_by)
         elif op[0] == "expire":
             check_drops(guard.expire(now))
             next_at = guard.next_doom_at()

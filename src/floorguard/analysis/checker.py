@@ -7,7 +7,8 @@ violation's position is reported:
            and no window grants more than `B` (recomputed from arrival times, the config's
            `W`, `t0` and meter; the guard's own window field is not trusted);
 * DR       every drop satisfies `t + L(ℓ, p) > D` with the config's lower envelope (`p`: the
-           prompt's tokens, its lower bound where the count was only bounded);
+           prompt's tokens, its lower bound where the count was only bounded), or, for a
+           contract with a TTFT, `t + L(0, p) > T` (its first token doomed: design §19);
 * ORDER    assured-first: no surplus request starts while a floor-entitled one waits;
            FIFO: requests start in admission order (a doomed one may leave whenever it
            is doomed: docs/design.md §12);
@@ -22,6 +23,14 @@ violation's position is reported:
 
 SF (an entitled request completes by its deadline) is conditional (docs/design.md §6): late
 completions are reported, and fail the check only when `strict_sf` is asked for.
+
+TTFT (an entitled request of a contract with a TTFT gets its first token by `T`, design §19)
+is judged where the guard has its part: an entitled request must start by `T − s_max(1, p)`
+(its first token's ceiling after the start). A later start is a violation while the log is
+inside §19's region — reserved slots, `⌈B/r⌉·s_max + s_max(1) ≤ ttft`, `ρ_r ≤ 1`, no service
+above its ceiling so far (finished, or running past it), and the floor's backlog within
+`B` — and conditional outside it. A first token late after an in-time start is the
+backend's (its first token slower than its ceiling): conditional, reported.
 
 `check_fleet` checks the logs of replicas that share one floor (a Redis store): each log
 on its own for everything but AF, and AF across all of them, per tenant and window as the
@@ -61,6 +70,7 @@ from floorguard.core.events import (
     config_from_dict,
     to_json,
 )
+from floorguard.core.monitors import first_token_report
 from floorguard.core.refusals import REFUSALS, AfJudgement
 from floorguard.core.request import RequestId
 from floorguard.errors import TraceError
@@ -71,7 +81,6 @@ _NOT_PER_REQUEST = frozenset(
     {
         EventKind.PROPOSE,
         EventKind.ENQUEUE,
-        EventKind.FIRST_TOKEN,
         EventKind.CONFIG,
         EventKind.STORE,
         EventKind.LEASE,
@@ -95,6 +104,14 @@ class _Open:
     backend: int | None = None
     kv: int = 0
     """Its KV reservation while in flight (under a budget)."""
+    first_by: float = math.inf
+    """Its first token's deadline `T` (∞: its contract has no TTFT)."""
+    dispatched_at: float | None = None
+    """Its first start."""
+    first_judged: bool = False
+    """A late first token of it was reported already."""
+    first_seen: bool = False
+    """Its first token was logged (a streamed answer)."""
 
 
 class _Checker:
@@ -115,6 +132,12 @@ class _Checker:
         self.in_flight = [0] * len(config.slots)
         self.kv_in_flight = [0] * len(config.slots)
         self.index = 0
+        self.ttft = _ttft_budgets(config)
+        self.num_above_ceiling = 0
+        """Services above their ceiling `s_max(ℓ, p)` so far (§6's A3 broken)."""
+        self.max_waiting_entitled = 0
+        self.max_assured_tokens = 0
+        self.max_assured_prompt = 0
 
     def violate(self, prop: str, request_id: RequestId | None, message: str) -> None:
         self.report.violations.append(Violation(prop, self.index, request_id, message))
@@ -146,6 +169,7 @@ class _Checker:
         self.in_flight += [0] * (len(config.slots) - len(self.in_flight))
         self.kv_in_flight += [0] * (len(config.slots) - len(self.kv_in_flight))
         self.config = config
+        self.ttft = _ttft_budgets(config)
 
     def on_event(self, event: TraceEvent) -> None:
         kind, rid = event.kind, event.request_id
@@ -186,6 +210,12 @@ class _Checker:
             else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
+        ttft = self.ttft.get(event.tenant or "")
+        if ttft is not None:
+            state.first_by = event.at + ttft
+        if event.cls is ContractClass.ASSURED:
+            self.max_assured_tokens = max(self.max_assured_tokens, state.num_output_tokens)
+            self.max_assured_prompt = max(self.max_assured_prompt, state.num_prompt_tokens)
         config = self.config
         if self.shared_floor or not config.kv_fits_somewhere(
             config.kv_reservation(state.num_prompt_tokens, state.num_output_tokens)
@@ -222,6 +252,7 @@ class _Checker:
             self._decided(state, event.request_id, state.entitled, "admitted as surplus")
         if state.entitled:
             self.waiting_entitled.add(event.request_id)  # type: ignore[arg-type]
+            self.max_waiting_entitled = max(self.max_waiting_entitled, len(self.waiting_entitled))
         self.fifo.append(event.request_id)  # type: ignore[arg-type]
 
     def _on_demote(self, event: TraceEvent, state: _Open) -> None:
@@ -274,6 +305,10 @@ class _Checker:
 
     def _on_dispatch(self, event: TraceEvent, state: _Open) -> None:
         self._leave_queue(event, state)
+        if state.dispatched_at is None:
+            state.dispatched_at = event.at
+            if state.entitled and state.first_by < math.inf:
+                self._judge_start(event, state)
         backend = event.backend if event.backend is not None else 0
         if not 0 <= backend < len(self.in_flight):
             self.violate("SLOTS", event.request_id, f"dispatched to unknown backend {backend}")
@@ -299,19 +334,84 @@ class _Checker:
                     f"backend {backend} holds {held} reserved KV tokens > its {room}",
                 )
 
+    def _judge_start(self, event: TraceEvent, state: _Open) -> None:
+        """TTFT, the guard's part: an entitled request starts by `T − s_max(1, p)`."""
+        upper = self.config.upper_envelope
+        ceiling = upper.at(1, state.num_prompt_tokens) if upper is not None else 0.0
+        late_s = event.at - (state.first_by - ceiling)
+        if late_s <= 0:
+            return
+        state.first_judged = True
+        self.report.num_ttft_late += 1
+        region = first_token_report(
+            self.config,
+            num_output_tokens=max(self.max_assured_tokens, 1),
+            num_prompt_tokens=self.max_assured_prompt,
+            num_above_ceiling=self.num_above_ceiling + self._running_past_ceiling(event.at),
+            max_backlog=self.max_waiting_entitled,
+        )
+        message = (
+            f"floor-entitled request started {late_s * 1e3:.1f} ms after T − s_max(1, p), "
+            "too late for its first token by its TTFT"
+        )
+        if region is not None and region.inside:
+            self.violate("TTFT", event.request_id, message + " inside design §19's region")
+        else:
+            why = "; ".join(region.reasons) if region is not None else "no TTFT contract"
+            self.conditional("TTFT", event.request_id, f"{message} (outside the region: {why})")
+
+    def _running_past_ceiling(self, now: float) -> int:
+        """Requests in flight at `now` already running longer than their ceiling."""
+        upper = self.config.upper_envelope
+        if upper is None:
+            return 0
+        return sum(
+            1
+            for s in self.requests.values()
+            if s.backend is not None
+            and s.dispatched_at is not None
+            and now - s.dispatched_at > upper.at(s.num_output_tokens, s.num_prompt_tokens)
+        )
+
+    def conditional(self, prop: str, request_id: RequestId | None, message: str) -> None:
+        self.report.conditional.append(Violation(prop, self.index, request_id, message))
+
+    def _on_first_token(self, event: TraceEvent, state: _Open) -> None:
+        state.first_seen = True
+        self._first_token(event, state, "first token")
+
+    def _first_token(self, event: TraceEvent, state: _Open, what: str) -> None:
+        """A first token after `T` from a start in time: the backend's, conditional."""
+        if not state.entitled or state.first_judged or event.at <= state.first_by:
+            return
+        state.first_judged = True
+        self.report.num_ttft_late += 1
+        self.conditional(
+            "TTFT",
+            event.request_id,
+            f"floor-entitled request's {what} came {(event.at - state.first_by) * 1e3:.1f} ms "
+            "after its TTFT, from a start in time: the backend's first token took longer than "
+            "its ceiling s_max(1, p)",
+        )
+
     def _on_drop(self, event: TraceEvent, state: _Open) -> None:
         self._leave_queue(event, state, started=False)
         self.report.num_drops += 1
         lower = self.config.lower_envelope
         if lower is None:
             self.violate("DR", event.request_id, "dropped, but the config has no lower envelope")
-        elif not event.at + lower.at(*self._sizes(state)) > state.deadline_at:
-            slack = state.deadline_at - event.at - lower.at(*self._sizes(state))
-            self.violate(
-                "DR",
-                event.request_id,
-                f"dropped with t + L(ℓ) ≤ D (slack {slack * 1e3:.1f} ms): not doomed",
-            )
+            return
+        if event.at + lower.at(*self._sizes(state)) > state.deadline_at:
+            return
+        first = lower.at(0, state.prompt_tokens_lower)
+        if lower.per_token_s > 0 and event.at + first > state.first_by:
+            return  # its first token was doomed (design §19)
+        slack = state.deadline_at - event.at - lower.at(*self._sizes(state))
+        self.violate(
+            "DR",
+            event.request_id,
+            f"dropped with t + L(ℓ) ≤ D (slack {slack * 1e3:.1f} ms): not doomed",
+        )
 
     @staticmethod
     def _sizes(state: _Open) -> tuple[int, int]:
@@ -336,6 +436,12 @@ class _Checker:
             state.backend, state.kv = None, 0
 
     def _on_complete(self, event: TraceEvent, state: _Open) -> None:
+        upper = self.config.upper_envelope
+        if state.backend is not None and state.dispatched_at is not None and upper is not None:
+            ceiling = upper.at(state.num_output_tokens, state.num_prompt_tokens)
+            self.num_above_ceiling += event.at - state.dispatched_at > ceiling
+        if not state.first_seen:
+            self._first_token(event, state, "answer (not streamed: its first byte)")
         self._free(state)
         if state.entitled and event.at > state.deadline_at:
             self.report.num_sf_late += 1
@@ -376,7 +482,14 @@ def check_fleet(logs: Sequence[Sequence[TraceEvent]], *, allow_open: bool = Fals
             [[events[i] for i in at] for events, at in zip(logs, positions, strict=True)],
             allow_open,
         )
-        for name in ("num_events", "num_requests", "num_entitled", "num_drops", "num_sf_late"):
+        for name in (
+            "num_events",
+            "num_requests",
+            "num_entitled",
+            "num_drops",
+            "num_sf_late",
+            "num_ttft_late",
+        ):
             setattr(report, name, getattr(report, name) + getattr(part, name))
         for found, into in (
             (part.violations, report.violations),
@@ -423,6 +536,11 @@ def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) ->
         if any(c.slot_leases for c in configs):
             fleet_order(logs, configs, report)
     return report
+
+
+def _ttft_budgets(config: GuardConfig) -> dict[str, float]:
+    """Tenant → its contract's TTFT budget, for the contracts that have one."""
+    return {c.tenant: c.ttft_budget_s for c in config.contracts if c.ttft_budget_s is not None}
 
 
 def _check_one(

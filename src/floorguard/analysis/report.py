@@ -41,11 +41,15 @@ class CheckReport:
     num_entitled: int = 0
     num_drops: int = 0
     num_sf_late: int = 0
+    num_ttft_late: int = 0
+    """Floor-entitled requests whose first token was (or, from their start, had to be)
+    late by their TTFT: violations inside design §19's region, conditional outside it."""
     violations: list[Violation] = field(default_factory=list)
     conditional: list[Violation] = field(default_factory=list)
     """AF findings in windows where a replica decided on its local fallback (the shared
     store unreachable, marked by `store` events): the floor is conditional on the store
-    there, as SF is on capacity; reported, never a failure."""
+    there, as SF is on capacity; and TTFT findings outside design §19's region, or where the
+    backend's first token was slower than its ceiling. Reported, never a failure."""
     degraded_s: list[float] = field(default_factory=list)
     """Per log (`check_fleet`): seconds its shared floor spent degraded."""
     fleet_peak_in_flight: dict[str, int] = field(default_factory=dict)

@@ -162,7 +162,9 @@ class FlowControlStack(ServerStack):
 
     def _ttl_s(self, job: Ticket) -> float:
         ttl = self.options.queue_ttl_s
-        return ttl if ttl is not None else job.contract.deadline_budget_s
+        if ttl is not None:
+            return ttl
+        return job.contract.deadline_for(job.request.num_output_tokens)
 
     def _release_held(self, now: float) -> list[Drop]:
         drops = []

@@ -128,7 +128,8 @@ def _contract_deadlines(args: argparse.Namespace) -> dict[str | None, float]:
 
     out = {}
     for name, pool in load_config(args.config).pools().items():
-        budgets = [c.deadline_budget_s for c in pool.guard_config().contracts if c.assured]
+        tokens = pool.limits.default_max_tokens
+        budgets = [c.deadline_for(tokens) for c in pool.guard_config().contracts if c.assured]
         if not budgets:
             of = f"model {name}" if name is not None else "the config"
             raise FloorguardError(

@@ -151,12 +151,19 @@ class Contract:
 
     tenant: str
     cls: ContractClass
-    deadline_budget_s: float
-    """`d`: a request arriving at `t` is due at `D = t + d`."""
+    deadline_budget_s: float | None
+    """`d`: a request arriving at `t` is due at `D = t + d`. None: the contract states its
+    SLO in first-token terms only, and `D` follows from them (`deadline_for`)."""
     floor: int = 0
     """`B`: credits reserved per window (assured only; 0 for opportunistic)."""
     excess_policy: ExcessPolicy = ExcessPolicy.REJECT
     """What happens to assured arrivals beyond the floor (docs/design.md §4.1)."""
+    ttft_budget_s: float | None = None
+    """Time to first token: a request arriving at `t` has its first token due by `t + ttft`
+    (docs/design.md §19). None: no first-token deadline."""
+    tpot_budget_s: float | None = None
+    """Time per output token after the first: kept by the batch width the guard dispatches
+    onto a backend (docs/design.md §19). None: none."""
 
     def __post_init__(self) -> None:
         require(bool(self.tenant), "tenant", self.tenant, "must be a non-empty string")
@@ -166,12 +173,30 @@ class Contract:
             self.cls,
             f"must be one of {[c.value for c in ContractClass]}",
         )
+        for name in ("deadline_budget_s", "ttft_budget_s", "tpot_budget_s"):
+            value = getattr(self, name)
+            require(
+                value is None or (math.isfinite(value) and value > 0),
+                name,
+                value,
+                "must be a finite number of seconds > 0 (or absent)",
+            )
         require(
-            math.isfinite(self.deadline_budget_s) and self.deadline_budget_s > 0,
+            self.deadline_budget_s is not None
+            or (self.ttft_budget_s is not None and self.tpot_budget_s is not None),
             "deadline_budget_s",
             self.deadline_budget_s,
-            "must be a finite number of seconds > 0",
+            "a contract needs an end-to-end deadline, or both a TTFT and a TPOT budget (its "
+            "deadline is then ttft + tpot·ℓ)",
         )
+        if self.deadline_budget_s is not None and self.ttft_budget_s is not None:
+            require(
+                self.ttft_budget_s <= self.deadline_budget_s,
+                "ttft_budget_s",
+                self.ttft_budget_s,
+                f"must be ≤ the deadline budget ({self.deadline_budget_s} s): the first token "
+                "comes before the last",
+            )
         if self.cls is ContractClass.ASSURED:
             require(
                 isinstance(self.floor, int) and self.floor >= 1,
@@ -187,6 +212,15 @@ class Contract:
     @property
     def assured(self) -> bool:
         return self.cls is ContractClass.ASSURED
+
+    def deadline_for(self, num_output_tokens: int) -> float:
+        """The end-to-end budget of a request of ℓ output tokens: `d`, or without one
+        `ttft + tpot·ℓ` — a request whose first token is on time and each later token within
+        TPOT ends by then, so a request that cannot end by it misses its SLO."""
+        if self.deadline_budget_s is not None:
+            return self.deadline_budget_s
+        assert self.ttft_budget_s is not None and self.tpot_budget_s is not None
+        return self.ttft_budget_s + self.tpot_budget_s * num_output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +296,11 @@ class GuardConfig:
     kv_block_tokens: int = 16
     """The KV cache's block size in tokens (vLLM's `block_size`): reservations are whole
     blocks."""
+    reserved_slots: int = 0
+    """`r`: slots kept for the floor's first tokens (docs/design.md §19). A request that is
+    not floor-entitled starts only while the surplus holds fewer than `C − r` slots (`C`
+    here: all backends'), or on a reserved slot that the floor no longer needs in this
+    window and that its service ceiling gives back by the window's end. 0: none."""
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")
@@ -317,6 +356,25 @@ class GuardConfig:
             self.meter,
             f"must be one of {[m.value for m in MeterKind]}",
         )
+        require(
+            isinstance(self.reserved_slots, int) and 0 <= self.reserved_slots < self.total_slots,
+            "reserved_slots",
+            self.reserved_slots,
+            f"must be an integer in [0, {self.total_slots}): the surplus keeps at least one slot",
+        )
+        require(
+            self.reserved_slots == 0 or self.dispatch is DispatchOrder.ASSURED_FIRST,
+            "reserved_slots",
+            self.reserved_slots,
+            "needs assured-first dispatch (FIFO has no floor queue to keep slots for)",
+        )
+        require(
+            self.reserved_slots == 0 or not self.slot_leases,
+            "reserved_slots",
+            self.reserved_slots,
+            "is per guard: with fleet-wide slot leases another replica's surplus would hold "
+            "the slots it keeps (partition the slots instead: docs/design.md §19)",
+        )
 
     def contract_for(self, tenant: str) -> Contract | None:
         for contract in self.contracts:
@@ -357,6 +415,7 @@ RESTART_ONLY = (
     "capacity_action",
     "slot_leases",
     "kv_block_tokens",
+    "reserved_slots",
 )
 """What a reload cannot change (`reload_refusals`): the windows the floors are counted in,
 the queue's order, the meter, the envelopes the doom gate and the monitors use."""

@@ -57,6 +57,8 @@ class Ticket:
         "deadline_at",
         "dispatched_at",
         "entitled",
+        "first_by",
+        "first_lower_s",
         "hint",
         "kv",
         "leasing",
@@ -104,6 +106,11 @@ class Ticket:
         """Started on leased slots, its slot lease not yet answered (`Dispatch.lease`)."""
         self.kv = 0
         """Its KV reservation in tokens under a memory budget (`GuardConfig.kv_reservation`)."""
+        self.first_by = math.inf
+        """When its first token is due (arrival + the contract's TTFT; ∞: no TTFT)."""
+        self.first_lower_s: float | None = None
+        """`L(0, p)`, the doom gate's bound on its time to a first token (None: no TTFT
+        doom: no TTFT, or no per-token lower envelope)."""
 
     def __repr__(self) -> str:
         return f"Ticket({self.request.request_id!r}, entitled={self.entitled}, seq={self.seq})"

@@ -38,6 +38,16 @@ class DoomGate:
             upper.at(num_output_tokens, prompt_upper) if upper is not None else None,
         )
 
+    def first_token_lower(self, prompt_lower: int = 0) -> float | None:
+        """A lower bound on a request's time from dispatch to its first token: the lower
+        envelope at ℓ = 0, its prefill (`L(0, p)`). None without an envelope, or with one
+        that has no per-token term: a constant `L` bounds whole services only, and would
+        call a first token doomed that can still come in time (docs/design.md §19)."""
+        lower = self.lower
+        if lower is None or lower.per_token_s <= 0:
+            return None
+        return lower.at(0, prompt_lower)
+
     @staticmethod
     def verdict(
         deadline_at: float, lower_s: float | None, upper_s: float | None, now: float

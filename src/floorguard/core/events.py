@@ -126,7 +126,9 @@ def arrive_event(
         request.request_id,
         request.tenant,
         contract.cls if contract else None,
-        deadline_at=request.arrival_at + contract.deadline_budget_s if contract else None,
+        deadline_at=request.arrival_at + contract.deadline_for(request.num_output_tokens)
+        if contract
+        else None,
         num_output_tokens=request.num_output_tokens,
         num_prompt_tokens=request.num_prompt_tokens,
         min_prompt_tokens=request.min_prompt_tokens,
@@ -270,6 +272,7 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
         "upper_envelope": envelope(config.upper_envelope),
         "capacity_action": config.capacity_action.value,
         "slot_leases": config.slot_leases,
+        **({"reserved_slots": config.reserved_slots} if config.reserved_slots else {}),
         **(
             {"kv_tokens": list(config.kv_tokens), "kv_block_tokens": config.kv_block_tokens}
             if config.kv_budgeted
@@ -289,6 +292,8 @@ def config_to_dict(config: GuardConfig) -> dict[str, Any]:
                 "deadline_budget_s": c.deadline_budget_s,
                 "floor": c.floor,
                 "excess_policy": c.excess_policy.value,
+                **({"ttft_budget_s": c.ttft_budget_s} if c.ttft_budget_s is not None else {}),
+                **({"tpot_budget_s": c.tpot_budget_s} if c.tpot_budget_s is not None else {}),
             }
             for c in config.contracts
         ],
@@ -323,6 +328,8 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
                     deadline_budget_s=c["deadline_budget_s"],
                     floor=c["floor"],
                     excess_policy=ExcessPolicy(c["excess_policy"]),
+                    ttft_budget_s=c.get("ttft_budget_s"),
+                    tpot_budget_s=c.get("tpot_budget_s"),
                 )
                 for c in data["contracts"]
             ),
@@ -338,6 +345,7 @@ def config_from_dict(data: Mapping[str, Any]) -> GuardConfig:
             slot_leases=bool(data.get("slot_leases", False)),
             kv_tokens=tuple(data.get("kv_tokens", ())),
             kv_block_tokens=int(data.get("kv_block_tokens", 16)),
+            reserved_slots=int(data.get("reserved_slots", 0)),
         )
     except (KeyError, TypeError) as exc:
         raise TraceError(f"config event is missing or mistypes {exc}") from exc

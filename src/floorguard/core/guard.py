@@ -84,6 +84,8 @@ class Guard(Ledger):
         """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time. Built
         at the first `next_doom_at` / `expire` (a driver that only drops at dispatch, as
         the simulator does, never pays for the timer), kept in step from then on."""
+        self._reserved = config.reserved_slots
+        """`r`, the floor's reserved slots (docs/design.md §19); fixed for the guard's life."""
         self._lowered: dict[str, tuple[int, int]] = {}
         """tenant -> (window, weight refused as floor_lowered in it)"""
         self._take_limits(config)
@@ -168,6 +170,8 @@ class Guard(Ledger):
         if grant.floor is not None and grant.floor != contract.floor:
             pending.pinned = grant.floor
         if grant.granted:
+            if self._reserved:
+                self._count_grant(window, self._meter.weight(request))
             self._enqueue(self._admit(pending, now, entitled=True, window_index=window))
             return pending
         reason = self._excess_reason(contract, request, pending.floor, grant)
@@ -196,7 +200,11 @@ class Guard(Ledger):
         `demote`, never under `reject`, and under `spare` while it would start at once (a
         slot free, nothing queued)."""
         if policy is ExcessPolicy.SPARE:
-            return self._slots.num_free > 0 and self._queue.num_queued == 0
+            return (
+                self._slots.num_free > 0
+                and self._queue.num_queued == 0
+                and self.num_surplus_in_flight < self._total_slots - self._reserved
+            )
         return policy is ExcessPolicy.DEMOTE
 
     def _proposed(self, pending: Pending, now: float, answer: Answer) -> Pending:
@@ -363,7 +371,7 @@ class Guard(Ledger):
             if not self._is_queued(ticket):
                 heappop(heap)
                 continue
-            if self._doom.verdict(ticket.deadline_at, ticket.lower_s, None, now) is not DROP:
+            if not _doomed(ticket, now):
                 break
             heappop(heap)
             self._cancel(ticket)
@@ -397,9 +405,13 @@ class Guard(Ledger):
                 break
             self._queue_exit(ticket)
             verdict = verdict_of(ticket.deadline_at, ticket.lower_s, ticket.upper_s, now)
-            if verdict is DROP:
+            first = ticket.first_lower_s
+            if verdict is DROP or (first is not None and now + first > ticket.first_by):
                 out.append(self._drop(ticket, now, "doomed"))
                 continue
+            if self._reserved and not ticket.entitled and not self._may_take_slot(ticket, now):
+                self._enqueue(ticket, front=True)  # the floor's slots: it waits, none overtakes
+                break
             backend = slots.acquire(ticket.kv)
             if backend < 0:  # no room for it in any KV cache: it waits first, none overtakes
                 self._enqueue(ticket, front=True)
@@ -408,6 +420,33 @@ class Guard(Ledger):
                 self.stats.doom_uncertain += 1
             out.append(self._start(ticket, backend, now))
         return out
+
+    # -- the floor's reserved slots (docs/design.md §19) ---------------------------------
+
+    def _count_grant(self, window: int, weight: int) -> None:
+        """The floor granted `weight` in `window`: that much less of its demand is left."""
+        if window != self._floor_window:
+            self._floor_window, self._floor_granted = window, 0
+        self._floor_granted += weight
+
+    def _may_take_slot(self, ticket: Ticket, now: float) -> bool:
+        """Whether a surplus ticket may start now under `reserved_slots = r`: while the
+        surplus holds fewer than `C − r` slots; past that, on a reserved slot only if the
+        floor cannot need it in this window (the surplus stays under `C − held`, `held =
+        min(r, the floor's requests present + its weight not yet granted)`, which only falls
+        until the window ends) and the ticket's ceiling gives it back by the window's end,
+        when the floor's credits return."""
+        surplus, total, reserved = self.num_surplus_in_flight, self._total_slots, self._reserved
+        if surplus < total - reserved:
+            return True
+        if ticket.upper_s is None:
+            return False
+        schedule = self.config.schedule
+        window = schedule.index_at(now)
+        granted = self._floor_granted if window == self._floor_window else 0
+        present = len(self._in_flight) - surplus + self._queue.num_queued_entitled
+        held = min(reserved, present + max(self._total_floor - granted, 0))
+        return surplus < total - held and now + ticket.upper_s <= schedule.start_of(window + 1)
 
     # -- views ----------------------------------------------------------------------------
 
@@ -422,6 +461,18 @@ class Guard(Ledger):
         return self._queue.num_queued_entitled + self.num_leasing_entitled
 
 
+def _doomed(ticket: Ticket, now: float) -> bool:
+    """`now + L > D`, or its first token doomed: `now + L(0, p) > T` (docs/design.md §19)."""
+    lower, first = ticket.lower_s, ticket.first_lower_s
+    return (lower is not None and now + lower > ticket.deadline_at) or (
+        first is not None and now + first > ticket.first_by
+    )
+
+
 def _doom_entry(ticket: Ticket) -> tuple[float, int, Ticket]:
-    """The doom timer's key: the instant after which the ticket is doomed (`D − L`)."""
-    return (ticket.deadline_at - ticket.lower_s, ticket.seq, ticket)  # type: ignore[operator]
+    """The doom timer's key: the instant after which the ticket is doomed (`D − L`, or
+    `T − L(0, p)` where its first token is doomed sooner)."""
+    at = ticket.deadline_at - ticket.lower_s  # type: ignore[operator]
+    if ticket.first_lower_s is not None:
+        at = min(at, ticket.first_by - ticket.first_lower_s)
+    return (at, ticket.seq, ticket)

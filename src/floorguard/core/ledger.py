@@ -56,6 +56,8 @@ __all__ = ["ClassStats", "GuardStats", "Ledger"]
 
 ASSURED: Final = ContractClass.ASSURED
 _OUTCOMES: Final = frozenset({"complete", "fail", "abort"})
+_NO_WINDOW: Final = -(2**62)
+"""`_floor_window` before the floor granted anything."""
 """What `finish` ends a request with."""
 
 
@@ -104,6 +106,13 @@ class Ledger:
         """Entitled requests dispatched whose slot lease is not answered yet: out of the
         queue, not started, so still waiting (the fleet's waiting board counts them)."""
         self._kv_budgeted = config.kv_budgeted
+        self.num_surplus_in_flight = 0
+        """In flight and not floor-entitled: what the reserved slots bound (docs/design.md §19)."""
+        self._total_floor = config.total_floor
+        self._floor_window = _NO_WINDOW
+        self._floor_granted = 0
+        """The floor's weight granted by this guard in window `_floor_window` (the
+        reservation's view of the floor's demand left in the window)."""
         self._reloaded: tuple[float, GuardConfig] | None = None
         """A reload's configuration and the instant its contracts govern from."""
         self._sink = sink
@@ -158,6 +167,7 @@ class Ledger:
         self._reloaded = None
         config = self.config = pending[1]
         self._contracts = {c.tenant: c for c in config.contracts}
+        self._total_floor = config.total_floor
         self.backlog.total_floor = config.total_floor
         self.capacity.total_floor = config.total_floor
 
@@ -257,7 +267,8 @@ class Ledger:
         if contract is None:
             self.stats.unknown_tenant += 1
             return Pending(request, None, 0.0)
-        pending = Pending(request, contract, request.arrival_at + contract.deadline_budget_s)
+        deadline_at = request.arrival_at + contract.deadline_for(request.num_output_tokens)
+        pending = Pending(request, contract, deadline_at)
         self.stats.per_class[contract.cls].offered += 1
         if contract.cls is ASSURED and request.num_output_tokens > self._max_assured_tokens:
             self._max_assured_tokens = request.num_output_tokens
@@ -345,6 +356,9 @@ class Ledger:
             ticket.kv = self.config.kv_reservation(
                 request.num_prompt_tokens, request.num_output_tokens
             )
+        if contract.ttft_budget_s is not None:
+            ticket.first_by = request.arrival_at + contract.ttft_budget_s
+            ticket.first_lower_s = self._doom.first_token_lower(request.prompt_tokens_lower)
         stats = self.stats.per_class[contract.cls]
         stats.admitted += 1
         if entitled:
@@ -414,6 +428,8 @@ class Ledger:
         ticket.leasing = leasing = self._slot_leases
         if leasing and ticket.entitled:
             self.num_leasing_entitled += 1
+        if not ticket.entitled:
+            self.num_surplus_in_flight += 1
         self._in_flight[request.request_id] = ticket
         if self._sink is not None:
             self._sink(
@@ -439,6 +455,8 @@ class Ledger:
             raise ProtocolError(f"request {request_id!r} is not in flight: it is {state}")
         if ticket.leasing and ticket.entitled:
             self.num_leasing_entitled -= 1
+        if not ticket.entitled:
+            self.num_surplus_in_flight -= 1
         self._slots.release(ticket.backend, ticket.kv)
         return ticket
 
@@ -517,6 +535,8 @@ class Ledger:
         """The backend finished an in-flight request: free its slot, and let the monitors
         see its service time."""
         del self._in_flight[request_id]
+        if not ticket.entitled:
+            self.num_surplus_in_flight -= 1
         self._slots.release(ticket.backend, ticket.kv)
         service_s = now - ticket.dispatched_at
         stats = self.stats.per_class[ticket.contract.cls]

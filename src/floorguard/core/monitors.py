@@ -19,8 +19,11 @@ __all__ = [
     "BacklogMonitor",
     "CapacityMonitor",
     "EnvelopeMonitor",
+    "FirstTokenReport",
     "assumption_report",
     "assumptions_of",
+    "first_token_of",
+    "first_token_report",
 ]
 
 
@@ -156,7 +159,7 @@ def assumption_report(
     ℓ, and the largest `Q_A`. Under a KV budget (docs/design.md §16) `C` is what the caches run at
     once of such requests: per backend `min(C, ⌊kv_tokens / reservation⌋)`."""
     floor, slots, window_s = config.total_floor, config.total_slots, config.schedule.window_s
-    budgets = [c.deadline_budget_s for c in config.contracts if c.assured]
+    budgets = [c.deadline_for(num_output_tokens) for c in config.contracts if c.assured]
     min_budget = min(budgets) if budgets else None
     reasons: list[str] = []
     if config.kv_budgeted:
@@ -210,6 +213,67 @@ def assumption_report(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FirstTokenReport:
+    """Whether a configuration lies inside the region where the first-token bound of
+    docs/design.md §19 holds, for the tightest TTFT of its assured contracts."""
+
+    reserved: int
+    """`r`, the slots kept for the floor."""
+    rho_r: float | None
+    """`ΣB·s_max(ℓ_A, p_A) / (r·W)`: the floor's work against its reserved slots; ≤ 1."""
+    bound_s: float | None
+    """`⌈ΣB/r⌉·s_max(ℓ_A, p_A) + s_max(1, p_A)`: the first-token bound inside the region."""
+    min_ttft_s: float
+    inside: bool
+    reasons: tuple[str, ...]
+    """Every assumption that fails, in words; empty when inside."""
+
+
+def first_token_report(
+    config: GuardConfig,
+    *,
+    num_output_tokens: int,
+    num_prompt_tokens: int = 0,
+    num_above_ceiling: int = 0,
+    max_backlog: int | None = None,
+) -> FirstTokenReport | None:
+    """docs/design.md §19 for assured requests of ℓ output and `p` prompt tokens, with what
+    was observed (services above `s_max`, the largest `Q_A`); None when no assured contract
+    has a TTFT. The floor's requests present hold at most `B` waves of the `r` reserved
+    slots, each at most `s_max(ℓ_A, p_A)` — the surplus on a reserved slot leaves by the
+    window's end, so none is running there when the floor's credits return — then its own
+    first token comes within `s_max(1, p_A)` of its start."""
+    budgets = [c.ttft_budget_s for c in config.contracts if c.assured and c.ttft_budget_s]
+    if not budgets:
+        return None
+    floor, reserved, window_s = config.total_floor, config.reserved_slots, config.schedule.window_s
+    min_ttft = min(budgets)
+    if config.upper_envelope is None:
+        reasons = ("no service ceiling s_max configured",)
+        return FirstTokenReport(reserved, None, None, min_ttft, False, reasons)
+    if reserved == 0:
+        reasons = (
+            "no reserved slots (reserved_slots = 0): a first token may wait out the longest "
+            "surplus decode running, which nothing in the floor bounds",
+        )
+        return FirstTokenReport(reserved, None, None, min_ttft, False, reasons)
+    upper = config.upper_envelope
+    s_max = upper.at(num_output_tokens, num_prompt_tokens)
+    rho_r = floor * s_max / (reserved * window_s)
+    bound = math.ceil(floor / reserved) * s_max + upper.at(1, num_prompt_tokens)
+    out: list[str] = []
+    if rho_r > 1:
+        out.append(f"stability: ρ_r = ΣB·s_max/(r·W) = {rho_r:.3f} > 1")
+    if min_ttft < bound:
+        out.append(f"ttft: {min_ttft:.3f} s < ⌈B/r⌉·s_max(ℓ, p) + s_max(1, p) = {bound:.3f} s")
+    if num_above_ceiling > 0:
+        out.append(f"A3 envelope: {num_above_ceiling} services exceeded s_max(ℓ)")
+    if max_backlog is not None and max_backlog > floor:
+        out.append(f"backlog: max Q_A = {max_backlog} > B = {floor}")
+    return FirstTokenReport(reserved, rho_r, bound, min_ttft, not out, tuple(out))
+
+
 DEFAULT_REPORT_TOKENS = 1
 """The ℓ the §6 report is made for before any assured request arrived: the smallest
 request (a run with no assured traffic is inside the region by what it asked for)."""
@@ -229,4 +293,18 @@ def assumptions_of(config: GuardConfig, runs: Iterable[Stack]) -> AssumptionRepo
         num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
         max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
         num_prompt_tokens=max((r.max_assured_prompt_tokens for r in runs), default=0),
+    )
+
+
+def first_token_of(config: GuardConfig, runs: Iterable[Stack]) -> FirstTokenReport | None:
+    """docs/design.md §19 for `config` and what one or more runs of it observed (as
+    `assumptions_of`)."""
+    runs = list(runs)
+    return first_token_report(
+        config,
+        num_output_tokens=max((r.max_assured_tokens for r in runs), default=0)
+        or DEFAULT_REPORT_TOKENS,
+        num_prompt_tokens=max((r.max_assured_prompt_tokens for r in runs), default=0),
+        num_above_ceiling=sum(r.envelope.num_above_upper for r in runs),
+        max_backlog=max((r.backlog.max_backlog for r in runs), default=None),
     )

@@ -178,7 +178,7 @@ def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunM
                 contract.cls,
                 res.fired_at,
                 res.scheduled_at,
-                res.fired_at + contract.deadline_budget_s,
+                res.fired_at + contract.deadline_for(res.request.num_output_tokens),
                 res.request.num_output_tokens,
                 0,
                 admitted=res.status == 200,

@@ -70,6 +70,8 @@ class Scenario:
     """Each simulated backend's own KV cache in blocks, which preempts as vLLM's does when
     it runs out (`KvBatchingBackend`; empty: none is modelled)."""
     kv_block_tokens: int = 16
+    reserved_slots: int = 0
+    """`r`: slots the guard keeps for the floor's first tokens (docs/design.md §19)."""
     backend_priorities: bool = False
     """The simulated KV caches schedule by priority, each request carrying its class's
     (vLLM `--scheduling-policy priority`, sent the class's priority by server priority or
@@ -102,7 +104,14 @@ class Scenario:
             queue_limits=self.queue_limits,
             kv_tokens=self.kv_tokens,
             kv_block_tokens=self.kv_block_tokens,
+            reserved_slots=self.reserved_slots,
         )
+
+    @property
+    def slo_s(self) -> float:
+        """The tightest contract's end-to-end budget for a 16-token request (the
+        catalogue's; a TTFT/TPOT contract's is `ttft + tpot·16`): the learners' SLO."""
+        return min(c.deadline_for(16) for c in self.contracts)
 
     def with_overrides(
         self,

@@ -43,8 +43,7 @@ def learner_options_for(scenario: Scenario, learner: str, *, beta: float = 1.0) 
     model = None
     if needs_latency_model(learner):
         model = latency_model_for(scenario.profile, scenario.slots[0])
-    slo_s = min(c.deadline_budget_s for c in scenario.contracts)
-    return LearnerOptions(beta=beta, slo_s=slo_s, latency_model=model)
+    return LearnerOptions(beta=beta, slo_s=scenario.slo_s, latency_model=model)
 
 
 def simulate(
@@ -99,7 +98,7 @@ def simulate(
         "seed": seed,
         "floor": scenario.guard_config().total_floor,
         "slots": scenario.slots[0],
-        "deadline_ms": min(c.deadline_budget_s for c in scenario.contracts) * 1e3,
+        "deadline_ms": scenario.slo_s * 1e3,
         **pool_runs(metrics),
         "assumptions": asdict(assumptions_of(scenario.guard_config(), [r.guard for r in runs])),
         "learner_faults": sum(r.guard.stats.learner_faults for r in runs),

@@ -71,8 +71,18 @@ class ContractSpec(Strict):
     """The tenant's name, as its identity (JWT claim, certificate, gateway header) gives it."""
     cls: ContractClass = Field(alias="class")
     """`assured`: a floor of `floor` requests per window; `opportunistic`: the surplus only."""
-    deadline_ms: float = Field(gt=0)
-    """The deadline `d` of each request, from its arrival (design §4): doom is judged against it."""
+    deadline_ms: float | None = Field(default=None, gt=0)
+    """The deadline `d` of each request, from its arrival (design §4): doom is judged against
+    it. Absent: the contract gives `ttft_ms` and `tpot_ms`, and a request of ℓ output tokens
+    is due at `ttft + tpot·ℓ` (docs/design.md §19)."""
+    ttft_ms: float | None = Field(default=None, gt=0)
+    """Time to first token, from arrival (the first streamed chunk; a non-streamed answer's
+    first byte): a first token that provably cannot come by then is doomed, and an assured
+    floor's is bounded with `reserved_slots` (docs/design.md §19)."""
+    tpot_ms: float | None = Field(default=None, gt=0)
+    """Time per output token after the first. With `ttft_ms` and no `deadline_ms`, it sets
+    the request's end-to-end deadline (`ttft + tpot·ℓ`); the access log, metrics and decision
+    log measure it (docs/design.md §19)."""
     floor: int = Field(default=0, ge=0)
     """`B`: requests (or tokens, with `meter: token`) reserved per window, admitted whatever
     the learner says (AF)."""
@@ -90,6 +100,32 @@ class ContractSpec(Strict):
 
     def covers(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    @model_validator(mode="after")
+    def _a_deadline_or_first_token_terms(self) -> ContractSpec:
+        if self.deadline_ms is None and (self.ttft_ms is None or self.tpot_ms is None):
+            raise ValueError(
+                "give deadline_ms, or both ttft_ms and tpot_ms (the deadline is then "
+                "ttft + tpot·ℓ for ℓ output tokens)"
+            )
+        if self.deadline_ms is not None and (self.ttft_ms or 0) > self.deadline_ms:
+            raise ValueError(
+                f"ttft_ms {self.ttft_ms} > deadline_ms {self.deadline_ms}: the first token "
+                "comes before the last"
+            )
+        return self
+
+    def contract(self) -> Contract:
+        """The core's contract (seconds)."""
+        return Contract(
+            self.tenant,
+            self.cls,
+            None if self.deadline_ms is None else self.deadline_ms / 1e3,
+            self.floor,
+            self.excess_policy,
+            None if self.ttft_ms is None else self.ttft_ms / 1e3,
+            None if self.tpot_ms is None else self.tpot_ms / 1e3,
+        )
 
     @model_validator(mode="after")
     def _share_the_fields_set(self) -> ContractSpec:
@@ -266,6 +302,14 @@ class GuardServerConfig(Strict):
     kv_block_tokens: int = Field(default=16, ge=1, le=4096)
     """The backends' KV block size in tokens (vLLM's `--block-size`): a reservation under
     `backends[].kv_tokens` is whole blocks."""
+    reserved_slots: int = Field(default=0, ge=0, le=1_000_000)
+    """`r`: slots this guard keeps for the assured floor's first tokens, of all its backends'
+    (per pool; per worker and per replica, of its own share). A request that is not
+    floor-entitled starts while the surplus holds fewer than `C − r` slots, or on a
+    reserved slot the floor no longer needs in this window if its service ceiling gives the
+    slot back by the window's end; so the floor's first token never waits out a long
+    surplus decode. Needs `dispatch: assured-first` and partitioned slots in a fleet; the
+    start-up report gives the first-token bound it buys (docs/design.md §19)."""
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop `serve` runs on: `auto` is uvloop where it is installed (the `uvloop`
     extra), else asyncio's own; the start-up report says which."""
@@ -432,12 +476,10 @@ class GuardServerConfig(Strict):
         if not needs_latency_model(self.learner):
             return LearnerOptions(beta=self.learner_options.beta)
         assert self.profile is not None
-        opportunistic = [
-            c.deadline_ms for c in self.contracts if c.cls is ContractClass.OPPORTUNISTIC
-        ]
-        slo_ms = self.learner_options.slo_ms or min(
-            opportunistic or [c.deadline_ms for c in self.contracts]
-        )
+        tokens = self.limits.default_max_tokens
+        budgets = [(c.cls, c.contract().deadline_for(tokens) * 1e3) for c in self.contracts]
+        opportunistic = [ms for cls, ms in budgets if cls is ContractClass.OPPORTUNISTIC]
+        slo_ms = self.learner_options.slo_ms or min(opportunistic or [ms for _, ms in budgets])
         return LearnerOptions(
             beta=self.learner_options.beta,
             slo_s=slo_ms / 1e3,
@@ -465,10 +507,7 @@ class GuardServerConfig(Strict):
     def guard_config(self) -> GuardConfig:
         profile = get_profile(self.profile) if self.profile else None
         return GuardConfig(
-            contracts=tuple(
-                Contract(c.tenant, c.cls, c.deadline_ms / 1e3, c.floor, c.excess_policy)
-                for c in self.contracts
-            ),
+            contracts=tuple(c.contract() for c in self.contracts),
             schedule=WindowSchedule(self.window_s, self.origin_at),
             slots=tuple(b.slots for b in self.backends),
             backend_ids=tuple(b.url.rstrip("/") for b in self.backends),
@@ -480,6 +519,7 @@ class GuardServerConfig(Strict):
             if any(b.kv_tokens is not None for b in self.backends)
             else (),
             kv_block_tokens=self.kv_block_tokens,
+            reserved_slots=self.reserved_slots,
             lower_envelope=profile.lower if profile and self.doom_gate else None,
             upper_envelope=profile.ceiling if profile else AffineEnvelope(60.0, 0.0),
             dispatch=self.dispatch,

@@ -52,7 +52,8 @@ def doomed(
     start (no retry helps); 429, retryable, for surplus that waited out its deadline
     behind other work — the guard was busy (docs/design.md §17)."""
     request = drop.request
-    deadline_at = request.arrival_at + contract.deadline_budget_s
+    budget = contract.deadline_for(request.num_output_tokens)
+    deadline_at = request.arrival_at + budget
     fit = (
         lower.max_output_tokens(deadline_at - drop.at, request.prompt_tokens_lower)
         if lower is not None
@@ -62,8 +63,7 @@ def doomed(
     waited_out = (
         not entitled
         and lower is not None
-        and lower.at(request.num_output_tokens, request.prompt_tokens_lower)
-        <= contract.deadline_budget_s
+        and lower.at(request.num_output_tokens, request.prompt_tokens_lower) <= budget
     )
     if waited_out:
         return json_error(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from floorguard.core.contract import GuardConfig
-from floorguard.core.monitors import assumption_report
+from floorguard.core.monitors import assumption_report, first_token_report
 from floorguard.errors import ConfigError, FloorguardError
 from floorguard.profiles import get_profile
 from floorguard.proxy.config.guard import GuardServerConfig, server_ssl_context
@@ -89,6 +89,16 @@ def start_report(config: GuardServerConfig) -> list[str]:
                 f"the floor's sojourn ≤ s_max·(1+⌈B/C⌉) = {report.bound_s:.3f} s ≤ d = "
                 f"{report.min_deadline_budget_s:.3f} s)"
             )
+        first = first_token_report(
+            guard, num_output_tokens=tokens, num_prompt_tokens=pool.limits.max_prompt_tokens
+        )
+        if first is not None and first.inside and first.bound_s is not None:
+            out.append(
+                f"{of}docs/design.md §19 (first tokens) at ℓ = {tokens}: inside (r = "
+                f"{first.reserved}, ρ_r = {first.rho_r:.2f}; the floor's first token ≤ "
+                f"⌈B/r⌉·s_max + s_max(1) = {first.bound_s:.3f} s ≤ ttft = "
+                f"{first.min_ttft_s:.3f} s)"
+            )
         out += _memory_lines(pool, guard, of)
         if pool.profile is None:
             continue
@@ -96,7 +106,7 @@ def start_report(config: GuardServerConfig) -> list[str]:
         by_deadline: dict[float, list[str]] = {}
         for c in guard.contracts:
             if c.assured:
-                by_deadline.setdefault(c.deadline_budget_s, []).append(c.tenant)
+                by_deadline.setdefault(c.deadline_for(tokens), []).append(c.tenant)
         for deadline_s, tenants in by_deadline.items():
             verdict = screen(view, deadline_s, DEFAULT_MODEL)
             out.append(
@@ -170,13 +180,22 @@ def _pool_warnings(config: GuardServerConfig) -> list[str]:
             f"({'; '.join(report.reasons)}): the floor (AF) is enforced, but on-time service of "
             "the floor (SF) is not promised here"
         )
+    first = first_token_report(
+        guard_config, num_output_tokens=tokens, num_prompt_tokens=config.limits.max_prompt_tokens
+    )
+    if first is not None and not first.inside:
+        out.append(
+            f"outside docs/design.md §19's first-token region at ℓ = {tokens} "
+            f"({'; '.join(first.reasons)}): the floor's first tokens are not promised by its "
+            "TTFT (DR on them still holds)"
+        )
     if config.profile is not None:
         fastest = get_profile(config.profile).lower.at(tokens)
         fate = "dropped as doomed on arrival" if config.doom_gate else "late, every one"
         for c in guard_config.contracts:
-            if c.deadline_budget_s < fastest:
+            if (deadline_s := c.deadline_for(tokens)) < fastest:
                 out.append(
-                    f"tenant {c.tenant}: deadline {c.deadline_budget_s * 1e3:.0f} ms < the "
+                    f"tenant {c.tenant}: deadline {deadline_s * 1e3:.0f} ms < the "
                     f"fastest service of ℓ = {tokens} on {config.profile} "
                     f"({fastest * 1e3:.0f} ms): its requests will be {fate}"
                 )
