@@ -15,10 +15,10 @@ from floorguard.experiments.tables import CONDITION_FIELDS, summarize
 from tests.helpers import write_burstgpt
 
 
-def test_catalogue_is_spec_e1_to_e19_and_e20_to_e22():
-    """design §10's experiments, E20 (design §15's fair surplus) and E21, E22 (design §16's
-    memory), each with reps and a non-empty grid."""
-    assert list(catalogue()) == [f"E{i}" for i in range(1, 23)]
+def test_catalogue_is_spec_e1_to_e19_and_e20_to_e23():
+    """design §10's experiments, E20 (design §15's fair surplus), E21, E22 (design §16's
+    memory) and E23 (design §19's first tokens), each with reps and a non-empty grid."""
+    assert list(catalogue()) == [f"E{i}" for i in range(1, 24)]
     for e in catalogue().values():
         assert e.reps >= 1 and e.grid(False) and e.grid(True) and e.caption
 

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     "num_entitled": report.num_entitled,
                     "num_drops": report.num_drops,
                     "num_sf_late": report.num_sf_late,
+                    "num_ttft_late": report.num_ttft_late,
                     "outcomes": dict(report.counts),
                     "violations": [asdict(v) for v in report.violations[:100]],
                     "conditional": [asdict(v) for v in report.conditional[:100]],
@@ -100,6 +101,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 f"SF: {report.num_sf_late} floor-entitled requests completed late "
                 f"(conditional property, docs/design.md §6)"
             )
+        ttft = [v for v in report.conditional if v.prop == "TTFT"]
+        if report.num_ttft_late:
+            console.print(
+                f"TTFT: {report.num_ttft_late} floor-entitled first token(s) late, "
+                f"{len(ttft)} of them conditional (outside docs/design.md §19's region, or the "
+                "backend's)",
+                markup=False,
+            )
         degraded = [(path, s) for path, s in zip(args.trace, report.degraded_s, strict=False) if s]
         for path, seconds in degraded:
             console.print(
@@ -115,11 +124,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 "line(s) a dying writer left, skipped",
                 markup=False,
             )
-        if report.conditional:
+        store = [v for v in report.conditional if v.prop != "TTFT"]
+        if store:
             console.print(
-                f"AF conditional on the store: {len(report.conditional)} finding(s) in windows "
+                f"AF conditional on the store: {len(store)} finding(s) in windows "
                 "where a replica decided on its fallback (docs/replicas.md), e.g. "
-                + report.conditional[0].message,
+                + store[0].message,
                 markup=False,
             )
         if failed:

@@ -32,7 +32,7 @@ from floorguard.core.contract import (
 )
 from floorguard.core.events import EventKind, TraceEvent
 from floorguard.core.learner import Learner, LoadSnapshot, Proposal
-from floorguard.core.monitors import assumptions_of
+from floorguard.core.monitors import assumptions_of, first_token_of
 from floorguard.core.request import Request
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
 from floorguard.profiles import get_profile
@@ -86,7 +86,7 @@ class Condition:
     deadline_ms: float = 1820.0
     window_s: float = 1.0
     workload: str = "marquee"
-    """marquee | paced-bimodal | burst | gamma | trace | polite | kv-pressure"""
+    """marquee | paced-bimodal | burst | gamma | trace | polite | kv-pressure | chat-flood"""
     duration_s: float = 12.0
     assured_rate: float = 6.0
     opp_rate: float = 16.0
@@ -135,7 +135,14 @@ class Condition:
     polite_prompt_tokens: int = 0
     """`polite`: the polite tenant's prompt (its output is `tokens`)."""
     flood_tokens: int = 0
-    """`polite`: the flooder's output cap; 0: `tokens`, as the polite tenant's."""
+    """`polite`, `chat-flood`: the flooder's output cap; 0: `tokens`, as the others'."""
+    ttft_ms: float = 0.0
+    """The assured contract's TTFT (docs/design.md §19); 0: none."""
+    tpot_ms: float = 0.0
+    """The assured contract's TPOT; with `ttft_ms`, instead of `deadline_ms` (its requests
+    are due at ttft + tpot·ℓ); 0: none."""
+    reserved_slots: int = 0
+    """`r`: the guard's slots kept for the floor's first tokens (docs/design.md §19)."""
     kv_blocks: int = 32
     """`kv-pressure` (E21): the simulated backend's KV cache, in `kv_block_tokens` blocks."""
     kv_block_tokens: int = 16
@@ -179,8 +186,19 @@ def _contracts(c: Condition) -> tuple[Contract, ...]:
         if c.workload == "polite"
         else ()
     )
+    ttft_s = c.ttft_ms / 1e3 if c.ttft_ms > 0 else None
+    tpot_s = c.tpot_ms / 1e3 if c.tpot_ms > 0 else None
+    assured = Contract(
+        ASSURED_TENANT,
+        ContractClass.ASSURED,
+        None if ttft_s is not None and tpot_s is not None else deadline_s,
+        floor,
+        ExcessPolicy(c.excess),
+        ttft_s,
+        tpot_s,
+    )
     return (
-        Contract(ASSURED_TENANT, ContractClass.ASSURED, deadline_s, floor, ExcessPolicy(c.excess)),
+        assured,
         Contract(OPPORTUNISTIC_TENANT, ContractClass.OPPORTUNISTIC, deadline_s),
         *polite,
     )
@@ -188,13 +206,17 @@ def _contracts(c: Condition) -> tuple[Contract, ...]:
 
 def _streams(c: Condition) -> tuple[Stream, ...]:
     short = FixedLength(c.tokens)
+    flood_length = FixedLength(c.flood_tokens or c.tokens)
     flood = (
-        (SyntheticStream(OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), short, c.duration_s),)
+        (
+            SyntheticStream(
+                OPPORTUNISTIC_TENANT, PoissonArrivals(c.opp_rate), flood_length, c.duration_s
+            ),
+        )
         if c.opp_rate > 0
         else ()
     )
     if c.workload == "polite":  # E20: a flooder and a polite tenant beside the floor
-        flood_length = FixedLength(c.flood_tokens or c.tokens)
         return (
             SyntheticStream(ASSURED_TENANT, PacedArrivals(c.assured_rate), short, c.duration_s),
             SyntheticStream(
@@ -208,8 +230,12 @@ def _streams(c: Condition) -> tuple[Stream, ...]:
                 prompt_tokens=c.polite_prompt_tokens,
             ),
         )
-    if c.workload == "paced-bimodal":
-        lengths = BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
+    if c.workload in ("paced-bimodal", "chat-flood"):  # chat-flood: E23's long decodes
+        lengths = (
+            BimodalLength(c.tokens, c.long_tokens, c.long_fraction)
+            if c.workload == "paced-bimodal"
+            else short
+        )
         return (
             SyntheticStream(ASSURED_TENANT, PacedArrivals(c.assured_rate), lengths, c.duration_s),
             *flood,
@@ -312,6 +338,34 @@ def _short_and_entitled(c: Condition, trace: TraceRecords) -> dict[str, int]:
     }
 
 
+def _first_tokens(c: Condition, trace: TraceRecords) -> dict[str, Any]:
+    """E23's measures: the floor-entitled requests (the contract's first `B` of each window,
+    whatever the stack) whose first token came by arrival + TTFT; the assured TTFT's p99
+    and largest; and the surplus's output tokens produced while the flood was offered, per
+    second (each request's tokens spread evenly over its service)."""
+    ttft_s = c.ttft_ms / 1e3
+    entitled = entitled_ids(trace)
+    assured = trace.of_class(ContractClass.ASSURED)
+    ttfts = sorted(
+        r.first_token_at - r.arrival_at for r in assured if not math.isnan(r.first_token_at)
+    )
+    floor = [r for r in assured if r.request_id in entitled]
+    met = sum(1 for r in floor if r.first_token_at - r.arrival_at <= ttft_s)
+    end = c.duration_s
+    produced = 0.0
+    for r in trace.of_class(ContractClass.OPPORTUNISTIC):
+        if r.outcome == "completed" and r.dispatched_at < end and r.service_s > 0:
+            share = (min(r.ended_at, end) - r.dispatched_at) / r.service_s
+            produced += r.num_output_tokens * share
+    return {
+        "ttft_entitled": len(floor),
+        "ttft_met": met,
+        "a_ttft_p99_s": float(np.percentile(ttfts, 99)) if ttfts else None,
+        "a_ttft_max_s": ttfts[-1] if ttfts else None,
+        "o_tokens_per_s": produced / end,
+    }
+
+
 def _entitled_admitted(trace: TraceRecords) -> int:
     """Floor-entitled requests (contract windows at φ = 0) that were admitted at all."""
     ids = entitled_ids(trace)
@@ -344,6 +398,7 @@ def build_scenario(c: Condition) -> Scenario:
         gate_lower_s=c.gate_lower_ms / 1e3 if c.gate_lower_ms > 0 else None,
         capacity_action=CapacityAction(c.capacity_action),
         surplus=SurplusOrder(c.surplus),
+        reserved_slots=c.reserved_slots,
     )
 
 
@@ -423,6 +478,7 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
     rho_emp, rho_hat = load_of(m, mu_sat)
     stack = run.guard
     region = assumptions_of(scenario.guard_config(), [stack])
+    first = first_token_of(scenario.guard_config(), [stack]) if c.ttft_ms > 0 else None
     row: dict[str, Any] = {
         **measured_row(c, seed, m),
         "entitled_admitted": _entitled_admitted(trace),
@@ -455,6 +511,8 @@ def run_condition(c: Condition, seed: int) -> dict[str, Any]:
         "rho_a": region.rho_a,
         "bound_s": region.bound_s,
         "inside_region": region.inside,
+        "ft_bound_s": first.bound_s if first is not None else None,
+        "ft_inside": first.inside if first is not None else None,
         "held": m.assured.late == 0,
         "phase_counts": list(m.phase_counts),
         "preemptions": run.preemptions,
@@ -524,6 +582,8 @@ def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
             )
             waits = sorted(r.sojourn_s - r.service_s for r in done)
             row[f"{name}_wait_p50_s"] = waits[len(waits) // 2] if waits else None
+    if c.ttft_ms > 0:
+        row.update(_first_tokens(c, trace))
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

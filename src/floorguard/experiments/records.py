@@ -59,6 +59,9 @@ class ConditionKeys(TypedDict):
     polite_rate: float
     polite_prompt_tokens: int
     flood_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    reserved_slots: int
     static_caps_at_capacity: bool
     kv_blocks: int
     kv_block_tokens: int
@@ -143,6 +146,10 @@ class RunRow(ConditionKeys, total=False):
     rho_a: float
     bound_s: float
     inside_region: bool
+    ft_bound_s: float | None
+    """docs/design.md §19's first-token bound for the run (None: no TTFT, or no bound)."""
+    ft_inside: bool | None
+    """Inside §19's first-token region (None: the condition has no TTFT)."""
     held: bool
     phase_counts: list[tuple[float, int, int]]
     """Per window-origin offset φ: (φ, floor-entitled met, floor-entitled)."""
@@ -172,6 +179,15 @@ class RunRow(ConditionKeys, total=False):
     """`keep_ids`."""
     on_time_ids: list[RequestId]
     """`keep_ids`."""
+    ttft_entitled: int
+    """E23 (`ttft_ms`): the floor-entitled requests (the contract's first `B` a window),
+    and those whose first token came by arrival + TTFT."""
+    ttft_met: int
+    a_ttft_p99_s: float | None
+    """The assured first tokens' p99 and largest, from arrival."""
+    a_ttft_max_s: float | None
+    o_tokens_per_s: float
+    """The surplus's output tokens produced while the flood was offered, per second."""
     doomed_causes: dict[str, int]
     """`keep_ids`: the doomed drops by what kept each waiting (`assured`: an assured
     request; `overtaken`: an opportunistic one an assured request arriving after it went

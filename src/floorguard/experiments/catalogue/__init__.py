@@ -1,5 +1,6 @@
 """The experiment catalogue: docs/design.md §10's E1–E16 and E19 (the screen's E17, E18, E20 for
-docs/design.md §15's fair surplus, and E21, E22 for docs/design.md §16's memory) as
+docs/design.md §15's fair surplus, E21, E22 for docs/design.md §16's memory and E23 for §19's
+first tokens) as
 declarative grids, one module per experiment or close group — each with its grid,
 caption and reading.
 
@@ -26,6 +27,7 @@ from floorguard.experiments.catalogue.e19 import E19
 from floorguard.experiments.catalogue.e20 import E20
 from floorguard.experiments.catalogue.e21 import E21
 from floorguard.experiments.catalogue.e22 import E22
+from floorguard.experiments.catalogue.e23 import E23
 from floorguard.experiments.spec import Experiment
 
 __all__ = ["catalogue", "data_dir"]
@@ -55,5 +57,6 @@ def catalogue(burstgpt: str | None = None) -> dict[str, Experiment]:
         E20,
         E21,
         E22,
+        E23,
     ]
     return {e.id: e for e in experiments}

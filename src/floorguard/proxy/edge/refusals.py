@@ -40,6 +40,22 @@ def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Res
     return json_error(429, reason, message, headers)
 
 
+def _first_token_doomed(
+    drop: Drop, contract: Contract, lower: AffineEnvelope | None
+) -> str | None:
+    """Why the drop was its first token's (docs/design.md §19), or None: its end was doomed,
+    or it has no TTFT."""
+    request, ttft = drop.request, contract.ttft_budget_s
+    if ttft is None or lower is None or lower.per_token_s <= 0:
+        return None
+    end = request.arrival_at + contract.deadline_for(request.num_output_tokens)
+    if drop.at + lower.at(request.num_output_tokens, request.prompt_tokens_lower) > end:
+        return None
+    prefill = lower.at(0, request.prompt_tokens_lower)
+    left = request.arrival_at + ttft - drop.at
+    return f"{left * 1e3:.0f} ms were left, its prefill takes at least {prefill * 1e3:.0f} ms"
+
+
 def doomed(
     drop: Drop,
     contract: Contract,
@@ -60,6 +76,15 @@ def doomed(
         else 0
     )
     headers = {**headers, "x-floorguard-decision": "dropped", "Retry-After": "1"}
+    first = _first_token_doomed(drop, contract, lower)
+    if first is not None:
+        return json_error(
+            503 if entitled else 429,
+            "doomed",
+            f"dropped: its first token could not come by its TTFT ({first})"
+            + ("" if entitled else ": the guard was busy. Retry later"),
+            headers if not entitled else headers | NO_RETRY,
+        )
     waited_out = (
         not entitled
         and lower is not None

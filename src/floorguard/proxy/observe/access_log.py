@@ -63,6 +63,10 @@ def access_line(
         usage = request.get(USAGE)
         if usage is not None:  # what the backend reported it cost, or the guard's estimate
             line["usage"] = usage.as_line()
+            decoded = usage.completion_tokens - 1
+            if timing.first_token_at is not None and decoded > 0 and line["ttft_ms"]:
+                # time per output token after the first (a streamed reply's)
+                line["tpot_ms"] = round((event.at - timing.first_token_at) * 1e3 / decoded, 3)
     elif response is not None and response.status >= 400:
         line["reason"] = error_code(response)
     return str(orjson.dumps({k: v for k, v in line.items() if v is not None}).decode())

@@ -79,6 +79,7 @@ class Timing:
         "deadline_at",
         "dispatched_at",
         "entitled",
+        "first_by",
         "first_token_at",
     )
 
@@ -90,6 +91,8 @@ class Timing:
         self.first_token_at: float | None = None
         self.backend = ""
         self.entitled = False
+        self.first_by: float | None = None
+        """When its first token is due (its contract's TTFT; None: none)."""
 
 
 class GuardMetrics:
@@ -119,6 +122,11 @@ class GuardMetrics:
         self.floor_met: Tally[tuple[str, str]] = Tally()
         """(model, tenant) → floor-entitled requests completed by their deadline: with
         `floor_ended`, the tenant's SLO attainment."""
+        self.floor_ttft_ended: Tally[tuple[str, str]] = Tally()
+        """(model, tenant) → floor-entitled requests of a contract with a TTFT that ended."""
+        self.floor_ttft_met: Tally[tuple[str, str]] = Tally()
+        """(model, tenant) → those whose first byte came by arrival + TTFT (docs/design.md
+        §19): with `floor_ttft_ended`, the tenant's TTFT attainment."""
         self.tokens: Tally[tuple[str, str, str, str]] = Tally()
         """(model, tenant, class, kind) → tokens the backend reported (`prompt`,
         `completion`: its `usage`)."""
@@ -182,7 +190,11 @@ class GuardMetrics:
         kind, model = event.kind, event.pool or "default"
         rid = event.request_id
         if kind is EventKind.ARRIVE:
-            self._timings[rid] = Timing(event.at)
+            arrived = self._timings[rid] = Timing(event.at)
+            pool = self.pools.get(model)
+            contract = pool[0].contract_of(event.tenant or "") if pool is not None else None
+            if contract is not None and contract.ttft_budget_s is not None:
+                arrived.first_by = event.at + contract.ttft_budget_s
             return
         timing = self._timings.get(rid)
         if kind is EventKind.ADMIT:
@@ -225,6 +237,14 @@ class GuardMetrics:
         if timing.entitled:
             self.floor_ended[model, event.tenant or ""] += 1
             self.floor_met[model, event.tenant or ""] += on_time
+            if timing.first_by is not None:
+                first = timing.first_token_at
+                if first is None and kind is EventKind.COMPLETE:
+                    first = event.at  # not streamed: its first byte is its end
+                self.floor_ttft_ended[model, event.tenant or ""] += 1
+                self.floor_ttft_met[model, event.tenant or ""] += (
+                    first is not None and first <= timing.first_by
+                )
         if kind is EventKind.COMPLETE:
             if not on_time:
                 self.late[model, event.tenant or "", _cls(event)] += 1
@@ -367,6 +387,20 @@ class _GuardCollector(Collector):
             "rate(floorguard_floor_met_total) / rate(floorguard_floor_requests_total)",
             ["model", "tenant"],
             m.floor_met,
+        )
+        yield _counter(
+            "floorguard_floor_ttft_requests",
+            "Floor-entitled requests of a contract with a TTFT that ended (any outcome)",
+            ["model", "tenant"],
+            m.floor_ttft_ended,
+        )
+        yield _counter(
+            "floorguard_floor_ttft_met",
+            "Floor-entitled requests whose first byte came by arrival + TTFT (docs/design.md "
+            "§19): TTFT attainment = rate(floorguard_floor_ttft_met_total) / "
+            "rate(floorguard_floor_ttft_requests_total)",
+            ["model", "tenant"],
+            m.floor_ttft_met,
         )
         yield _counter(
             "floorguard_tokens",
