@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from floorguard.analysis.checker import check_fleet, check_trace, format_prefix
+from floorguard.analysis.report import CheckReport, Violation
 from floorguard.core.events import TraceEvent, read_jsonl
 from floorguard.proxy.observe.decision_log import rotated_segments
 
@@ -91,57 +92,65 @@ def run(args: argparse.Namespace, console: Console) -> int:
             )
         )
     else:
-        console.print(
-            f"{report.num_requests} requests, {report.num_events} events: "
-            f"{report.num_entitled} floor-entitled, {report.num_drops} drops, "
-            f"outcomes {dict(report.counts)}"
-        )
-        if report.num_sf_late:
-            console.print(
-                f"SF: {report.num_sf_late} floor-entitled requests completed late "
-                f"(conditional property, docs/design.md §6)"
-            )
-        ttft = [v for v in report.conditional if v.prop == "TTFT"]
-        if report.num_ttft_late:
-            console.print(
-                f"TTFT: {report.num_ttft_late} floor-entitled first token(s) late, "
-                f"{len(ttft)} of them conditional (outside docs/design.md §19's region, or the "
-                "backend's)",
-                markup=False,
-            )
-        degraded = [(path, s) for path, s in zip(args.trace, report.degraded_s, strict=False) if s]
-        for path, seconds in degraded:
-            console.print(
-                f"store: {path} decided on its store's fallback for {seconds:.1f} s",
-                markup=False,
-            )
-        for backend, peak in report.fleet_peak_in_flight.items():
-            console.print(f"fleet: at most {peak} in flight at {backend}", markup=False)
-        if report.num_died_open or report.num_torn_lines:
-            console.print(
-                f"restarts: {report.num_died_open} request(s) were in flight at a replica "
-                f"that died (its log starts again); {report.num_torn_lines} half-written "
-                "line(s) a dying writer left, skipped",
-                markup=False,
-            )
-        store = [v for v in report.conditional if v.prop != "TTFT"]
-        if store:
-            console.print(
-                f"AF conditional on the store: {len(store)} finding(s) in windows "
-                "where a replica decided on its fallback (docs/replicas.md), e.g. "
-                + store[0].message,
-                markup=False,
-            )
-        if failed:
-            if len(logs) > 1:
-                console.print(f"in {args.trace[failed[0].log]}:", markup=False)
-            console.print(
-                format_prefix(logs[failed[0].log], failed[0]), markup=False, highlight=False
-            )
-            console.print(f"FAIL: {len(failed)} violation(s)")
-        else:
-            console.print(
-                "OK: AF, DR, ORDER, SLOTS, MEMORY, TERMINAL hold"
-                + (", SF holds" if args.strict_sf else "")
-            )
+        _say(report, args, logs, failed, console)
     return 1 if failed else 0
+
+
+def _say(
+    report: CheckReport,
+    args: argparse.Namespace,
+    logs: list[list[TraceEvent]],
+    failed: list[Violation],
+    console: Console,
+) -> None:
+    """The report in words (without `--json`)."""
+    console.print(
+        f"{report.num_requests} requests, {report.num_events} events: "
+        f"{report.num_entitled} floor-entitled, {report.num_drops} drops, "
+        f"outcomes {dict(report.counts)}"
+    )
+    if report.num_sf_late:
+        console.print(
+            f"SF: {report.num_sf_late} floor-entitled requests completed late "
+            f"(conditional property, docs/design.md §6)"
+        )
+    ttft = [v for v in report.conditional if v.prop == "TTFT"]
+    if report.num_ttft_late:
+        console.print(
+            f"TTFT: {report.num_ttft_late} floor-entitled first token(s) late, "
+            f"{len(ttft)} of them conditional (outside docs/design.md §19's region, or the "
+            "backend's)",
+            markup=False,
+        )
+    degraded = [(path, s) for path, s in zip(args.trace, report.degraded_s, strict=False) if s]
+    for path, seconds in degraded:
+        console.print(
+            f"store: {path} decided on its store's fallback for {seconds:.1f} s",
+            markup=False,
+        )
+    for backend, peak in report.fleet_peak_in_flight.items():
+        console.print(f"fleet: at most {peak} in flight at {backend}", markup=False)
+    if report.num_died_open or report.num_torn_lines:
+        console.print(
+            f"restarts: {report.num_died_open} request(s) were in flight at a replica "
+            f"that died (its log starts again); {report.num_torn_lines} half-written "
+            "line(s) a dying writer left, skipped",
+            markup=False,
+        )
+    store = [v for v in report.conditional if v.prop != "TTFT"]
+    if store:
+        console.print(
+            f"AF conditional on the store: {len(store)} finding(s) in windows "
+            "where a replica decided on its fallback (docs/replicas.md), e.g. " + store[0].message,
+            markup=False,
+        )
+    if failed:
+        if len(logs) > 1:
+            console.print(f"in {args.trace[failed[0].log]}:", markup=False)
+        console.print(format_prefix(logs[failed[0].log], failed[0]), markup=False, highlight=False)
+        console.print(f"FAIL: {len(failed)} violation(s)")
+    else:
+        console.print(
+            "OK: AF, DR, ORDER, SLOTS, MEMORY, TERMINAL hold"
+            + (", SF holds" if args.strict_sf else "")
+        )

@@ -40,9 +40,7 @@ def refusal(admission: Admission, now: float, limits: dict[str, str]) -> web.Res
     return json_error(429, reason, message, headers)
 
 
-def _first_token_doomed(
-    drop: Drop, contract: Contract, lower: AffineEnvelope | None
-) -> str | None:
+def _first_token_doomed(drop: Drop, contract: Contract, lower: AffineEnvelope | None) -> str | None:
     """Why the drop was its first token's (docs/design.md §19), or None: its end was doomed,
     or it has no TTFT."""
     request, ttft = drop.request, contract.ttft_budget_s
