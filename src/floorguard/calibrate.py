@@ -54,6 +54,8 @@ PROMPT_WORDS = (64, 256, 1024)
 TOGETHER_TOKENS = 32
 FLOOD_TOKENS = 16
 FLOOD_PER_SLOT = 8
+STREAM_TOKENS = 32
+"""The first-token probe's streamed requests: long enough for a steady per-token time."""
 
 
 class CalibrationError(FloorguardError):
@@ -74,6 +76,27 @@ class CalibrationResult:
     """(prompt tokens as the backend counted them, service) of the prompt probe at ℓ = 1."""
     prompt_repeat_s: list[tuple[int, float]] = field(default_factory=list)
     """The same prompts sent again at once (a prefix cache may serve them)."""
+    streamed: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    """n → (time to the first token, mean time per token after it) of each of n streamed
+    requests started together (docs/design.md §19's first-token physics)."""
+
+    def first_tokens(self) -> dict[str, Any]:
+        """The first-token probe beside the fitted model: per width n, the median measured
+        time to a first token and per output token, and what the profile predicts — the
+        n-th of n joiners' first token after n prefills (the simulator's: each joiner's
+        prefill stalls the batch), a token every `step(n)` at the median dispersion."""
+        p = self.profile
+        out: dict[str, Any] = {}
+        for n, samples in sorted(self.streamed.items()):
+            ttft = [first for first, _ in samples]
+            tpot = [per for _, per in samples if per > 0]
+            out[str(n)] = {
+                "ttft_ms": float(np.median(ttft)) * 1e3,
+                "ttft_model_ms": p.prefill_s * (n + 1) / 2 * 1e3,
+                "tpot_ms": float(np.median(tpot)) * 1e3 if tpot else None,
+                "tpot_model_ms": p.step_s(n) * (1 + p.jitter_mean) * 1e3,
+            }
+        return out
 
     def measured(self, backend: str, model: str) -> dict[str, Any]:
         """What to keep beside the profile in its file."""
@@ -87,6 +110,10 @@ class CalibrationResult:
             "flood_max_s": self.flood_max_s,
             "prompt_s": [[p, round(x, 6)] for p, x in self.prompt_s],
             "prompt_repeat_s": [[p, round(x, 6)] for p, x in self.prompt_repeat_s],
+            "streamed": {
+                n: [[round(a, 6), round(b, 6)] for a, b in v] for n, v in self.streamed.items()
+            },
+            "first_tokens": self.first_tokens(),
             "residuals": self.residuals,
         }
 
@@ -162,6 +189,40 @@ def _fit_prompt(
     return max(0.0, min(prefill_s - lower * base_tokens, floor_s)), max(0.0, model), lower
 
 
+async def _streamed(
+    session: aiohttp.ClientSession, url: str, model: str, tokens: int
+) -> tuple[float, float]:
+    """(time to the first token, mean time per token after it) of one streamed request:
+    one server-sent chunk per token, as vLLM streams."""
+    body = {
+        "model": model,
+        "prompt": "floorguard calibration",
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    chunks: list[float] = []
+    try:
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                payload = await response.read()
+                raise CalibrationError(
+                    f"{url} answered {response.status} to a stream: "
+                    f"{payload[:200].decode(errors='replace')}"
+                )
+            async for line in response.content:
+                if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+                    chunks.append(time.perf_counter())
+    except aiohttp.ClientError as exc:
+        raise CalibrationError(f"{url} cannot be reached: {exc}") from exc
+    if not chunks:
+        raise CalibrationError(f"{url} streamed no chunk")
+    per_token = (chunks[-1] - chunks[0]) / (len(chunks) - 1) if len(chunks) > 1 else 0.0
+    return chunks[0] - started, per_token
+
+
 async def _together(
     session: aiohttp.ClientSession, url: str, model: str, n: int, tokens: int
 ) -> list[float]:
@@ -217,7 +278,14 @@ def _fit_together(
 
 async def _probe(
     url: str, model: str, slots: int, reps: int, timeout_s: float
-) -> tuple[dict[int, list[float]], dict[int, float], list[float], float, list[tuple[int, float]]]:
+) -> tuple[
+    dict[int, list[float]],
+    dict[int, float],
+    list[float],
+    float,
+    list[tuple[int, float]],
+    dict[int, list[tuple[float, float]]],
+]:
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         # warm up (and fail fast if unreachable); the short probe prompt's token count
@@ -238,6 +306,11 @@ async def _probe(
         for n in range(2, slots + 1):
             lasts = [await _together(session, url, model, n, TOGETHER_TOKENS) for _ in range(2)]
             together[n] = min(max(last) for last in lasts)
+        streamed: dict[int, list[tuple[float, float]]] = {}
+        for n in range(1, slots + 1):
+            for _ in range(reps):
+                runs = (_streamed(session, url, model, STREAM_TOKENS) for _ in range(n))
+                streamed.setdefault(n, []).extend(await asyncio.gather(*runs))
         started = time.perf_counter()
         workers = await asyncio.gather(
             *(_keep_busy(session, url, model, started, FLOOD_PER_SLOT) for _ in range(slots))
@@ -255,6 +328,7 @@ async def _probe(
                 (base_tokens, -1.0),
                 *prompt_s,
             ],
+            streamed,
         )
 
 
@@ -283,7 +357,9 @@ def calibrate(
     if slots < 2:
         raise CalibrationError(f"slots = {slots}: the coupling fit needs at least 2")
     url = backend.rstrip("/") + "/v1/completions"
-    alone, together, flood, mu_sat, probed = asyncio.run(_probe(url, model, slots, reps, timeout_s))
+    alone, together, flood, mu_sat, probed, streamed = asyncio.run(
+        _probe(url, model, slots, reps, timeout_s)
+    )
     (base_tokens, _), prompt_s, repeat_s = probed[0], probed[1::2], probed[2::2]
     prefill_s, step_1_s, jitter_mean, jitter_cap = _fit_alone(alone)
     prefill_s, per_prompt_token_s, lower_per_prompt_s = _fit_prompt(
@@ -326,4 +402,5 @@ def calibrate(
         residuals,
         prompt_s=prompt_s,
         prompt_repeat_s=repeat_s,
+        streamed=streamed,
     )

@@ -36,6 +36,19 @@ def test_calibrating_the_emulator_recovers_its_model(result):
     assert p.ceiling.at(16) >= result.flood_max_s - 1e-9
 
 
+def test_the_first_token_probe_measures_what_the_emulators_model_does(result):
+    """The streamed probe (docs/design.md §19): the time to a first token alone is one
+    prefill and grows with the joiners before it; the time per token follows `step(n)` —
+    on the emulator, whose model the fitted profile is, within the probe's resolution."""
+    rows = result.first_tokens()
+    assert sorted(rows) == ["1", "2", "3", "4"]
+    for n, row in rows.items():
+        assert row["ttft_ms"] == pytest.approx(row["ttft_model_ms"], rel=0.5, abs=15), n
+        assert row["tpot_ms"] == pytest.approx(row["tpot_model_ms"], rel=0.25), n
+    assert rows["4"]["ttft_ms"] > rows["1"]["ttft_ms"]
+    assert result.measured("u", "m")["first_tokens"] == rows
+
+
 def test_the_profile_file_round_trips_and_everything_loads_it(result, tmp_path, capsys):
     path = tmp_path / "emulated.yaml"
     result.save(path, backend="http://x", model="m", slots=4)

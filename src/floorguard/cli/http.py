@@ -381,6 +381,7 @@ def run_calibrate(args: argparse.Namespace, console: Console) -> int:
             "L_prefill_ms_per_1k_prompt_tokens": p.lower_per_prompt_token_s * 1e6,
         },
         "mu_sat_per_s": result.mu_sat_per_s,
+        "first_tokens": result.first_tokens(),
         "residuals": result.residuals,
         "out": str(args.out) if args.out else None,
     }
