@@ -64,6 +64,7 @@ from floorguard.sim.workloads import (
 __all__ = [
     "Condition",
     "build_scenario",
+    "first_token_row",
     "learner_options_of",
     "load_of",
     "measured_row",
@@ -338,11 +339,12 @@ def _short_and_entitled(c: Condition, trace: TraceRecords) -> dict[str, int]:
     }
 
 
-def _first_tokens(c: Condition, trace: TraceRecords) -> dict[str, Any]:
+def first_token_row(c: Condition, trace: TraceRecords, origin_at: float = 0.0) -> dict[str, Any]:
     """E23's measures: the floor-entitled requests (the contract's first `B` of each window,
     whatever the stack) whose first token came by arrival + TTFT; the assured TTFT's p99
-    and largest; and the surplus's output tokens produced while the flood was offered, per
-    second (each request's tokens spread evenly over its service)."""
+    and largest; and the surplus's output tokens produced while the flood was offered
+    (until `origin_at` + the run length), per second — each request's tokens spread evenly
+    from its first token to its end, which a client sees as the simulator does."""
     ttft_s = c.ttft_ms / 1e3
     entitled = entitled_ids(trace)
     assured = trace.of_class(ContractClass.ASSURED)
@@ -351,18 +353,18 @@ def _first_tokens(c: Condition, trace: TraceRecords) -> dict[str, Any]:
     )
     floor = [r for r in assured if r.request_id in entitled]
     met = sum(1 for r in floor if r.first_token_at - r.arrival_at <= ttft_s)
-    end = c.duration_s
+    end = origin_at + c.duration_s
     produced = 0.0
     for r in trace.of_class(ContractClass.OPPORTUNISTIC):
-        if r.outcome == "completed" and r.dispatched_at < end and r.service_s > 0:
-            share = (min(r.ended_at, end) - r.dispatched_at) / r.service_s
-            produced += r.num_output_tokens * share
+        first, last = r.first_token_at, r.ended_at
+        if r.outcome == "completed" and first < end and last > first:
+            produced += r.num_output_tokens * (min(last, end) - first) / (last - first)
     return {
         "ttft_entitled": len(floor),
         "ttft_met": met,
         "a_ttft_p99_s": float(np.percentile(ttfts, 99)) if ttfts else None,
         "a_ttft_max_s": ttfts[-1] if ttfts else None,
-        "o_tokens_per_s": produced / end,
+        "o_tokens_per_s": produced / c.duration_s,
     }
 
 
@@ -583,7 +585,7 @@ def _kept(c: Condition, trace: TraceRecords, m: RunMetrics) -> dict[str, Any]:
             waits = sorted(r.sojourn_s - r.service_s for r in done)
             row[f"{name}_wait_p50_s"] = waits[len(waits) // 2] if waits else None
     if c.ttft_ms > 0:
-        row.update(_first_tokens(c, trace))
+        row.update(first_token_row(c, trace))
     if c.keep_samples:
         done = [r for r in trace.records if r.outcome == "completed"]
         row["a_sojourns"] = [r.sojourn_s for r in done if r.cls is ContractClass.ASSURED]

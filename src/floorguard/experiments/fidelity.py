@@ -54,6 +54,15 @@ FIDELITY_COLUMNS = [
     ("rho_at_speed", "ρ̂ at vLLM's speed"),
     ("log", "log check"),
 ]
+FIRST_TOKEN_COLUMNS = [
+    ("ttft_real", "floor's first tokens on time, real"),
+    ("ttft_sim", "sim"),
+    ("ttft_p99_real", "A TTFT p99 ms real"),
+    ("ttft_p99_sim", "sim"),
+    ("surplus_real", "surplus tokens/s real"),
+    ("surplus_sim", "sim"),
+]
+"""E23's (a condition with a TTFT): first tokens and what the surplus produced."""
 DRIFT = 0.25
 """A run whose backend service (vLLM's own figure) is more than this far from the
 simulator's for the same arrivals ran on a backend faster or slower than its calibration."""
@@ -71,6 +80,17 @@ def _side(rows: Sequence[Row]) -> dict[str, float | None]:
         "p99_ms": _ms(mean_of(rows, "a_sojourn_p99_s")),
         "goodput": mean_of(rows, "goodput_per_s"),
         "service_ms": _ms(service_mean(rows)),
+    }
+
+
+def _first_tokens(rows: Sequence[Row]) -> dict[str, Any]:
+    """A condition's first tokens over its reps (E23's measures, `first_token_row`)."""
+    met, entitled = sum(r["ttft_met"] for r in rows), sum(r["ttft_entitled"] for r in rows)
+    p99 = [r["a_ttft_p99_s"] for r in rows if r["a_ttft_p99_s"] is not None]
+    return {
+        "ttft": f"{met}/{entitled} ({met / entitled:.0%})" if entitled else None,
+        "ttft_p99": float(np.mean(p99)) * 1e3 if p99 else None,
+        "surplus": mean_of(rows, "o_tokens_per_s"),
     }
 
 
@@ -97,6 +117,14 @@ def fidelity_summaries(
                 "runs": n,
                 **{f"{k}_real": v for k, v in _side(real_rows).items()},
                 **{f"{k}_sim": v for k, v in _side(sim_rows).items()},
+                **(
+                    {
+                        **{f"{k}_real": v for k, v in _first_tokens(real_rows).items()},
+                        **{f"{k}_sim": v for k, v in _first_tokens(sim_rows).items()},
+                    }
+                    if "ttft_entitled" in real_rows[0]
+                    else {}
+                ),
                 "late_runs": f"{late}/{n} {clopper_pearson(late, n).fmt()}",
                 "rho_hat": mean_of(real_rows, "rho_hat"),
                 "rho_at_speed": _rho_at_speed(real_rows, sim_rows),
@@ -122,7 +150,9 @@ def _rho_at_speed(real: Sequence[Row], sim: Sequence[Row]) -> float | None:
 def fidelity_table(experiment: Experiment, real: Sequence[Row], sim: Sequence[Row]) -> str:
     """The fidelity table (the experiments' table kit), then how far apart the two sides
     are and how far the backend's speed was from its calibration."""
-    table = markdown_table(experiment, fidelity_summaries(experiment, real, sim), FIDELITY_COLUMNS)
+    first = FIRST_TOKEN_COLUMNS if real and "ttft_entitled" in real[0] else []
+    columns = FIDELITY_COLUMNS[:1] + first + FIDELITY_COLUMNS[1:]
+    table = markdown_table(experiment, fidelity_summaries(experiment, real, sim), columns)
     groups = _groups(real, sim)
     parts = (
         table,

@@ -72,6 +72,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from floorguard.analysis.checker import check_trace
+from floorguard.analysis.metrics import measure
 from floorguard.baselines.unguarded import UnguardedStack
 from floorguard.calibrate import calibrate
 from floorguard.clock import WallClock
@@ -83,6 +84,7 @@ from floorguard.errors import FloorguardError
 from floorguard.experiments.conditions import (
     Condition,
     build_scenario,
+    first_token_row,
     learner_options_of,
     load_of,
     measured_row,
@@ -106,7 +108,7 @@ from floorguard.profiles import ServiceProfile, get_profile, load_measured
 from floorguard.proxy.config.guard import GuardServerConfig
 from floorguard.proxy.pool.health import parse_backend_report
 from floorguard.proxy.pool.pump import Pump
-from floorguard.rig.loadgen import ClientResult, measure_client, post_completion, replay
+from floorguard.rig.loadgen import ClientResult, client_records, post_completion, replay
 from floorguard.rig.net import free_ports
 from floorguard.sim.run import scenario_requests
 from floorguard.sim.scenarios import ASSURED_TENANT, KV_PROMPT_TOKENS, OPPORTUNISTIC_TENANT
@@ -126,7 +128,7 @@ __all__ = [
     "write_fidelity",
 ]
 
-REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21", "E22")
+REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21", "E22", "E23")
 MEMORY_EXPERIMENTS = frozenset({"E21", "E22"})
 """Run on a backend started with a small KV cache, apart from the others (which need one
 that never preempts): only the conditions whose cache is the backend's own run."""
@@ -209,6 +211,8 @@ def scaled(c: Condition, backend: RealBackend, duration_s: float | None = None) 
         window_s=c.window_s * k,
         duration_s=duration_s if duration_s is not None else c.duration_s * k,
         deadline_ms=deadline_ms,
+        ttft_ms=c.ttft_ms * k,  # first-token terms are time too
+        tpot_ms=c.tpot_ms * k,
     )
 
 
@@ -223,6 +227,9 @@ def prompt_tokens_of(c: Condition) -> int:
 def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> GuardServerConfig:
     """The `floorguard serve` config for one run, validated by the server's own model."""
     deadline = {"deadline_ms": c.deadline_ms}
+    first = (  # E23: the floor's contract in first-token terms, due at ttft + tpot·ℓ
+        {"ttft_ms": c.ttft_ms, "tpot_ms": c.tpot_ms} if c.ttft_ms > 0 and c.tpot_ms > 0 else {}
+    )
     kv = {"kv_tokens": c.kv_blocks * c.kv_block_tokens} if c.kv_budget else {}  # E21 only
     return GuardServerConfig.model_validate(
         {
@@ -234,12 +241,13 @@ def _guard_config(c: Condition, backend: RealBackend, port: int, log: Path) -> G
                     "class": "assured",
                     "floor": c.floor,
                     "excess_policy": c.excess,
-                    **deadline,
+                    **(first or deadline),
                 },
                 {"tenant": OPPORTUNISTIC_TENANT, "class": "opportunistic", **deadline},
             ],
             "backends": [{"url": backend.url, "slots": c.slots, **kv}],
             "kv_block_tokens": c.kv_block_tokens,
+            "reserved_slots": c.reserved_slots,
             "forward_priority": c.forward_priority,
             "identity": {
                 "mode": "header",
@@ -273,6 +281,11 @@ def wait_ready(url: str, child: subprocess.Popen[bytes], timeout_s: float = 60.0
             pass
         time.sleep(0.2)
     raise FloorguardError(f"floorguard serve at {url} was not ready in {timeout_s:.0f} s")
+
+
+def _streamed(c: Condition) -> dict[str, Any]:
+    """The body field that streams a condition's answers: E23 measures first tokens."""
+    return {"stream": True} if c.ttft_ms > 0 else {}
 
 
 def _window_start(window_s: float) -> float:
@@ -309,6 +322,7 @@ def _through_guard(
                     headers,
                     start_at=_window_start(c.window_s),
                     model=backend.model,
+                    body_for={t: _streamed(c) for t in headers},
                     exact_prompts=True,
                 )
             )
@@ -343,24 +357,26 @@ async def _unguarded(
             await asyncio.sleep(max(0.0, request.arrival_at - clock.now()))
             fired = time.time()
 
-            def result(status: int) -> ClientResult:
+            def result(status: int, first_at: float | None = None) -> ClientResult:
                 scheduled = clock.origin_at + request.arrival_at
-                return ClientResult(request, scheduled, fired, time.time(), status)
+                return ClientResult(
+                    request, scheduled, fired, time.time(), status, first_token_at=first_at
+                )
 
             rid = request.request_id
             if not stack.on_arrival(request, clock.now()).admitted:
                 return result(429)
             if isinstance(await pump.turn(rid), Drop):
                 return result(503)
-            status, _, _ = await post_completion(
-                session, url, request, model=backend.model, exact_prompts=True
+            answer = await post_completion(
+                session, url, request, model=backend.model, extra=_streamed(c), exact_prompts=True
             )
-            if status == 200:
+            if answer.status == 200:
                 stack.finish(rid, clock.now(), "complete")
             else:
-                stack.finish(rid, clock.now(), "fail", f"http_{status}")
+                stack.finish(rid, clock.now(), "fail", f"http_{answer.status}")
             pump.pump()
-            return result(status)
+            return result(answer.status, answer.first_at)
 
         try:
             return list(await asyncio.gather(*(offer(r) for r in requests)))
@@ -382,7 +398,7 @@ def _serve_real(
                 {},
                 start_at=_window_start(c.window_s),
                 model=backend.model,
-                body_for=PRIORITY,
+                body_for={t: {**body, **_streamed(c)} for t, body in PRIORITY.items()},
                 exact_prompts=True,
             )
         )
@@ -454,9 +470,12 @@ def backend_times(before: dict[str, float] | None, after: dict[str, float] | Non
 def real_row(c: Condition, seed: int, results: Sequence[ClientResult], backend: RealBackend) -> Row:
     """One real run as a row with the simulator's keys (those a client can measure)."""
     config: GuardConfig = build_scenario(c).guard_config()
-    m = measure_client(results, config)
+    records = client_records(results, config)
+    m = measure(records)
     rho_emp, rho_hat = load_of(m, backend.mu_sat_per_s)
+    first = results[0].scheduled_at - results[0].request.arrival_at if results else 0.0
     return {
+        **(first_token_row(c, records, origin_at=first) if c.ttft_ms > 0 else {}),
         **measured_row(c, seed, m),
         "attainment": m.attainment,
         "mu_sat": backend.mu_sat_per_s,
@@ -493,7 +512,8 @@ class _RealRuns:
         c, seed = task.condition, task.seed
         folder = self.out / task.experiment_id / "runs" / f"c{task.index}-r{task.rep}"
         folder.mkdir(parents=True, exist_ok=True)
-        key = (task.experiment_id, replace(c, deadline_ms=0.0), seed)
+        blind = replace(c, deadline_ms=0.0, ttft_ms=0.0, tpot_ms=0.0)
+        key = (task.experiment_id, blind, seed)
         extra: Row = {"log_violations": None, "log_sf_late": None, "served": False}
         if c.policy in DEADLINE_BLIND and key in self.blind:
             results, measured = self.blind[key]  # the same run, measured against this deadline

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 import orjson
@@ -24,7 +25,15 @@ from floorguard.analysis.records import RequestRecord, TraceRecords
 from floorguard.core.contract import GuardConfig
 from floorguard.core.request import Request
 
-__all__ = ["ClientResult", "measure_client", "post_completion", "refusals", "replay"]
+__all__ = [
+    "Answer",
+    "ClientResult",
+    "client_records",
+    "measure_client",
+    "post_completion",
+    "refusals",
+    "replay",
+]
 
 OUTCOMES = {200: "completed", 429: "rejected", 503: "dropped"}
 PROMPT_TOKEN_ID = 7
@@ -46,6 +55,19 @@ class ClientResult:
     reason: str | None = None
     """A refusal's or failure's `error.code` (the guard's, or the backend's), where the
     answer is a JSON error; `connection` when the connection itself failed."""
+    first_token_at: float | None = None
+    """A streamed answer's first chunk (wall clock); None: not streamed, or no chunk."""
+
+
+class Answer(NamedTuple):
+    status: int
+    """HTTP status, 0 when the connection failed."""
+    window: int | None
+    """The guard's window for it, where it names one (`x-floorguard-window`)."""
+    code: str | None
+    """The error code of an answer that is not a 200."""
+    first_at: float | None = None
+    """A streamed answer's first chunk (wall clock)."""
 
 
 def _error_code(body: bytes) -> str | None:
@@ -66,13 +88,12 @@ async def post_completion(
     headers: Mapping[str, str] | None = None,
     extra: Mapping[str, object] | None = None,
     exact_prompts: bool = False,
-) -> tuple[int, int | None, str | None]:
+) -> Answer:
     """POST `request` as a completion with its output length pinned (`max_tokens` =
     `min_tokens`, `ignore_eos`) and, with `exact_prompts` where it has prompt tokens, a
     prompt of exactly that many (token ids, which an OpenAI-compatible server counts as
-    sent; otherwise a short text): the HTTP status (0 when the connection failed), the
-    guard's window for it when it names one (`x-floorguard-window`), and the error code of
-    an answer that is not a 200."""
+    sent; otherwise a short text). With `stream: true` in `extra` the answer is read chunk
+    by chunk and its first chunk's instant kept."""
     prompt: str | list[int] = (
         [PROMPT_TOKEN_ID] * request.num_prompt_tokens
         if exact_prompts and request.num_prompt_tokens
@@ -88,16 +109,24 @@ async def post_completion(
     }
     try:
         async with session.post(url, json=body, headers=dict(headers or {})) as response:
-            answer = await response.read()
             window = response.headers.get("x-floorguard-window", "")
-            code = _error_code(answer) if response.status != 200 else None
-            return (
+            first_at = None
+            if body.get("stream") and response.status == 200:
+                async for line in response.content:
+                    if first_at is None and line.startswith(b"data:"):
+                        first_at = time.time()
+                code = None
+            else:
+                answer = await response.read()
+                code = _error_code(answer) if response.status != 200 else None
+            return Answer(
                 response.status,
                 int(window) if window.lstrip("-").isdigit() else None,
                 code,
+                first_at,
             )
     except (aiohttp.ClientError, TimeoutError):
-        return 0, None, "connection"
+        return Answer(0, None, "connection")
 
 
 async def _one(
@@ -113,11 +142,13 @@ async def _one(
 ) -> ClientResult:
     await asyncio.sleep(max(0.0, scheduled_at - time.time()))
     fired = time.time()
-    status, window, reason = await post_completion(
+    answer = await post_completion(
         session, url, request, model=model, headers=headers, extra=extra,
         exact_prompts=exact_prompts,
     )  # fmt: skip
-    return ClientResult(request, scheduled_at, fired, time.time(), status, window, reason)
+    return ClientResult(
+        request, scheduled_at, fired, time.time(), *answer[:3], first_token_at=answer.first_at
+    )
 
 
 def refusals(results: Sequence[ClientResult]) -> dict[str, int]:
@@ -166,6 +197,11 @@ async def replay(
 
 def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunMetrics:
     """The client's view as records, measured with the simulator's metrics."""
+    return measure(client_records(results, config))
+
+
+def client_records(results: Sequence[ClientResult], config: GuardConfig) -> TraceRecords:
+    """The client's view as the simulator's per-request records (arrival = fired)."""
     contracts = {c.tenant: c for c in config.contracts}
     records = []
     for res in sorted(results, key=lambda r: r.fired_at):
@@ -186,6 +222,7 @@ def measure_client(results: Sequence[ClientResult], config: GuardConfig) -> RunM
                 outcome=outcome,
                 ended_at=res.ended_at,
                 dispatched_at=math.nan,
+                first_token_at=res.first_token_at if res.first_token_at is not None else math.nan,
             )
         )
-    return measure(TraceRecords(config, records))
+    return TraceRecords(config, records)

@@ -40,6 +40,11 @@ def _e23(quick: bool) -> list[Condition]:
             duration_s=6.0 if quick else 12.0,
         )
 
+    if quick:  # the real backend's grid too: B = 2 at the tight TTFT, r ∈ {0, 2}
+        return [
+            *(cell("guard", FLOORS[0], TTFT_MS[0], r) for r in (0, 2)),
+            *(cell(p, FLOORS[0], TTFT_MS[0]) for p in OTHERS),
+        ]
     return [
         c
         for floor in FLOORS
