@@ -125,6 +125,8 @@ def test_the_fidelity_section_is_replaced_in_place_and_kept_by_the_simulator_rep
         (["E1", "--model", "m"], "go with --backend"),
         (["E1", "--backend", "http://127.0.0.1:1", "--model", "m", "--profile", "P",
           "--duration-s", "0"], "must be > 0"),
+        (["E1", "E23", "--backend", "http://127.0.0.1:1", "--model", "m", "--profile", "P"],
+         "E23 run alone"),
     ],
 )  # fmt: skip
 def test_the_real_backend_command_refuses_what_it_cannot_run(argv, message, tmp_path, capsys):

@@ -18,7 +18,7 @@ def register(commands: Any) -> None:
     actions = experiment.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="list the catalogue")
     run_parser = actions.add_parser("run", help="run experiments by id, or all")
-    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E22), or 'all'")
+    run_parser.add_argument("ids", nargs="+", help="experiment ids (E1 … E23), or 'all'")
     run_parser.add_argument("--out", type=Path, default=Path("out/experiments"))
     run_parser.add_argument("--reps", type=int, help="override every experiment's reps")
     run_parser.add_argument(
@@ -35,7 +35,7 @@ def register(commands: Any) -> None:
         "--backend, the fidelity section of that file",
     )
     real = run_parser.add_argument_group(
-        "on a real backend (E1, E3, E4, E5, E8; E21, E22 alone; docs/vllm.md)",
+        "on a real backend (E1, E3, E4, E5, E8; E21, E22, E23 alone; docs/vllm.md)",
         "run the experiments against an OpenAI-compatible backend with C slots (vLLM: "
         "--max-num-seqs C --scheduling-policy priority), rescaled to its measured capacity, "
         "each beside the simulator's prediction for its calibrated profile; the short grids "
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # the suite loads in a second or more: imported when it runs, not for `--help`
     from floorguard.experiments.catalogue import catalogue  # noqa: PLC0415
     from floorguard.experiments.real import (  # noqa: PLC0415
-        MEMORY_EXPERIMENTS,
+        OWN_SECTION,
         REAL_EXPERIMENTS,
         run_on_backend,
     )
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise FloorguardError(f"--reps = {args.reps}: must be ≥ 1")
     if args.backend is not None:
         if args.ids == ["all"]:
-            ids = [i for i in REAL_EXPERIMENTS if i not in MEMORY_EXPERIMENTS]
+            ids = [i for i in REAL_EXPERIMENTS if i not in OWN_SECTION]
         if not args.model:
             raise FloorguardError("--backend needs --model (the name the backend serves)")
         command = " ".join(

@@ -115,6 +115,7 @@ from floorguard.sim.scenarios import ASSURED_TENANT, KV_PROMPT_TOKENS, OPPORTUNI
 
 __all__ = [
     "MEMORY_EXPERIMENTS",
+    "OWN_SECTION",
     "REAL_EXPERIMENTS",
     "VLLM_PREEMPTIONS",
     "RealBackend",
@@ -130,6 +131,9 @@ __all__ = [
 
 REAL_EXPERIMENTS = ("E1", "E3", "E4", "E5", "E8", "E21", "E22", "E23")
 MEMORY_EXPERIMENTS = frozenset({"E21", "E22"})
+OWN_SECTION = {"E21": "memory pressure", "E22": "memory pressure", "E23": "first tokens"}
+"""Experiments that run alone on a backend and have a section of the results file of their
+own (`--results-md`); the rest share the fidelity section."""
 """Run on a backend started with a small KV cache, apart from the others (which need one
 that never preempts): only the conditions whose cache is the backend's own run."""
 REAL_REPS = 9
@@ -583,6 +587,11 @@ def run_real_experiments(
             f"{' '.join(sorted(memory))} run alone, on a backend started with a small KV cache "
             "(docs/vllm.md); the others need one that never preempts"
         )
+    own = {e.id for e in experiments} & set(OWN_SECTION)
+    if own and len(experiments) > len(own):
+        raise FloorguardError(
+            f"{' '.join(sorted(own))} run alone: each has a section of the results of its own"
+        )
     tasks = plan(
         experiments,
         lambda _: reps if reps is not None else 1 if quick else REAL_REPS,
@@ -729,6 +738,7 @@ def write_fidelity(
     points = [p for r in results for p in r.points()]
     real_vs_sim(points, out / "fidelity.png")
     memory = " ".join(r.experiment.id for r in results if r.experiment.id in MEMORY_EXPERIMENTS)
+    alone = " ".join(r.experiment.id for r in results if r.experiment.id in OWN_SECTION)
     first = results[0].experiment.grid(True)[0]
     ran = [float(r["duration_s"]) for r in results[0].real if memory and "duration_s" in r]
     scaling = describe(backend, first if memory else Condition(), ran[0] if ran else None)
@@ -738,7 +748,9 @@ def write_fidelity(
             f"{backend.kv_block_tokens} (its `cache_config_info`); the simulator's cache is "
             "the same."
         )
-    title = f"memory pressure ({memory})" if memory else "fidelity of the simulator"
+    title = (
+        f"{OWN_SECTION[alone.split()[0]]} ({alone})" if alone else "fidelity of the simulator"
+    )
     body = fidelity_report(
         results,
         scaling,
@@ -754,7 +766,7 @@ def write_fidelity(
         figure = (
             results_md.parent
             / "figures"
-            / (f"fidelity_{memory}_real_vs_sim.png" if memory else "fidelity_real_vs_sim.png")
+            / (f"fidelity_{alone}_real_vs_sim.png" if alone else "fidelity_real_vs_sim.png")
         )
         figure.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "fidelity.png", figure)
@@ -766,6 +778,6 @@ def write_fidelity(
             figure=str(figure.relative_to(results_md.parent)),
             title=title,
         )
-        write_real_section(results_md, body, memory)
+        write_real_section(results_md, body, alone)
         console.print(f"wrote the real-backend section of {results_md} and {figure}")
     return report
