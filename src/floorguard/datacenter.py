@@ -246,8 +246,10 @@ class _FleetSimulation(Serving):
         def shares(
             backends: Sequence[BackendSpec], removed: frozenset[int], count: int
         ) -> tuple[int, ...]:
-            return slot_shares(
-                backends, removed, count, partitioned=partitioned, capacity_of=_declared
+            return config.capped(  # as `PoolFleet.shares`: the TPOT's width cap too
+                slot_shares(
+                    backends, removed, count, partitioned=partitioned, capacity_of=_declared
+                )
             )
 
         guard = pool_guard(

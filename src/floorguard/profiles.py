@@ -23,7 +23,7 @@ other prefills — so the doom gate is sound by construction on this model.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ __all__ = [
     "load_measured",
     "load_profile",
     "save_profile",
+    "tpot_slots",
 ]
 
 
@@ -138,6 +139,18 @@ class ServiceProfile:
             return self.step_full_s + rise / k * (num_running - self.reference_slots)
         grown = (num_running - 1) / k if r == 1 else (1 - r ** (num_running - 1)) / (1 - r**k)
         return self.step_1_s + rise * grown
+
+    def token_ceiling_s(self, width: int) -> float:
+        """The longest one decode step of `width` running sequences takes in the model: its
+        step at the largest dispersion draw — the per-token envelope a TPOT is kept by
+        (docs/design.md §19). A joiner's prefill stall is not in it."""
+        largest = math.exp(self.jitter_sigma * self.jitter_z) * (1 + self.jitter_cap)
+        return self.step_s(width) * largest
+
+    def widest_for(self, tpot_s: float, slots: int) -> int:
+        """The most sequences (≤ `slots`) a backend may run at once with each decode step
+        within `tpot_s` (0: not even one)."""
+        return max((n for n in range(1, slots + 1) if self.token_ceiling_s(n) <= tpot_s), default=0)
 
     def scaled(self, name: str, factor: float) -> ServiceProfile:
         """The same shape on hardware `factor` times as slow (every duration scaled)."""
@@ -288,3 +301,16 @@ def load_profile(path: Path) -> ServiceProfile:
         return ServiceProfile(**{name: data[name] for name in _FIELDS}, **optional, ceiling=ceiling)
     except (TypeError, KeyError, ValueError) as exc:
         raise ConfigError("profile", str(path), f"is not a service profile ({exc})") from exc
+
+
+def tpot_slots(
+    profile: ServiceProfile | None, slots: Sequence[int], tpots: Iterable[float | None]
+) -> tuple[int, ...]:
+    """Each backend's slots, capped so that the tightest TPOT among `tpots` holds at the
+    width the guard dispatches onto it (`widest_for`, at least 1: a TPOT even one sequence
+    cannot keep is the start-up report's warning, not a backend with no slot); unchanged
+    without a TPOT or a profile (docs/design.md §19)."""
+    tightest = min((t for t in tpots if t is not None), default=None)
+    if tightest is None or profile is None:
+        return tuple(slots)
+    return tuple(min(c, max(profile.widest_for(tightest, c), 1)) if c else 0 for c in slots)

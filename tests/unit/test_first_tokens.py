@@ -29,6 +29,7 @@ CEILING = AffineEnvelope(0.05, 0.01)
 """`s_max(ℓ) = 50 ms + 10 ms·ℓ`: 210 ms for the floor's 16 tokens, 2.05 s for a 200-token
 surplus decode."""
 LOWER = AffineEnvelope(0.02, 0.005)
+HEADER = {"mode": "header", "header": "x-tenant", "trusted_upstreams": ["127.0.0.0/8"]}
 
 
 def _config(*, floor=2, slots=(4,), reserved=2, ttft_s=0.5, lower=None, **more) -> GuardConfig:
@@ -266,3 +267,52 @@ def test_an_entitled_first_token_on_time_is_not_reported():
     driver.guard.finish(a.request_id, 2.0, "complete")  # its end is long after T: fine
     report = check_trace(driver.events)
     assert report.ok() and report.num_ttft_late == 0 and not report.conditional
+
+
+def test_a_tpot_caps_the_width_the_guard_dispatches_onto_a_backend():
+    """The per-token envelope: a decode step of n at the profile's largest dispersion
+    draw. The tightest TPOT caps every backend's slots at the widest n within it, in the
+    server's config, the simulator's scenario and the fleet's shares alike."""
+    from floorguard.profiles import V100_MOE, tpot_slots  # noqa: PLC0415
+    from floorguard.proxy.config.guard import GuardServerConfig  # noqa: PLC0415
+    from floorguard.sim.scenarios import marquee  # noqa: PLC0415
+
+    ceilings = [V100_MOE.token_ceiling_s(n) for n in range(1, 9)]
+    assert ceilings == sorted(ceilings) and ceilings[0] >= V100_MOE.step_1_s
+    tpot = (ceilings[1] + ceilings[2]) / 2  # between two and three wide
+    assert V100_MOE.widest_for(tpot, 8) == 2 and V100_MOE.widest_for(ceilings[0] / 2, 8) == 0
+    assert tpot_slots(V100_MOE, (4, 8, 0), [None, tpot, 1.0]) == (2, 2, 0)
+    assert tpot_slots(V100_MOE, (4,), [None]) == (4,) and tpot_slots(None, (4,), [tpot]) == (4,)
+    assert tpot_slots(V100_MOE, (4,), [ceilings[0] / 2]) == (1,)  # one at least: warned
+
+    config = GuardServerConfig.model_validate({
+        "contracts": [{"tenant": "chat", "class": "assured", "floor": 1, "ttft_ms": 900,
+                       "tpot_ms": tpot * 1e3}],
+        "backends": [{"url": "http://127.0.0.1:1", "slots": 4}],
+        "profile": "v100-moe", "identity": HEADER,
+    })  # fmt: skip
+    assert config.guard_config().slots == (2,)
+    chat = Contract("chat", ASSURED, None, 1, ttft_budget_s=0.9, tpot_budget_s=tpot)
+    scenario = replace(marquee(), contracts=(chat, *marquee().contracts[1:]))
+    assert scenario.guard_config().slots == (2,)
+
+
+def test_the_start_report_says_what_the_tpot_allows(capsys):
+    from floorguard.proxy.config.guard import GuardServerConfig  # noqa: PLC0415
+    from floorguard.proxy.process.serve import start_report  # noqa: PLC0415
+
+    def config(tpot_ms: float, reserved: int) -> GuardServerConfig:
+        return GuardServerConfig.model_validate({
+            "contracts": [{"tenant": "chat", "class": "assured", "floor": 1, "ttft_ms": 1000,
+                           "tpot_ms": tpot_ms}],
+            "backends": [{"url": "http://127.0.0.1:1", "slots": 4}],
+            "profile": "v100-moe", "reserved_slots": reserved, "identity": HEADER,
+        })  # fmt: skip
+
+    report = "\n".join(start_report(config(50, 1)))
+    assert "tenant chat's 50 ms holds at a width of 4 on v100-moe" in report
+    assert "docs/design.md §19 (first tokens) at ℓ = 16: inside (r = 1" in report
+    assert "is below even one sequence's decode step" in "\n".join(start_report(config(5, 0)))
+    with pytest.raises(ValueError, match="leaves the surplus no slot of the 1 its backends run "
+                       "at the width its tightest tpot_ms allows"):  # fmt: skip
+        config(5, 1)

@@ -353,6 +353,11 @@ def first_token_row(c: Condition, trace: TraceRecords, origin_at: float = 0.0) -
     )
     floor = [r for r in assured if r.request_id in entitled]
     met = sum(1 for r in floor if r.first_token_at - r.arrival_at <= ttft_s)
+    tpots = sorted(
+        (r.ended_at - r.first_token_at) / (r.num_output_tokens - 1)
+        for r in assured
+        if r.outcome == "completed" and r.num_output_tokens > 1 and r.first_token_at < r.ended_at
+    )
     end = origin_at + c.duration_s
     produced = 0.0
     for r in trace.of_class(ContractClass.OPPORTUNISTIC):
@@ -364,6 +369,7 @@ def first_token_row(c: Condition, trace: TraceRecords, origin_at: float = 0.0) -
         "ttft_met": met,
         "a_ttft_p99_s": float(np.percentile(ttfts, 99)) if ttfts else None,
         "a_ttft_max_s": ttfts[-1] if ttfts else None,
+        "a_tpot_p99_s": float(np.percentile(tpots, 99)) if tpots else None,
         "o_tokens_per_s": produced / c.duration_s,
     }
 

@@ -748,9 +748,7 @@ def write_fidelity(
             f"{backend.kv_block_tokens} (its `cache_config_info`); the simulator's cache is "
             "the same."
         )
-    title = (
-        f"{OWN_SECTION[alone.split()[0]]} ({alone})" if alone else "fidelity of the simulator"
-    )
+    title = f"{OWN_SECTION[alone.split()[0]]} ({alone})" if alone else "fidelity of the simulator"
     body = fidelity_report(
         results,
         scaling,

@@ -186,6 +186,8 @@ class RunRow(ConditionKeys, total=False):
     a_ttft_p99_s: float | None
     """The assured first tokens' p99 and largest, from arrival."""
     a_ttft_max_s: float | None
+    a_tpot_p99_s: float | None
+    """The assured answers' time per output token after the first, p99."""
     o_tokens_per_s: float
     """The surplus's output tokens produced while the flood was offered, per second."""
     doomed_causes: dict[str, int]

@@ -19,7 +19,7 @@ from floorguard.core.contract import (
     WindowSchedule,
 )
 from floorguard.errors import ConfigError, require
-from floorguard.profiles import ServiceProfile, get_profile
+from floorguard.profiles import ServiceProfile, get_profile, tpot_slots
 from floorguard.sim.traces import load_trace
 from floorguard.sim.workloads import (
     Arrivals,
@@ -94,7 +94,7 @@ class Scenario:
         return GuardConfig(
             contracts=self.contracts,
             schedule=self.schedule,
-            slots=self.slots,
+            slots=tpot_slots(self.profile, self.slots, (c.tpot_budget_s for c in self.contracts)),
             dispatch=self.dispatch,
             surplus=self.surplus,
             meter=self.meter,

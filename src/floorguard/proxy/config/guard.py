@@ -40,7 +40,7 @@ from floorguard.core.contract import (
 )
 from floorguard.errors import ConfigError
 from floorguard.learners.registry import LearnerOptions, needs_latency_model
-from floorguard.profiles import PROFILES, get_profile
+from floorguard.profiles import PROFILES, get_profile, tpot_slots
 from floorguard.proxy.config.identity import IdentitySpec, JwtSpec, MtlsSpec, Strict, TlsSpec
 from floorguard.proxy.config.sections import (
     AdminSpec,
@@ -504,12 +504,34 @@ class GuardServerConfig(Strict):
             raise ValueError(f"must be one of {sorted(PROFILES)}, a profile .yaml, or null")
         return value
 
+    @model_validator(mode="after")
+    def _reserved_slots_fit(self) -> GuardServerConfig:
+        for name, pool in self.pools().items():
+            slots = pool.capped(tuple(b.slots for b in pool.backends))
+            if self.reserved_slots and self.reserved_slots >= sum(slots):
+                of = f"models.{name}: " if name is not None else ""
+                capped = sum(b.slots for b in pool.backends) != sum(slots)
+                raise ValueError(
+                    f"{of}reserved_slots {self.reserved_slots} leaves the surplus no slot of "
+                    f"the {sum(slots)} its backends run"
+                    + (" at the width its tightest tpot_ms allows" if capped else "")
+                    + " (docs/design.md §19)"
+                )
+        return self
+
+    def capped(self, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """`slots` capped so the tightest TPOT of this pool's contracts holds at the width
+        the guard dispatches (the profile's per-token ceiling; docs/design.md §19)."""
+        profile = get_profile(self.profile) if self.profile else None
+        return tpot_slots(profile, slots, (c.tpot_ms / 1e3 if c.tpot_ms else None
+                                           for c in self.contracts))  # fmt: skip
+
     def guard_config(self) -> GuardConfig:
         profile = get_profile(self.profile) if self.profile else None
         return GuardConfig(
             contracts=tuple(c.contract() for c in self.contracts),
             schedule=WindowSchedule(self.window_s, self.origin_at),
-            slots=tuple(b.slots for b in self.backends),
+            slots=self.capped(tuple(b.slots for b in self.backends)),
             backend_ids=tuple(b.url.rstrip("/") for b in self.backends),
             backend_capacity=tuple(b.capacity for b in self.backends)
             if any(b.capacity is not None for b in self.backends)

@@ -19,7 +19,7 @@ from floorguard.core.guard import Guard
 from floorguard.core.leasing import LeaseFlow
 from floorguard.core.surface import Dispatch
 from floorguard.errors import ConfigError
-from floorguard.proxy.config.guard import BackendSpec, StoreSpec
+from floorguard.proxy.config.guard import BackendSpec, GuardServerConfig, StoreSpec
 from floorguard.proxy.pool.build import pool_floor
 from floorguard.proxy.pool.health import backend_report
 from floorguard.proxy.pool.shares import capacities, slot_shares
@@ -266,9 +266,15 @@ class PoolFleet:
         return self.membership.count if self.membership is not None else 1
 
     def shares(
-        self, backends: Sequence[BackendSpec], removed: frozenset[int], count: int
+        self,
+        backends: Sequence[BackendSpec],
+        removed: frozenset[int],
+        count: int,
+        config: GuardServerConfig | None = None,
     ) -> tuple[int, ...]:
-        return slot_shares(
+        """This replica's slots per backend (`slot_shares`), capped for the tightest TPOT of
+        `config` (the pool's running one by default; docs/design.md §19)."""
+        shares = slot_shares(
             backends,
             removed,
             count,
@@ -276,6 +282,7 @@ class PoolFleet:
             capacity_of=self._capacity,
             where=self.pool.where,
         )
+        return (config or self.pool.config).capped(shares)
 
     def _capacity(self, backend: BackendSpec) -> int | None:
         """The backend's own slot count: declared, else as it reported it at start."""

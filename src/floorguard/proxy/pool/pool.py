@@ -152,7 +152,7 @@ class Pool:
         backends, removed = merge_backends(self.backends, config.backends)
         guard_config = dataclasses.replace(
             config.guard_config(),
-            slots=self.fleet.shares(backends, removed, self.fleet.replicas),
+            slots=self.fleet.shares(backends, removed, self.fleet.replicas, config),
             backend_ids=tuple(b.url.rstrip("/") for b in backends),
             backend_capacity=self.fleet.capacities(backends),
         )

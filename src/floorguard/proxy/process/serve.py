@@ -100,6 +100,7 @@ def start_report(config: GuardServerConfig) -> list[str]:
                 f"{first.min_ttft_s:.3f} s)"
             )
         out += _memory_lines(pool, guard, of)
+        out += _tpot_lines(pool, of)
         if pool.profile is None:
             continue
         view = screen_config(pool, guard=guard)
@@ -123,6 +124,29 @@ def _tenants(names: list[str]) -> str:
         return f"tenant {names[0]}"
     shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
     return f"{len(names)} tenants ({shown})"
+
+
+def _tpot_lines(pool: GuardServerConfig, of: str) -> list[str]:
+    """The width the tightest TPOT allows on the profile (docs/design.md §19)."""
+    tpots = [(c.tpot_ms, c.tenant) for c in pool.contracts if c.tpot_ms]
+    if not tpots or pool.profile is None:
+        return []
+    tpot_ms, tenant = min(tpots)
+    profile = get_profile(pool.profile)
+    widest = max(b.slots for b in pool.backends)
+    width = profile.widest_for(tpot_ms / 1e3, widest)
+    ceiling = profile.token_ceiling_s(max(width, 1)) * 1e3
+    if width == 0:
+        return [
+            f"{of}TPOT: tenant {tenant}'s {tpot_ms:g} ms is below even one sequence's decode "
+            f"step on {pool.profile} ({ceiling:.1f} ms at its slowest): not kept; one slot a "
+            "backend"
+        ]
+    capped = "" if width >= widest else f"; each backend runs at most {width} at once"
+    return [
+        f"{of}TPOT: tenant {tenant}'s {tpot_ms:g} ms holds at a width of {width} on "
+        f"{pool.profile} (a decode step of {width} ≤ {ceiling:.1f} ms){capped}"
+    ]
 
 
 def _memory_lines(pool: GuardServerConfig, guard: GuardConfig, of: str) -> list[str]:
