@@ -7,7 +7,10 @@ the Dockerfile, and every metric the Grafana dashboard queries is one the guard 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,92 @@ def test_the_shipped_secret_placeholders_are_refused(tmp_path, monkeypatch):
         assert value not in str(refused.value)
     create_identity(config.identity, real)  # and real ones are taken
     assert admin_token(config, real) == real["FLOORGUARD_ADMIN_TOKEN"]
+
+
+def _helm() -> str:
+    """The helm binary (`FLOORGUARD_HELM`, else on the PATH); skips without one unless
+    `FLOORGUARD_REQUIRE_HELM` (.ci/run installs it) makes that a failure."""
+    helm = os.environ.get("FLOORGUARD_HELM") or shutil.which("helm")
+    if helm is None:
+        if os.environ.get("FLOORGUARD_REQUIRE_HELM"):
+            pytest.fail("no helm binary and FLOORGUARD_REQUIRE_HELM=1 (.ci/run installs one)")
+        pytest.skip("no helm binary: .ci/run installs one (FLOORGUARD_HELM)")
+    return helm
+
+
+def _rendered(*values: str) -> dict[tuple[str, str], dict]:
+    args = [arg for value in values for arg in ("--set", value)]
+    chart = str(DEPLOY / "helm" / "floorguard")
+    out = subprocess.run(
+        [_helm(), "template", "floorguard", chart, "-n", "floorguard", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+
+
+def _comparable(doc: dict) -> dict:
+    """A manifest as both forms write it: the env by name, the chart's checksum annotation
+    (it rolls the pods on a changed config) left out, the guard config parsed."""
+    doc = json.loads(json.dumps(doc))
+    if doc["kind"] == "ConfigMap":
+        doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+    template = doc.get("spec", {}).get("template")
+    if template is not None:
+        template["metadata"].get("annotations", {}).pop("checksum/config", None)
+        for container in template["spec"]["containers"]:
+            container.get("env", []).sort(key=lambda e: e["name"])
+    return doc
+
+
+def test_the_helm_chart_renders_what_the_kustomize_files_apply():
+    """By default the chart renders the objects deploy/kubernetes applies (less the
+    Namespace, which `helm install --create-namespace` makes, and the Secret, which the
+    operator creates): one deployment, two forms, held equal here."""
+    rendered = _rendered()
+    applied = {
+        key: doc
+        for key, doc in _manifests().items()
+        if key[0] != "Namespace" and key != ("Secret", "floorguard-secrets")
+    }
+    assert set(rendered) == set(applied)
+    for key, doc in applied.items():
+        assert _comparable(rendered[key]) == _comparable(doc), key
+
+
+def test_the_charts_values_render_a_config_the_guard_loads(tmp_path, monkeypatch):
+    """Values an operator sets reach the guard's config and the objects that must agree
+    with it: the port, the admin port, a floor in first-token terms with reserved slots;
+    Redis and the network policies go with their switches."""
+    rendered = _rendered(
+        "config.port=8081",
+        "config.admin.port=9500",
+        "config.reserved_slots=2",
+        "config.contracts[0].tenant=chat",
+        "config.contracts[0].class=assured",
+        "config.contracts[0].floor=2",
+        "config.contracts[0].ttft_ms=1000",
+        "config.contracts[0].tpot_ms=50",
+        "config.contracts[1].tenant=batch",
+        "config.contracts[1].class=opportunistic",
+        "config.contracts[1].deadline_ms=60000",
+        "redis.enabled=false",
+        "config.store=null",
+    )
+    path = tmp_path / "guard.yaml"
+    path.write_text(rendered["ConfigMap", "floorguard-config"]["data"]["guard.yaml"])
+    monkeypatch.setenv("FLOORGUARD_JWT_SECRET", "s" * 32)
+    monkeypatch.setenv("FLOORGUARD_ADMIN_TOKEN", "t" * 16)
+    config = load_config(path)
+    assert (config.port, config.admin.port, config.reserved_slots) == (8081, 9500, 2)
+    assert config.contracts[0].ttft_ms == 1000 and config.store is None
+    (container,) = rendered["Deployment", "floorguard"]["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8081,
+        "admin": 9500,
+    }
+    assert ("Deployment", "floorguard-redis") not in rendered
+    assert ("NetworkPolicy", "floorguard-redis") not in rendered
+    policy = rendered["NetworkPolicy", "floorguard"]["spec"]["ingress"]
+    assert policy[0]["ports"] == [{"port": 8081, "protocol": "TCP"}]
