@@ -83,8 +83,9 @@ class CalibrationResult:
     def first_tokens(self) -> dict[str, Any]:
         """The first-token probe beside the fitted model: per width n, the median measured
         time to a first token and per output token, and what the profile predicts — the
-        n-th of n joiners' first token after n prefills (the simulator's: each joiner's
-        prefill stalls the batch), a token every `step(n)` at the median dispersion."""
+        mean of n joiners' first tokens, each after the prefills before it and its own (the
+        simulator's: each joiner's prefill stalls the batch) and then one step; a token every
+        `step(n)` at the mean dispersion."""
         p = self.profile
         out: dict[str, Any] = {}
         for n, samples in sorted(self.streamed.items()):
@@ -92,7 +93,8 @@ class CalibrationResult:
             tpot = [per for _, per in samples if per > 0]
             out[str(n)] = {
                 "ttft_ms": float(np.median(ttft)) * 1e3,
-                "ttft_model_ms": p.prefill_s * (n + 1) / 2 * 1e3,
+                "ttft_model_ms": (p.prefill_s * (n + 1) / 2 + p.step_s(n) * (1 + p.jitter_mean))
+                * 1e3,
                 "tpot_ms": float(np.median(tpot)) * 1e3 if tpot else None,
                 "tpot_model_ms": p.step_s(n) * (1 + p.jitter_mean) * 1e3,
             }

@@ -119,7 +119,8 @@ class BatchingBackend:
             raise RuntimeError(f"backend full ({self.num_slots} slots): the guard over-dispatched")
         self._advance(now)
         self._stall_for_prefill(request.num_prompt_tokens, now)
-        finish_v = self._v + request.num_output_tokens * self._jitter()
+        per_token = self._jitter()
+        finish_v = self._v + request.num_output_tokens * per_token
         heappush(self._finish, (finish_v, self._seq, request.request_id))
         self._spans[request.request_id] = (
             self._v,
@@ -127,7 +128,7 @@ class BatchingBackend:
             request.num_output_tokens,
             self._stalled_until,
         )
-        return self._stalled_until
+        return self._stalled_until + per_token * self._step_s[len(self._finish)]
 
     def tokens_out(self, request_id: RequestId, now: float) -> int:
         start_v, finish_v, tokens, _ = self._spans[request_id]
@@ -191,6 +192,8 @@ class KvBatchingBackend(BatchingBackend):
         self.preempted: Counter[str] = Counter()
         """Preemptions by the tenant of the sequence preempted."""
         self.first_tokens: list[tuple[RequestId, float]] = []
+        self._first_at: dict[RequestId, float] = {}
+        """Each started request's first token: its prefill's end, then one of its steps."""
         self._requests: dict[RequestId, Request] = {}
         """Every request held here, running or waiting."""
         self._waiting: list[RequestId] = []
@@ -236,14 +239,14 @@ class KvBatchingBackend(BatchingBackend):
             return math.inf
         self._announced.add(rid)
         self._announce()
-        return self._spans[rid][3]
+        return self._first_at[rid]
 
     def _announce(self) -> None:
         """Give the driver the first token of each request admitted after it waited."""
         for rid in self._admitted:
             if rid not in self._announced:
                 self._announced.add(rid)
-                self.first_tokens.append((rid, self._spans[rid][3]))
+                self.first_tokens.append((rid, self._first_at[rid]))
 
     def _admit_waiting(self, now: float) -> None:
         """Admit from the front while its prompt's blocks are free (vLLM's FCFS)."""
@@ -261,6 +264,8 @@ class KvBatchingBackend(BatchingBackend):
         finish_v = self._v + tokens * self._per_token[rid]
         heappush(self._finish, (finish_v, self._seq, rid))
         self._spans[rid] = (self._v, finish_v, tokens, self._stalled_until)
+        step = self._per_token[rid] * self._step_s[len(self._finish)]
+        self._first_at[rid] = self._stalled_until + step  # its first token: one of its steps
         self._prompt[rid] = prompt
         self._admitted.append(rid)
 
@@ -314,6 +319,7 @@ class KvBatchingBackend(BatchingBackend):
             self._admitted.remove(rid)
             for held in (self._prompt, self._streamed, self._per_token, self._requests):
                 del held[rid]
+            self._first_at.pop(rid, None)
             self._order.pop(rid, None)
             self._announced.discard(rid)
         while self._admitted:  # by the scheduler's own reckoning, so the two agree
@@ -369,7 +375,7 @@ class FixedServiceBackend:
         finish_at = now + prefill_s + request.num_output_tokens * p.step_s(1)
         heappush(self._done, (finish_at, self._seq, request.request_id))
         self._spans[request.request_id] = (now + prefill_s, finish_at, request.num_output_tokens)
-        return now + prefill_s
+        return now + prefill_s + p.step_s(1)  # its first token: after its prefill, one step
 
     def tokens_out(self, request_id: RequestId, now: float) -> int:
         first_at, finish_at, tokens = self._spans[request_id]
