@@ -86,6 +86,21 @@ def profile(vllm, tmp_path_factory):
     return path, result
 
 
+def test_the_first_token_probe_holds_the_model_to_vllm(profile):
+    """`calibrate`'s streamed probe (docs/design.md §19, docs/calibration.md "First tokens"):
+    vLLM's time per output token is the model's `step(n)` to within its probe's noise
+    (0.85–1.13× measured here); its first token is later than the model's — a fixed
+    per-request cost of the API server, and batched prefills — by a bounded factor
+    (1.3–2.2× measured here), and later with more requests starting together."""
+    _, result = profile
+    rows = result.first_tokens()
+    assert sorted(rows) == [str(n) for n in range(1, SLOTS + 1)]
+    for n, row in rows.items():
+        assert 0.6 <= row["tpot_ms"] / row["tpot_model_ms"] <= 1.6, (n, row)
+        assert 0.8 <= row["ttft_ms"] / row["ttft_model_ms"] <= 4.0, (n, row)
+    assert rows[str(SLOTS)]["ttft_ms"] > rows["1"]["ttft_ms"]
+
+
 def _pinned(tokens):
     return {"min_tokens": tokens, "ignore_eos": True}
 
@@ -329,6 +344,33 @@ def test_the_real_backend_experiments_beside_the_simulator(vllm, profile, tmp_pa
     assert text.startswith("# Results") and "fidelity of the simulator" in text
     assert text.count("| guard |") >= 3 and "| server-priority | " in text
     assert "service mean ms, vLLM's own" in text and "× the simulator's" in text
+
+
+def test_e23_first_tokens_on_vllm(vllm, profile, tmp_path):
+    """`floorguard experiment run E23 --backend` (docs/design.md §19), the CI subset (`--quick
+    --reps 1 --duration-s 4`): a chat floor beside a flood of 256-token decodes, every
+    answer streamed and its first token timed by the client. Every request ends in an
+    answer the client saw, every guard log checks, and with r = 2 of 4 slots reserved the
+    floor's first tokens come within their TTFT."""
+    path, _ = profile
+    out = tmp_path / "e23"
+    subprocess.run(
+        [sys.executable, "-m", "floorguard", "experiment", "run", "E23", "--backend", vllm,
+         "--model", MODEL, "--profile", str(path), "--quick", "--reps", "1",
+         "--duration-s", "4", "--out", str(out)],
+        check=True,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (out / "E23" / "real_runs.jsonl").read_text().split("\n")
+            if line]  # fmt: skip
+    assert len(rows) == 4
+    for row in rows:
+        assert set(row["statuses"]) <= {"200", "429", "503"}, row
+        assert sum(row["statuses"].values()) == row["a_offered"] + row["o_offered"] > 0, row
+        assert row["ttft_entitled"] > 0 and row["a_ttft_p99_s"] is not None, row
+        if row["policy"] == "guard":
+            assert row["log_violations"] == 0, row
+    reserved = next(r for r in rows if r["reserved_slots"] == 2)
+    assert reserved["ttft_met"] == reserved["ttft_entitled"], reserved
 
 
 def test_vllm_gets_only_the_work_the_guard_metered(live, vllm, profile):
