@@ -267,6 +267,26 @@ def test_where_the_guard_misses_on_the_backend_is_said_with_its_cause():
     assert fidelity.guard_misses(e8, silent) == ""
 
 
+def test_e23s_reading_says_first_tokens_on_time_and_the_reservations_cost_from_its_rows():
+    e23 = catalogue()["E23"]
+
+    def side(index, met, tokens_per_s):
+        base = {f: getattr(e23.grid(True)[index], f) for f in CONDITION_FIELDS}
+        return [{**base, "condition": index, "rep": 0, "ttft_met": met, "ttft_entitled": 10,
+                 "o_tokens_per_s": tokens_per_s}]  # fmt: skip
+
+    groups = {
+        0: (side(0, 8, 200.0), side(0, 4, 240.0)),
+        1: (side(1, 10, 150.0), side(1, 10, 120.0)),
+    }
+    text = fidelity.first_tokens(e23, groups)
+    assert "2 1000 guard 0: 80% (sim 40%); 2 1000 guard 2: 100% (sim 100%)" in text
+    assert (
+        "r = 2: 0.75× the surplus tokens/s of the guard without reserved slots (sim 0.50×)" in text
+    )
+    assert fidelity.first_tokens(catalogue()["E8"], {}) == ""
+
+
 def test_whether_the_fifo_runs_admitted_what_the_assured_first_runs_did_is_said():
     assert admission([{"policy": "guard"}]) == ""
     assert "in 2 of 2 runs: the two orders were compared on identical" in admission(
