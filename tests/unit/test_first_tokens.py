@@ -95,7 +95,7 @@ def test_the_config_file_takes_ttft_and_tpot_and_says_what_is_missing():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"reserved": 4}, r"must be an integer in \[0, 4\)"),
+        ({"reserved": -1}, "must be an integer ≥ 0"),
         ({"reserved": 1, "dispatch": DispatchOrder.FIFO}, "needs assured-first dispatch"),
         ({"reserved": 1, "slot_leases": True}, "fleet-wide slot leases"),
     ],
@@ -103,6 +103,20 @@ def test_the_config_file_takes_ttft_and_tpot_and_says_what_is_missing():
 def test_reserved_slots_that_cannot_work_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         _config(**change)
+
+
+def test_a_guard_keeps_at_most_all_its_slots_but_one_as_its_shares_shrink():
+    """A fleet's shares can fall to `r` or below (more replicas live): the guard then keeps
+    all its slots but one, and keeps `r` again when its shares grow back."""
+    assert _config(reserved=4).kept_slots == 3 and _config(reserved=2).kept_slots == 2
+    driver = _Driver(_config(reserved=2))
+    guard = driver.guard
+    guard.reconfigure(replace(guard.config, slots=(2,)), 0.0, reason="membership")
+    assert guard._reserved == 1
+    started = [driver.started(driver.offer("bulk", 0.0, tokens=200)[1]) for _ in range(2)]
+    assert sum(map(len, started)) == 1  # one of two slots for the surplus
+    guard.reconfigure(replace(guard.config, slots=(4,)), 0.1, reason="membership")
+    assert guard._reserved == 2
 
 
 def test_the_surplus_never_holds_the_floors_reserved_slots_while_the_floor_may_need_them():

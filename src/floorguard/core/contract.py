@@ -300,7 +300,9 @@ class GuardConfig:
     """`r`: slots kept for the floor's first tokens (docs/design.md §19). A request that is
     not floor-entitled starts only while the surplus holds fewer than `C − r` slots (`C`
     here: all backends'), or on a reserved slot that the floor no longer needs in this
-    window and that its service ceiling gives back by the window's end. 0: none."""
+    window and that its service ceiling gives back by the window's end. 0: none. At most
+    `C − 1` is kept (`kept_slots`): a fleet's shares can shrink below `r`, and the
+    surplus keeps a slot."""
 
     def __post_init__(self) -> None:
         require(len(self.contracts) > 0, "contracts", self.contracts, "needs at least one contract")
@@ -357,10 +359,11 @@ class GuardConfig:
             f"must be one of {[m.value for m in MeterKind]}",
         )
         require(
-            isinstance(self.reserved_slots, int) and 0 <= self.reserved_slots < self.total_slots,
+            isinstance(self.reserved_slots, int) and self.reserved_slots >= 0,
             "reserved_slots",
             self.reserved_slots,
-            f"must be an integer in [0, {self.total_slots}): the surplus keeps at least one slot",
+            "must be an integer ≥ 0 (a guard keeps at most all of its slots but one: the "
+            "surplus always has one)",
         )
         require(
             self.reserved_slots == 0 or self.dispatch is DispatchOrder.ASSURED_FIRST,
@@ -385,6 +388,11 @@ class GuardConfig:
     @property
     def total_slots(self) -> int:
         return sum(self.slots)
+
+    @property
+    def kept_slots(self) -> int:
+        """The reserved slots in force: `r`, at most all of the guard's slots but one."""
+        return max(0, min(self.reserved_slots, self.total_slots - 1))
 
     @property
     def kv_budgeted(self) -> bool:

@@ -84,8 +84,8 @@ class Guard(Ledger):
         """(doomed after, seq, ticket) of queued tickets: `expire` drops them on time. Built
         at the first `next_doom_at` / `expire` (a driver that only drops at dispatch, as
         the simulator does, never pays for the timer), kept in step from then on."""
-        self._reserved = config.reserved_slots
-        """`r`, the floor's reserved slots (docs/design.md §19); fixed for the guard's life."""
+        self._reserved = config.kept_slots
+        """`r`, the floor's reserved slots (docs/design.md §19), as many as its slots allow."""
         self._lowered: dict[str, tuple[int, int]] = {}
         """tenant -> (window, weight refused as floor_lowered in it)"""
         self._take_limits(config)
@@ -97,9 +97,11 @@ class Guard(Ledger):
         self._refuse_busy = limits.refuse_busy and config.lower_envelope is not None
 
     def reconfigure(self, config: GuardConfig, now: float, reason: str = "reload") -> int:
-        """`Ledger.reconfigure`; the surplus queue limits change at once."""
+        """`Ledger.reconfigure`; the surplus queue limits change at once, and so do the
+        reserved slots in force where the slots did (a fleet's shares)."""
         from_window = super().reconfigure(config, now, reason)
         self._take_limits(config)
+        self._reserved = self.config.kept_slots
         return from_window
 
     # -- arrival --------------------------------------------------------------------------

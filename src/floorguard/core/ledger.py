@@ -56,9 +56,9 @@ __all__ = ["ClassStats", "GuardStats", "Ledger"]
 
 ASSURED: Final = ContractClass.ASSURED
 _OUTCOMES: Final = frozenset({"complete", "fail", "abort"})
+"""What `finish` ends a request with."""
 _NO_WINDOW: Final = -(2**62)
 """`_floor_window` before the floor granted anything."""
-"""What `finish` ends a request with."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the comparison stacks extend it

@@ -247,7 +247,7 @@ def first_token_report(
     budgets = [c.ttft_budget_s for c in config.contracts if c.assured and c.ttft_budget_s]
     if not budgets:
         return None
-    floor, reserved, window_s = config.total_floor, config.reserved_slots, config.schedule.window_s
+    floor, reserved, window_s = config.total_floor, config.kept_slots, config.schedule.window_s
     min_ttft = min(budgets)
     if config.upper_envelope is None:
         reasons = ("no service ceiling s_max configured",)
