@@ -138,6 +138,8 @@ class _Checker:
         self.max_waiting_entitled = 0
         self.max_assured_tokens = 0
         self.max_assured_prompt = 0
+        self.running: set[RequestId] = set()
+        """The requests in flight (dispatched, not ended)."""
 
     def violate(self, prop: str, request_id: RequestId | None, message: str) -> None:
         self.report.violations.append(Violation(prop, self.index, request_id, message))
@@ -314,6 +316,7 @@ class _Checker:
             self.violate("SLOTS", event.request_id, f"dispatched to unknown backend {backend}")
             return
         state.backend = backend
+        self.running.add(event.request_id)  # type: ignore[arg-type]
         self.in_flight[backend] += 1
         if self.in_flight[backend] > self.config.slots[backend]:
             self.violate(
@@ -365,11 +368,11 @@ class _Checker:
         upper = self.config.upper_envelope
         if upper is None:
             return 0
+        running = (self.requests[rid] for rid in self.running)
         return sum(
             1
-            for s in self.requests.values()
-            if s.backend is not None
-            and s.dispatched_at is not None
+            for s in running
+            if s.dispatched_at is not None
             and now - s.dispatched_at > upper.at(s.num_output_tokens, s.num_prompt_tokens)
         )
 
@@ -421,7 +424,7 @@ class _Checker:
     def _on_requeue(self, event: TraceEvent, state: _Open) -> None:
         """Its backend was unreachable: the slot is free and the request waits again, in
         its old place (the front of its queue)."""
-        self._free(state)
+        self._free(event, state)
         state.left_queue = False
         if state.entitled:
             self.waiting_entitled.add(event.request_id)  # type: ignore[arg-type]
@@ -429,7 +432,8 @@ class _Checker:
             self._skip_left()
             self.fifo.insert(self.fifo_head, event.request_id)  # type: ignore[arg-type]
 
-    def _free(self, state: _Open) -> None:
+    def _free(self, event: TraceEvent, state: _Open) -> None:
+        self.running.discard(event.request_id)
         if state.backend is not None:
             self.in_flight[state.backend] -= 1
             self.kv_in_flight[state.backend] -= state.kv
@@ -442,7 +446,7 @@ class _Checker:
             self.num_above_ceiling += event.at - state.dispatched_at > ceiling
         if not state.first_seen:
             self._first_token(event, state, "answer (not streamed: its first byte)")
-        self._free(state)
+        self._free(event, state)
         if state.entitled and event.at > state.deadline_at:
             self.report.num_sf_late += 1
             self.violate(
@@ -453,10 +457,10 @@ class _Checker:
             )
 
     def _on_fail(self, event: TraceEvent, state: _Open) -> None:
-        self._free(state)
+        self._free(event, state)
 
     def _on_abort(self, event: TraceEvent, state: _Open) -> None:
-        self._free(state)
+        self._free(event, state)
         state.left_queue = True
         self.waiting_entitled.discard(event.request_id)
 
