@@ -12,7 +12,7 @@ import pytest
 from floorguard.cli import main
 
 # docs/design.md §10's E1–E19, E20 (§15), E21, E22 (§16)
-DESIGN_IDS = [f"E{i}" for i in range(1, 23)]
+DESIGN_IDS = [f"E{i}" for i in range(1, 24)]
 FIGURES = [
     "e1_completion_vs_arrival.png",
     "e3_priority_vs_fifo.png",

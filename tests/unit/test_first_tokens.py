@@ -330,3 +330,22 @@ def test_the_start_report_says_what_the_tpot_allows(capsys):
     with pytest.raises(ValueError, match="leaves the surplus no slot of the 1 its backends run "
                        "at the width its tightest tpot_ms allows"):  # fmt: skip
         config(5, 1)
+
+
+def test_a_first_token_drop_counts_from_the_requests_arrival_not_its_arrive_event():
+    """The HTTP guard logs `arrive` once the body is read, after the request arrived; its
+    TTFT counts from the arrival (as its deadline does), and so does `verify`: a drop at
+    the doom instant is sound (CI caught the checker counting from the event)."""
+    driver = _Driver(_config(reserved=1, ttft_s=0.1, lower=LOWER, slots=(2,)))
+    guard = driver.guard
+    for rid, tenant in enumerate(("bulk", "chat", "chat")):
+        request = Request(rid, tenant, 0.0, 200 if tenant == "bulk" else 16, 0)
+        guard.on_arrival(request, 0.05)  # read 50 ms after it arrived
+        guard.poll(0.05)
+    doom_at = guard.next_doom_at()
+    assert doom_at == pytest.approx(0.1 - 0.02)  # T − L(0) from the arrival, not from 0.05
+    assert len(guard.expire(doom_at + 1e-9)) == 1
+    for rid in sorted(guard._in_flight):
+        guard.finish(rid, 2.5, "complete")
+    report = check_trace(driver.events)
+    assert not [v for v in report.violations if v.prop == "DR"], report.violations

@@ -57,6 +57,7 @@ from floorguard.analysis.report import (
 )
 from floorguard.core.contract import (
     CapacityAction,
+    Contract,
     ContractClass,
     DispatchOrder,
     GuardConfig,
@@ -68,6 +69,7 @@ from floorguard.core.events import (
     EventKind,
     TraceEvent,
     config_from_dict,
+    first_token_due,
     to_json,
 )
 from floorguard.core.monitors import first_token_report
@@ -75,7 +77,13 @@ from floorguard.core.refusals import REFUSALS, AfJudgement
 from floorguard.core.request import RequestId
 from floorguard.errors import TraceError
 
-__all__ = ["CheckReport", "Violation", "check_fleet", "check_trace", "format_prefix"]
+__all__ = [
+    "CheckReport",
+    "Violation",
+    "check_fleet",
+    "check_trace",
+    "format_prefix",
+]
 
 _NOT_PER_REQUEST = frozenset(
     {
@@ -212,9 +220,9 @@ class _Checker:
             else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
-        ttft = self.ttft.get(event.tenant or "")
-        if ttft is not None:
-            state.first_by = event.at + ttft
+        contract = self.ttft.get(event.tenant or "")
+        if contract is not None:
+            state.first_by = first_token_due(event, contract)
         if event.cls is ContractClass.ASSURED:
             self.max_assured_tokens = max(self.max_assured_tokens, state.num_output_tokens)
             self.max_assured_prompt = max(self.max_assured_prompt, state.num_prompt_tokens)
@@ -542,9 +550,9 @@ def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) ->
     return report
 
 
-def _ttft_budgets(config: GuardConfig) -> dict[str, float]:
-    """Tenant → its contract's TTFT budget, for the contracts that have one."""
-    return {c.tenant: c.ttft_budget_s for c in config.contracts if c.ttft_budget_s is not None}
+def _ttft_budgets(config: GuardConfig) -> dict[str, Contract]:
+    """Tenant → its contract, for the contracts with a TTFT."""
+    return {c.tenant: c for c in config.contracts if c.ttft_budget_s is not None}
 
 
 def _check_one(

@@ -37,6 +37,7 @@ __all__ = [
     "arrive_event",
     "config_from_dict",
     "config_to_dict",
+    "first_token_due",
     "propose_event",
     "read_jsonl",
     "write_jsonl",
@@ -134,6 +135,17 @@ def arrive_event(
         min_prompt_tokens=request.min_prompt_tokens,
         scheduled_at=scheduled_at,
     )
+
+
+def first_token_due(event: TraceEvent, contract: Contract) -> float:
+    """`T` of an `arrive` event's request: its arrival — the instant its deadline counts
+    from, which the event's own `t` may follow (the HTTP guard logs it once the body is
+    read) — plus the contract's TTFT."""
+    assert contract.ttft_budget_s is not None
+    if event.deadline_at is None:
+        return event.at + contract.ttft_budget_s
+    arrived = event.deadline_at - contract.deadline_for(event.num_output_tokens or 0)
+    return arrived + contract.ttft_budget_s
 
 
 def propose_event(

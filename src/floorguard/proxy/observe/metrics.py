@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from floorguard.core.contract import ContractClass
-from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent
+from floorguard.core.events import TERMINAL_KINDS, EventKind, TraceEvent, first_token_due
 from floorguard.core.guard import Guard
 from floorguard.core.refusals import REFUSALS
 from floorguard.proxy.observe.usage import Usage
@@ -194,7 +194,7 @@ class GuardMetrics:
             pool = self.pools.get(model)
             contract = pool[0].contract_of(event.tenant or "") if pool is not None else None
             if contract is not None and contract.ttft_budget_s is not None:
-                arrived.first_by = event.at + contract.ttft_budget_s
+                arrived.first_by = first_token_due(event, contract)
             return
         timing = self._timings.get(rid)
         if kind is EventKind.ADMIT:
