@@ -140,7 +140,7 @@ class _Checker:
         self.in_flight = [0] * len(config.slots)
         self.kv_in_flight = [0] * len(config.slots)
         self.index = 0
-        self.ttft = _ttft_budgets(config)
+        self.ttft_contracts = _ttft_contracts(config)
         self.num_above_ceiling = 0
         """Services above their ceiling `s_max(ℓ, p)` so far (§6's A3 broken)."""
         self.max_waiting_entitled = 0
@@ -179,7 +179,7 @@ class _Checker:
         self.in_flight += [0] * (len(config.slots) - len(self.in_flight))
         self.kv_in_flight += [0] * (len(config.slots) - len(self.kv_in_flight))
         self.config = config
-        self.ttft = _ttft_budgets(config)
+        self.ttft_contracts = _ttft_contracts(config)
 
     def on_event(self, event: TraceEvent) -> None:
         kind, rid = event.kind, event.request_id
@@ -220,7 +220,7 @@ class _Checker:
             else (event.num_prompt_tokens or 0),
         )
         self.requests[rid] = state  # type: ignore[index]
-        contract = self.ttft.get(event.tenant or "")
+        contract = self.ttft_contracts.get(event.tenant or "")
         if contract is not None:
             state.first_by = first_token_due(event, contract)
         if event.cls is ContractClass.ASSURED:
@@ -550,7 +550,7 @@ def _check_fleet_pool(logs: Sequence[Sequence[TraceEvent]], allow_open: bool) ->
     return report
 
 
-def _ttft_budgets(config: GuardConfig) -> dict[str, Contract]:
+def _ttft_contracts(config: GuardConfig) -> dict[str, Contract]:
     """Tenant → its contract, for the contracts with a TTFT."""
     return {c.tenant: c for c in config.contracts if c.ttft_budget_s is not None}
 

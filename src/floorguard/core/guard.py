@@ -202,11 +202,7 @@ class Guard(Ledger):
         `demote`, never under `reject`, and under `spare` while it would start at once (a
         slot free, nothing queued)."""
         if policy is ExcessPolicy.SPARE:
-            return (
-                self._slots.num_free > 0
-                and self._queue.num_queued == 0
-                and self.num_surplus_in_flight < self._total_slots - self._reserved
-            )
+            return self._slots.num_free > 0 and self._queue.num_queued == 0 and self._surplus_room()
         return policy is ExcessPolicy.DEMOTE
 
     def _proposed(self, pending: Pending, now: float, answer: Answer) -> Pending:
@@ -425,6 +421,10 @@ class Guard(Ledger):
 
     # -- the floor's reserved slots (docs/design.md §19) ---------------------------------
 
+    def _surplus_room(self) -> bool:
+        """The surplus holds fewer than `C − r` slots: one more may start, whatever the floor."""
+        return self.num_surplus_in_flight < self._total_slots - self._reserved
+
     def _count_grant(self, window: int, weight: int) -> None:
         """The floor granted `weight` in `window`: that much less of its demand is left."""
         if window != self._floor_window:
@@ -438,9 +438,9 @@ class Guard(Ledger):
         min(r, the floor's requests present + its weight not yet granted)`, which only falls
         until the window ends) and the ticket's ceiling gives it back by the window's end,
         when the floor's credits return."""
-        surplus, total, reserved = self.num_surplus_in_flight, self._total_slots, self._reserved
-        if surplus < total - reserved:
+        if self._surplus_room():
             return True
+        surplus, total, reserved = self.num_surplus_in_flight, self._total_slots, self._reserved
         if ticket.upper_s is None:
             return False
         schedule = self.config.schedule
