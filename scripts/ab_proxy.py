@@ -3,16 +3,21 @@ wall clock moves by 1.5× between `bench proxy` runs; callgrind's count does not
 
     git worktree add /tmp/old <rev>
     python scripts/ab_proxy.py /tmp/old/src src [--requests 300] [--rounds 2]
+    python scripts/ab_proxy.py /tmp/old/src src --own   # the guard less the pass-through
     python scripts/ab_proxy.py src --off log --off metrics --off log,metrics   # what each costs
 
-Per tree and round: `bench proxy`'s server process (the upstream, the pass-through and the
-guard in one child, as `floorguard bench proxy` runs them) starts under callgrind with a
-fixed hash seed and ASLR off; after 50 warm-up requests its counters are zeroed
-(`callgrind_control -z`), `--requests` requests are sent to the guard (or, with `--path`, to
-the pass-through or the upstream itself), `--concurrency` at a time (1 by default; `bench
-proxy`'s requests/s runs 32), and the counters are dumped (`-d`). The figure is the whole
-process's instructions ÷ requests (the upstream's share is the same for every tree; the
-guard's health probes and samplers run meanwhile).
+Per tree and round: `bench proxy`'s proxies' process (the pass-through and the guard, as
+`floorguard bench proxy` runs them; in trees before the upstream got its own process, the
+upstream too) starts under callgrind with a fixed hash seed and ASLR off; after 50 warm-up
+requests its counters are zeroed (`callgrind_control -z`), `--requests` requests are sent to
+the guard (or, with `--path`, to the pass-through or the upstream itself, which is then the
+process counted), `--concurrency` at a time (1 by default; `bench proxy`'s requests/s runs
+32), and the counters are dumped (`-d`). The figure is the whole process's instructions ÷
+requests (the guard's health probes and samplers run meanwhile). `--own` counts the
+pass-through too and prints the guard's less the pass-through's: the guard's own work, which
+the upstream's share (in the one-process trees) and the loop's fixed costs cancel out of.
+Every tree runs on the loop `--loop` names (uvloop by default, what `serve` runs where it is
+installed), whichever its own bench would have chosen, so that trees compare on one loop.
 A tree counts as it is built: compiled where `_compiled.json` matches its sources. `--off`
 patches Python functions, which compiled modules call past, so with `--off` every count of
 the run, the unpatched one included, is of the pure sources (`FLOORGUARD_PURE=1`).
@@ -80,9 +85,16 @@ def _nothing(*_: object) -> None:
 FEATURES = ("log", "metrics", "identity", "normalize", "usage", "ratelimit", "reqid")
 
 
-def _serve(tree: str, ports: list[int], off: list[str]) -> None:
-    """The child: `bench proxy`'s server, from `tree`'s own bench module, with the features
-    `off` switched off."""
+def _one_process(tree: str) -> bool:
+    """Whether `tree`'s bench serves the upstream in the proxies' process (its trees before
+    the upstream got a process of its own)."""
+    bench = os.path.join(tree, "floorguard", "bench", "proxy.py")
+    return not os.path.exists(bench) or "def _serve_forever" in open(bench).read()
+
+
+def _serve(tree: str, role: str, ports: list[int], off: list[str], loop: str) -> None:
+    """A child: `tree`'s own bench server, `role` "proxies" (with the features `off` switched
+    off) or "upstream", on the event loop `loop`."""
     sys.path.insert(0, tree)
     for feature in off:
         _switch_off(feature)
@@ -91,7 +103,22 @@ def _serve(tree: str, ports: list[int], off: list[str]) -> None:
     except ModuleNotFoundError:  # older trees: the bench modules sat in the package root
         bench = importlib.import_module("floorguard.bench_proxy")
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    bench._serve_forever(ports, os.path.join(tempfile.mkdtemp(), "decisions.jsonl"))
+    log = os.path.join(tempfile.mkdtemp(), "decisions.jsonl")
+    new_loop = None
+    if loop == "uvloop":
+        import uvloop  # noqa: PLC0415
+
+        new_loop = uvloop.new_event_loop
+    if not hasattr(bench, "_serve_proxies"):  # one process, run by asyncio.run
+        if new_loop is not None:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        bench._serve_forever(ports, log)
+    elif role == "upstream":
+        bench.asyncio.run = lambda main: asyncio.Runner(loop_factory=new_loop).run(main)
+        bench._serve_upstream(ports, log)
+    else:
+        bench.loop_factory = lambda _config: new_loop
+        bench._serve_proxies(ports, log)
 
 
 async def _requests(
@@ -138,21 +165,38 @@ def count(
     *,
     pure: bool = False,
     concurrency: int = 1,
+    loop: str = "uvloop",
 ) -> float:
     from floorguard.rig.net import free_ports  # noqa: PLC0415
 
     ports = free_ports(3)
     out = tempfile.mkdtemp()
-    child = subprocess.Popen(
-        ["setarch", "-R", "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg",
-         sys.executable, __file__, "--serve", tree, *map(str, ports), off],
-        env={**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
-        | ({"FLOORGUARD_PURE": "1"} if pure else {}),
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"} | (
+        {"FLOORGUARD_PURE": "1"} if pure else {}
+    )
+
+    def child(role: str, counted: bool) -> subprocess.Popen[bytes]:
+        under = ["setarch", "-R", "valgrind", "--tool=callgrind",
+                 f"--callgrind-out-file={out}/cg"] if counted else []  # fmt: skip
+        return subprocess.Popen(
+            [*under, sys.executable, __file__, "--serve", tree, role, *map(str, ports), off, loop],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+
+    if _one_process(tree):
+        children = [child("proxies", counted=True)]
+    else:
+        children = [
+            child("upstream", counted=path == "direct"),
+            child("proxies", counted=path != "direct"),
+        ]
+    counted_pid = children[0 if len(children) == 1 or path == "direct" else 1].pid
 
     def control(flag: str) -> None:
-        subprocess.run(["callgrind_control", flag, str(child.pid)], check=True, capture_output=True)
+        subprocess.run(
+            ["callgrind_control", flag, str(counted_pid)], check=True, capture_output=True
+        )
 
     try:
         port = ports[PATHS.index(path)]
@@ -162,8 +206,9 @@ def count(
             )
         )
     finally:
-        child.terminate()
-        child.wait()
+        for c in children:
+            c.terminate()
+            c.wait()
     dump = sorted(glob.glob(f"{out}/cg.*"), key=os.path.getmtime)[0]  # the -d dump
     with open(dump) as f:
         total = re.search(r"^(?:summary|totals): (\d+)", f.read(), re.M)
@@ -173,9 +218,8 @@ def count(
 
 def main() -> None:
     if sys.argv[1:2] == ["--serve"]:
-        _serve(
-            sys.argv[2], [int(p) for p in sys.argv[3:6]], [f for f in sys.argv[6].split(",") if f]
-        )
+        tree, role, *ports, off, loop = sys.argv[2:]
+        _serve(tree, role, [int(p) for p in ports], [f for f in off.split(",") if f], loop)
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("trees", nargs="+")
@@ -184,6 +228,14 @@ def main() -> None:
     parser.add_argument(
         "--path", choices=PATHS, default="floorguard",
         help="which of bench proxy's paths the requests take (the references: direct, passthrough)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--own", action="store_true",
+        help="count the pass-through as well, and print the guard's count less the pass-through's",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop",
+        help="the event loop every tree's proxies run on (uvloop: what serve runs where installed)",
     )  # fmt: skip
     parser.add_argument(
         "--concurrency", type=int, default=1,
@@ -200,15 +252,24 @@ def main() -> None:
     for _ in range(ns.rounds):
         for tree, off in runs:
             label = f"{tree} --off {off}" if off else tree
-            counted = count(
-                tree, ns.requests, ns.path, off, pure=bool(ns.off), concurrency=ns.concurrency
-            )
-            seen.setdefault(label, []).append(counted)
-    first = min(seen[ns.trees[0]])
-    for tree, counts in seen.items():
+
+            def counted(path: str, tree: str = tree, off: str = off) -> float:
+                return count(
+                    tree, ns.requests, path, off, pure=bool(ns.off),
+                    concurrency=ns.concurrency, loop=ns.loop,
+                )  # fmt: skip
+
+            if ns.own:
+                guard, passthrough = counted("floorguard"), counted("passthrough")
+                print(f"{label}: floorguard {guard:,.0f}, pass-through {passthrough:,.0f}")
+                seen.setdefault(label, []).append(guard - passthrough)
+            else:
+                seen.setdefault(label, []).append(counted(ns.path))
+    first = min(seen[runs[0][0]])
+    what = "the guard's own instructions per request" if ns.own else "instructions per request"
+    for label, counts in seen.items():
         shown = " · ".join(f"{c:,.0f}" for c in counts)
-        print(f"{tree}: instructions per request {shown} (min / first tree's min "
-              f"{min(counts) / first:.3f})")  # fmt: skip
+        print(f"{label}: {what} {shown} (min / first tree's min {min(counts) / first:.3f})")
 
 
 if __name__ == "__main__":
