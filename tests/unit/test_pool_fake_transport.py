@@ -14,7 +14,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from floorguard.analysis.checker import check_trace
 from floorguard.clock import ManualClock
-from floorguard.core.events import EventKind
+from floorguard.core.events import TERMINAL_KINDS, EventKind
 from floorguard.proxy.config.guard import GuardServerConfig
 from floorguard.proxy.edge.normalize import Work
 from floorguard.proxy.observe.metrics import GuardMetrics
@@ -41,6 +41,7 @@ class _Reply:
         self._eof = False
         self._more = asyncio.Event()
         self.released = False
+        self.length: int | None = None
 
     def feed(self, chunk: bytes, *, eof: bool = True) -> None:
         self._chunks.append(chunk)
@@ -68,12 +69,15 @@ class _Transport:
     def __init__(self) -> None:
         self.posts: list[tuple[str, bytes, _Reply]] = []
         self.posted = asyncio.Event()
+        self.reply_length: int | None = None
+        """The length the replies' headers declare (None: none)."""
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         return 200, b""
 
     async def post(self, url: str, body: bytes, headers) -> _Reply:
         reply = _Reply()
+        reply.length = self.reply_length
         self.posts.append((url, body, reply))
         self.posted.set()
         return reply
@@ -167,3 +171,34 @@ def test_a_pool_runs_two_requests_on_one_slot_with_a_fake_transport_on_virtual_t
     assert [(e.request_id, e.at) for e in completes] == [("r1", 100.75), ("r2", 101.25)]
     report = check_trace(events)
     assert report.ok(), report.failed()
+
+
+def test_a_reply_is_whole_once_its_declared_length_is_in_without_waiting_for_its_end():
+    """A backend's reply whose headers declare its length ends the request once that many
+    bytes are read: the reader does not wait for (or read) the end of the stream. The
+    fake reply here never ends: a reader that waited for its end would time out."""
+
+    async def scenario():
+        clock, transport, events = ManualClock(100.0), _Transport(), []
+        pool = Pool(_host(clock, transport, events), None, GuardServerConfig.model_validate(CONFIG))
+        await pool.health.probe_all(transport)
+        body = b'{"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}'
+        transport.reply_length = len(body)
+        request = make_mocked_request("POST", "/v1/completions", transport=_ClientTransport())
+        answer = asyncio.ensure_future(
+            pool.handle(
+                request, "/v1/completions", _work({"prompt": "x"}), tenant="acme", rid="r1",
+                request_id="r1",
+            )
+        )  # fmt: skip
+        await transport.posted.wait()
+        reply = transport.posts[0][2]
+        reply.feed(body[:10], eof=False)
+        reply.feed(body[10:], eof=False)
+        response = await asyncio.wait_for(answer, 1.0)
+        pool.pump.close()
+        return response, body, events
+
+    response, body, events = asyncio.run(scenario())
+    assert response.status == 200 and response.body == body
+    assert [e.kind for e in events if e.kind in TERMINAL_KINDS] == [EventKind.COMPLETE]

@@ -38,6 +38,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "first_token_due",
+    "new_event",
     "propose_event",
     "read_jsonl",
     "write_jsonl",
@@ -100,6 +101,60 @@ class TraceEvent(NamedTuple):
     # where it is not the replica's own (a reload that reached the replicas one by one)
 
 
+def new_event(  # noqa: PLR0917  # one parameter a field, as TraceEvent has
+    at: float,
+    kind: EventKind,
+    request_id: RequestId | None = None,
+    tenant: str | None = None,
+    cls: ContractClass | None = None,
+    window: int | None = None,
+    entitled: bool | None = None,
+    reason: str | None = None,
+    backend: int | None = None,
+    deadline_at: float | None = None,
+    num_output_tokens: int | None = None,
+    num_prompt_tokens: int | None = None,
+    min_prompt_tokens: int | None = None,
+    scheduled_at: float | None = None,
+    admit: bool | None = None,
+    proposed_cls: str | None = None,
+    hint: float | None = None,
+    data: Mapping[str, Any] | None = None,
+    pool: str | None = None,
+    floor: int | None = None,
+) -> TraceEvent:
+    """`TraceEvent(...)`, built without the NamedTuple's `__new__`, which is interpreted
+    Python even in a compiled build: ≈ 8,000 instructions an event with keywords, five
+    events a request on the HTTP path (docs/benchmarks.md). The core builds its events
+    here, as `tuple.__new__` (C) from the whole tuple (what the NamedTuple's `_make`, also
+    interpreted, does)."""
+    return tuple.__new__(
+        TraceEvent,
+        (
+            at,
+            kind,
+            request_id,
+            tenant,
+            cls,
+            window,
+            entitled,
+            reason,
+            backend,
+            deadline_at,
+            num_output_tokens,
+            num_prompt_tokens,
+            min_prompt_tokens,
+            scheduled_at,
+            admit,
+            proposed_cls,
+            hint,
+            data,
+            pool,
+            floor,
+        ),
+    )
+
+
 _WIRE_NAMES = {
     "at": "t",
     "kind": "event",
@@ -121,7 +176,7 @@ def arrive_event(
     now: float, request: Request, contract: Contract | None, scheduled_at: float | None
 ) -> TraceEvent:
     """The `arrive` event: the class and deadline come from the tenant's contract."""
-    return TraceEvent(
+    return new_event(
         now,
         EventKind.ARRIVE,
         request.request_id,
@@ -155,9 +210,9 @@ def propose_event(
     proposal, fault = consultation.proposal, consultation.fault
     rid, tenant = request.request_id, request.tenant
     if proposal is None:
-        return TraceEvent(now, EventKind.PROPOSE, rid, tenant, cls, reason=fault)
+        return new_event(now, EventKind.PROPOSE, rid, tenant, cls, reason=fault)
     relabel = proposal.proposed_class
-    return TraceEvent(
+    return new_event(
         now,
         EventKind.PROPOSE,
         rid,

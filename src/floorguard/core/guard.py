@@ -22,7 +22,7 @@ from floorguard.core.contract import (
 )
 from floorguard.core.dispatcher import Ticket, create_dispatcher
 from floorguard.core.doom import DoomVerdict
-from floorguard.core.events import EventKind, TraceEvent
+from floorguard.core.events import EventKind, new_event
 from floorguard.core.learner import Learner, consult
 from floorguard.core.ledger import Ledger
 from floorguard.core.meter import ReservationMeter
@@ -183,7 +183,7 @@ class Guard(Ledger):
         pending.demoted = True
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.DEMOTE,
                     request.request_id,

@@ -19,9 +19,9 @@ from floorguard.core.dispatcher import SlotPool, Ticket
 from floorguard.core.doom import DoomGate
 from floorguard.core.events import (
     EventKind,
-    TraceEvent,
     arrive_event,
     config_to_dict,
+    new_event,
     propose_event,
 )
 from floorguard.core.learner import Consultation, Learner, LoadSnapshot, Proposal, consult
@@ -117,7 +117,7 @@ class Ledger:
         """A reload's configuration and the instant its contracts govern from."""
         self._sink = sink
         if sink is not None:
-            sink(TraceEvent(started_at, EventKind.CONFIG, data=config_to_dict(config)))
+            sink(new_event(started_at, EventKind.CONFIG, data=config_to_dict(config)))
 
     # -- reload -----------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ class Ledger:
         self._reloaded = (schedule.start_of(from_window), config)
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.CONFIG,
                     window=from_window,
@@ -237,7 +237,7 @@ class Ledger:
             self.stats.per_class[cls].aborted += 1
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now, EventKind.ABORT, request.request_id, request.tenant, cls, reason=reason
                 )
             )
@@ -307,7 +307,7 @@ class Ledger:
         by_reason[reason] = by_reason.get(reason, 0) + 1
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.REJECT,
                     request.request_id,
@@ -365,7 +365,7 @@ class Ledger:
             stats.entitled += 1
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.ADMIT,
                     request.request_id,
@@ -378,7 +378,7 @@ class Ledger:
                 )
             )
             self._sink(  # the hot path builds its events inline (docs/benchmarks.md)
-                TraceEvent(now, EventKind.ENQUEUE, request.request_id, request.tenant, contract.cls)
+                new_event(now, EventKind.ENQUEUE, request.request_id, request.tenant, contract.cls)
             )
         pending.need = None
         pending.admission = Admission(
@@ -433,7 +433,7 @@ class Ledger:
         self._in_flight[request.request_id] = ticket
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.DISPATCH,
                     request.request_id,
@@ -479,7 +479,7 @@ class Ledger:
         assert self._sink is not None
         request = ticket.request
         self._sink(
-            TraceEvent(now, kind, request.request_id, request.tenant, ticket.contract.cls, **fields)
+            new_event(now, kind, request.request_id, request.tenant, ticket.contract.cls, **fields)
         )
 
     # -- in flight --------------------------------------------------------------------------
@@ -488,7 +488,7 @@ class Ledger:
         ticket = self._in_flight.get(request_id)
         if ticket is not None and self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.FIRST_TOKEN,
                     request_id,
@@ -546,7 +546,7 @@ class Ledger:
         self.capacity.on_complete(now, len(self._queued))
         if self._sink is not None:
             self._sink(
-                TraceEvent(
+                new_event(
                     now,
                     EventKind.COMPLETE,
                     request_id,
@@ -682,7 +682,7 @@ class Ledger:
         `lost-state` for one tenant's window): a `store` event (`verify` judges AF in the
         degraded periods as conditional on the store)."""
         if self._sink is not None:
-            self._sink(TraceEvent(now, EventKind.STORE, tenant=tenant, window=window, reason=state))
+            self._sink(new_event(now, EventKind.STORE, tenant=tenant, window=window, reason=state))
 
     # -- views ------------------------------------------------------------------------------
 

@@ -177,9 +177,10 @@ def edge_limits(spec: LimitsSpec) -> EdgeLimits:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Work:
-    """What the guard admits: the forwarded bytes and the sizes it meters."""
+    """What the guard admits: the forwarded bytes and the sizes it meters. Built once, not
+    changed after; not frozen, for the reason `Request` is not."""
 
     body: bytes
     """The forwarded request, built once."""
@@ -196,6 +197,24 @@ class Work:
     """A stream whose client asked for the usage event itself
     (`stream_options.include_usage`); the guard asks for it on every stream and takes it
     out of the others (usage.py)."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        body: bytes,
+        num_output_tokens: int,
+        num_prompt_tokens: int,
+        min_prompt_tokens: int | None,
+        stream: bool,
+        model: str | None = None,
+        usage_asked: bool = False,
+    ) -> None:
+        self.body = body
+        self.num_output_tokens = num_output_tokens
+        self.num_prompt_tokens = num_prompt_tokens
+        self.min_prompt_tokens = min_prompt_tokens
+        self.stream = stream
+        self.model = model
+        self.usage_asked = usage_asked
 
 
 Priority = int | None | Callable[[str | None], int | None]

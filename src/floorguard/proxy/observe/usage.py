@@ -61,7 +61,7 @@ def usage_of(data: Any) -> Usage | None:
     completion = usage.get("completion_tokens", 0 if embedding else None)
     if type(prompt) is not int or type(completion) is not int or min(prompt, completion) < 0:
         return None
-    return Usage(prompt, completion)
+    return tuple.__new__(Usage, (prompt, completion, None))  # not its interpreted `__new__`
 
 
 class MalformedReplyError(ValueError):

@@ -267,7 +267,7 @@ class Forwarder:
         config = self.pool.config
         cap, idle = config.limits.max_response_bytes, config.upstream.idle_timeout_s
         metrics, cls = self.edge.metrics, self.pool.class_of(rid)
-        size, last, chunk = 0, self.clock.now(), first
+        size, last, chunk, length = 0, self.clock.now(), first, upstream.length
         try:
             if not chunk:
                 chunk = await upstream.chunk(idle)
@@ -281,6 +281,8 @@ class Forwarder:
                 if passed and not box.put(passed):
                     return None
                 await self.edge.checkpoint("stream")
+                if size == length:  # all it declared (aiohttp reads no further): no read to
+                    break  # find the end
                 chunk = await upstream.chunk(idle)
                 if chunk and first:
                     now = self.clock.now()

@@ -32,6 +32,12 @@ class UpstreamReply(Protocol):
     @property
     def status(self) -> int: ...
 
+    @property
+    def length(self) -> int | None:
+        """The body's length as its headers declare it (None: not declared, e.g. chunked):
+        once that much is read the reader stops, without a read to find the end."""
+        ...
+
     async def chunk(self, timeout_s: float) -> bytes:
         """The next piece of the body (b"" at its end): what is buffered at once, else the
         next to arrive within `timeout_s` (TimeoutError); `UpstreamBroke` if it breaks."""
@@ -59,11 +65,12 @@ class Upstream(Protocol):
 
 
 class _HttpReply:
-    __slots__ = ("_response", "status")
+    __slots__ = ("_response", "length", "status")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
+        self.length = response.content_length
 
     async def chunk(self, timeout_s: float) -> bytes:
         try:
