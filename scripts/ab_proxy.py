@@ -92,6 +92,28 @@ def _one_process(tree: str) -> bool:
     return not os.path.exists(bench) or "def _serve_forever" in open(bench).read()
 
 
+def _list_models(bench: object) -> None:
+    """An older tree's upstream made to list its model at `/v1/models`, as today's does (a
+    real backend does): the guard asks a backend that lists none again every half second,
+    which would count against the older tree only."""
+    if hasattr(bench, "MODELS"):
+        return
+    from aiohttp import web  # noqa: PLC0415
+
+    make = bench._upstream_app  # type: ignore[attr-defined]
+
+    def with_models() -> web.Application:
+        app = make()
+
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+        app.router.add_get("/v1/models", models)
+        return app
+
+    bench._upstream_app = with_models  # type: ignore[attr-defined]
+
+
 def _serve(tree: str, role: str, ports: list[int], off: list[str], loop: str) -> None:
     """A child: `tree`'s own bench server, `role` "proxies" (with the features `off` switched
     off) or "upstream", on the event loop `loop`."""
@@ -110,6 +132,7 @@ def _serve(tree: str, role: str, ports: list[int], off: list[str], loop: str) ->
 
         new_loop = uvloop.new_event_loop
     if not hasattr(bench, "_serve_proxies"):  # one process, run by asyncio.run
+        _list_models(bench)
         if new_loop is not None:
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         bench._serve_forever(ports, log)

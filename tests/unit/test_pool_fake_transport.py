@@ -101,9 +101,6 @@ class _ClientTransport(asyncio.Transport):
 
 
 def _host(clock, transport, events):
-    async def checkpoint(point):
-        return None
-
     metrics = GuardMetrics({}, clock.now)  # real: a compiled pool checks its type
     return SimpleNamespace(
         clock=clock,
@@ -117,7 +114,7 @@ def _host(clock, transport, events):
         upstream=transport,
         session=None,  # the learner callout's: this pool asks no learner over HTTP
         on_event=events.append,
-        checkpoint=checkpoint,
+        fault_hook=None,
     )
 
 

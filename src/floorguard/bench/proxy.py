@@ -55,10 +55,19 @@ def _upstream_app() -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(MODELS)
+
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/health", health)  # the guard dispatches only to a healthy backend
+    app.router.add_get("/v1/models", models)  # as vLLM lists its model: the guard learns it
+    # every few seconds (a backend that lists none is asked again every half second)
     return app
+
+
+MODELS = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "bench"}]}
+"""The upstream's `/v1/models`: the one model the bench's requests name."""
 
 
 def _passthrough_app(upstream: str) -> web.Application:

@@ -223,7 +223,7 @@ model (a callable of the body's `model`, which may refuse it with a BadRequestEr
 
 
 def prompt_tokens(
-    body: Mapping[str, Any],
+    body: dict[str, Any],
     *,
     chat: bool,
     limits: EdgeLimits | None = None,
@@ -337,7 +337,7 @@ def _embedding_work(
     return Work(data, 0, upper, None if lower == upper else lower, False, model)
 
 
-def _embedding_input(body: Mapping[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
+def _embedding_input(body: dict[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
     value = body.get("input")
     if isinstance(value, list) and value and not _is_token_ids(value):
         if len(value) != 1:
@@ -425,7 +425,7 @@ def _json_size(value: object) -> int:
         return 1 << 62  # unwritable (too deep): as large as can be
 
 
-def _bounded_work(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> None:
+def _bounded_work(body: dict[str, Any], limits: EdgeLimits, chat: bool) -> None:
     """What the sampler or a guided decoder walks per token, bounded (module docstring)."""
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
@@ -440,7 +440,7 @@ def _bounded_work(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> No
         if isinstance(value, list) and len(value) > limits.max_list_items:
             raise _too_large(key, f"{len(value)} entries", limits.max_list_items, "max_list_items")
     bias = body.get("logit_bias")
-    if isinstance(bias, dict | list) and len(bias) > limits.max_logit_bias:
+    if isinstance(bias, (dict, list)) and len(bias) > limits.max_logit_bias:
         raise _too_large(
             "logit_bias", f"{len(bias)} entries", limits.max_logit_bias, "max_logit_bias"
         )
@@ -452,7 +452,7 @@ def _bounded_work(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> No
     _bounded_output(body, limits, chat)
 
 
-def _bounded_output(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> None:
+def _bounded_output(body: dict[str, Any], limits: EdgeLimits, chat: bool) -> None:
     """Logprobs that grow every token, and costly work hidden inside other fields."""
     for key in ("top_logprobs", "logprobs"):
         value = body.get(key)
@@ -467,7 +467,7 @@ def _bounded_output(body: Mapping[str, Any], limits: EdgeLimits, chat: bool) -> 
         raise _costly("echo")  # echo with logprobs computes the prompt's logprobs
 
 
-def _one_sequence(body: Mapping[str, Any]) -> None:
+def _one_sequence(body: dict[str, Any]) -> None:
     for key in ("n", "best_of"):
         value = body.get(key)
         if value is not None and (type(value) is not int or value != 1):
@@ -484,7 +484,7 @@ def _one_sequence(body: Mapping[str, Any]) -> None:
         )
 
 
-def _cap_field(body: Mapping[str, Any], key: str, cap: int) -> int | None:
+def _cap_field(body: dict[str, Any], key: str, cap: int) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -498,7 +498,7 @@ def _cap_field(body: Mapping[str, Any], key: str, cap: int) -> int | None:
     return value
 
 
-def _output_cap(body: Mapping[str, Any], limits: EdgeLimits) -> int:
+def _output_cap(body: dict[str, Any], limits: EdgeLimits) -> int:
     """`ℓ`: the output cap the guard forwards (docs/design.md §12)."""
     max_tokens = _cap_field(body, "max_tokens", limits.max_tokens)
     max_completion = _cap_field(body, "max_completion_tokens", limits.max_tokens)
@@ -535,7 +535,7 @@ def _is_token_ids(value: object) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
-def _completion_prompt(body: Mapping[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
+def _completion_prompt(body: dict[str, Any], tokenizer: TokenCounter | None) -> tuple[int, int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not _is_token_ids(prompt):
         if len(prompt) != 1:
@@ -610,7 +610,7 @@ def _chat_texts(message: Mapping[str, Any]) -> Iterable[str]:
 
 
 def _chat_prompt(
-    body: Mapping[str, Any],
+    body: dict[str, Any],
     limits: EdgeLimits,
     tokenizer: TokenCounter | None,
     roles: frozenset[str] | None = None,

@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from floorguard.proxy.edge.openai_format import error_body, sse_error
+from floorguard.proxy.observe.usage import Usage
 
 __all__ = [
     "JSON",
@@ -52,12 +53,15 @@ class RefusedError(Exception):
 
 
 class Exchange:
-    """What the request has sent its client so far (a started stream cannot be undone)."""
+    """What the request has sent its client so far (a started stream cannot be undone), and
+    what its whole reply said it cost."""
 
-    __slots__ = ("response",)
+    __slots__ = ("response", "usage")
 
     def __init__(self) -> None:
         self.response: web.StreamResponse | None = None
+        self.usage: Usage | None = None
+        """A non-streamed reply's usage, once read (a stream's is its tap's)."""
 
 
 async def next_chunk(stream: aiohttp.StreamReader, timeout_s: float) -> bytes:

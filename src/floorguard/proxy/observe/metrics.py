@@ -194,8 +194,10 @@ class GuardMetrics:
         return ids[backend] if ids and backend < len(ids) else str(backend)
 
     def on_event(self, event: TraceEvent) -> None:
-        kind, model = event.kind, event.pool or "default"
-        rid = event.request_id
+        kind = event.kind
+        if kind is EventKind.ENQUEUE:  # counted by nothing here (every admission has one)
+            return
+        model, rid = event.pool or "default", event.request_id
         if kind is EventKind.ARRIVE:
             arrived = self._timings[rid] = Timing(event.at)
             pool = self.pools.get(model)
@@ -228,9 +230,9 @@ class GuardMetrics:
             self._ended(event, model, timing)
 
     def _ended(self, event: TraceEvent, model: str, timing: Timing | None) -> None:
-        kind = event.kind
+        kind, cls, tenant = event.kind, _cls(event), event.tenant or ""
         reason = self._reason(event.reason)
-        self.outcomes[model, event.tenant or "", _cls(event), _LABEL[kind], reason] += 1
+        self.outcomes[model, tenant, cls, _LABEL[kind], reason] += 1
         self._timings.pop(event.request_id, None)
         if timing is None:
             return
@@ -242,24 +244,22 @@ class GuardMetrics:
             timing.deadline_at is not None and event.at > timing.deadline_at
         )
         if timing.entitled:
-            self.floor_ended[model, event.tenant or ""] += 1
-            self.floor_met[model, event.tenant or ""] += on_time
+            self.floor_ended[model, tenant] += 1
+            self.floor_met[model, tenant] += on_time
             if timing.first_by is not None:
                 first = timing.first_token_at
                 if first is None and kind is EventKind.COMPLETE:
                     first = event.at  # not streamed: its first byte is its end
-                self.floor_ttft_ended[model, event.tenant or ""] += 1
-                self.floor_ttft_met[model, event.tenant or ""] += (
-                    first is not None and first <= timing.first_by
-                )
+                self.floor_ttft_ended[model, tenant] += 1
+                self.floor_ttft_met[model, tenant] += first is not None and first <= timing.first_by
         if kind is EventKind.COMPLETE:
             if not on_time:
-                self.late[model, event.tenant or "", _cls(event)] += 1
+                self.late[model, tenant, cls] += 1
             if timing.dispatched_at is not None:
-                labels = (model, _cls(event), timing.backend)
+                labels = (model, cls, timing.backend)
                 self.service.observe(labels, event.at - timing.dispatched_at)
             if timing.first_token_at is None:  # not streamed: its first token is its end
-                labels = (model, _cls(event), event.tenant or "")
+                labels = (model, cls, tenant)
                 self.ttft.observe(labels, event.at - timing.arrived_at)
 
     def totals(self) -> dict[str, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
@@ -44,7 +44,20 @@ from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.relay import HeldReplies, ReplyBox
 from floorguard.proxy.pool.upstream import UnreachableError, Upstream, UpstreamBroke, UpstreamReply
 
-__all__ = ["FailedBeforeReplyError", "Forwarder", "PoolHost", "Served", "UnreachableError"]
+__all__ = [
+    "FailedBeforeReplyError",
+    "FaultHook",
+    "Forwarder",
+    "PoolHost",
+    "Served",
+    "UnreachableError",
+]
+
+FaultHook = Callable[[str], Awaitable[None]]
+"""Awaited at each named await point of the request path (`parse`, `store`, `learner`,
+`queue`, `connect`, `headers`, `stream`) where the edge has one: the fault-injection tests
+raise or cancel there. Each site checks for it before calling (an await of a coroutine
+that does nothing costs ≈ 1,000 instructions, five a request)."""
 
 _RETRIED_STATUSES = frozenset({502, 503, 504})
 """A backend's answer that says it could not serve (a gateway's, an overloaded vLLM's)."""
@@ -86,8 +99,9 @@ class PoolHost(Protocol):
         """The learner callout's HTTP session (not the backends')."""
         ...
 
+    fault_hook: FaultHook | None
+
     def on_event(self, event: TraceEvent) -> None: ...
-    def checkpoint(self, point: str) -> Awaitable[None]: ...
 
 
 class Served(Protocol):
@@ -135,8 +149,9 @@ class Forwarder:
         instead of answering the client."""
         rid = str(decision.request.request_id)
         backend = self.pool.backends[decision.backend]
-        upstream_config = self.pool.config.upstream
-        await self.edge.checkpoint("connect")
+        upstream_config, fault_hook = self.pool.config.upstream, self.edge.fault_hook
+        if fault_hook is not None:
+            await fault_hook("connect")
         try:
             async with asyncio.timeout(upstream_config.first_byte_timeout_s):
                 upstream = await self.edge.upstream.post(
@@ -151,7 +166,8 @@ class Forwarder:
                 raise FailedBeforeReplyError(str(exc)) from exc
             return self._upstream_failed(rid, exc, headers)
         try:
-            await self.edge.checkpoint("headers")
+            if fault_hook is not None:
+                await fault_hook("headers")
             if retry and upstream.status in _RETRIED_STATUSES:
                 raise FailedBeforeReplyError(f"the backend answered {upstream.status}")
             if upstream.status >= 300:
@@ -171,18 +187,20 @@ class Forwarder:
                     return await self._relay(
                         request, rid, upstream, headers, exchange=exchange, tap=tap
                     )
-                return await self._reply(request, rid, upstream, headers)
+                return await self._reply(request, rid, upstream, headers, exchange)
             finally:  # also when the client's leaving at the end cancels this handler
-                self._count_usage(request, decision, tap)
+                self._count_usage(request, decision, tap, exchange)
         finally:
             upstream.release()
 
-    def _count_usage(self, request: web.Request, decision: Dispatch, tap: UsageTap | None) -> None:
+    def _count_usage(
+        self, request: web.Request, decision: Dispatch, tap: UsageTap | None, exchange: Exchange
+    ) -> None:
         """What the reply cost, for the access log and `floorguard_tokens_total`: as the
         backend said, or the guard's estimate where it did not (usage.py). Counted once the
         reply is over, however it ended: a client that reads a stream to its end and leaves
         at once cancels the handler before it returns, and the tokens were still spent."""
-        usage = tap.usage if tap is not None else request.get(USAGE)
+        usage = tap.usage if tap is not None else exchange.usage
         if usage is None:
             usage = self._estimate(decision, tap)
         request[USAGE] = usage
@@ -267,7 +285,9 @@ class Forwarder:
         config = self.pool.config
         cap, idle = config.limits.max_response_bytes, config.upstream.idle_timeout_s
         metrics, cls = self.edge.metrics, self.pool.class_of(rid)
-        size, last, chunk, length = 0, self.clock.now(), first, upstream.length
+        fault_hook = self.edge.fault_hook
+        size, chunk, length = 0, first, upstream.length
+        last = self.clock.now() if first else 0.0  # a stream's: its gaps are measured
         try:
             if not chunk:
                 chunk = await upstream.chunk(idle)
@@ -280,7 +300,8 @@ class Forwarder:
                 passed = tap.feed(chunk) if tap is not None else chunk
                 if passed and not box.put(passed):
                     return None
-                await self.edge.checkpoint("stream")
+                if fault_hook is not None:
+                    await fault_hook("stream")
                 if size == length:  # all it declared (aiohttp reads no further): no read to
                     break  # find the end
                 chunk = await upstream.chunk(idle)
@@ -321,6 +342,7 @@ class Forwarder:
         rid: str,
         upstream: UpstreamReply,
         headers: dict[str, str],
+        exchange: Exchange,
     ) -> web.StreamResponse:
         """A non-streamed reply: read whole (up to `limits.max_response_bytes`), the request
         ended in the guard, then written to the client within `client_write_timeout_s`."""
@@ -336,15 +358,16 @@ class Forwarder:
                 status = {"upstream_timeout": 504, "drain_deadline": 503}.get(code, 502)
                 return json_error(status, code, message, headers)
             body = box.take_all()
-            if usage is not None:
-                request[USAGE] = usage
+            exchange.usage = usage
             # A `Response`, not a `StreamResponse`: its headers go out with the body in one
             # write (one send, one segment for the client to read).
             response = web.Response(body=body, status=200, headers={**headers, **JSON})
             try:
-                async with self._client_write(request, len(body)):
-                    await response.prepare(request)
-                    await response.write_eof()
+                if _cannot_wait(request.transport, len(body)):  # no timer (`_client_write`)
+                    await _send_whole(request, response)
+                else:
+                    async with asyncio.timeout(self.pool.config.client_write_timeout_s):
+                        await _send_whole(request, response)
             except TimeoutError:
                 box.cut("client_too_slow")
                 log.info("request %s: its client was cut (client_too_slow)", rid)
@@ -430,6 +453,11 @@ class Forwarder:
                 log.info("request %s: its client was cut (%s)", rid, box.cut_reason)
             box.close()
         return response
+
+
+async def _send_whole(request: web.Request, response: web.Response) -> None:
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def _cannot_wait(transport: asyncio.WriteTransport | None, size: int) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -180,12 +181,16 @@ class Pool:
         service awaited, anything local at once; the decided arrival (its `admission`). If
         the client leaves (or the guard fails) while a need is outstanding, the arrival
         ends as aborted (one terminal outcome)."""
-        guard = self.guard
-        pending = guard.begin_arrival(offered, self.clock.now())
+        guard, now = self.guard, offered.arrival_at
+        pending = guard.begin_arrival(offered, now)
         try:
             while (need := pending.need) is not None:
-                answer = await self._answer(need)
-                pending = guard.continue_arrival(pending, self.clock.now(), answer)
+                if self._asks_out(need):
+                    answer = await self._answer(need)
+                    now = self.clock.now()
+                else:  # answered here, at the same instant
+                    answer = guard.answer(need, now)
+                pending = guard.continue_arrival(pending, now, answer)
         except asyncio.CancelledError:
             guard.abandon_arrival(pending, self.clock.now(), "client_disconnected")
             raise
@@ -195,10 +200,17 @@ class Pool:
         assert pending.admission is not None
         return pending
 
-    async def _answer(self, need: Need) -> Answer:
+    def _asks_out(self, need: Need) -> bool:
+        """Whether `need` is answered by a call out of the process (the shared floor's
+        store, the learner service), which `_answer` awaits; else the guard answers it."""
         if type(need) is StoreCall:
-            if self.shared_floor is None:
-                return self.guard.answer(need, self.clock.now())
+            return self.shared_floor is not None
+        return self.edge.http_learner is not None
+
+    async def _answer(self, need: Need) -> Answer:
+        """The answer to a need that calls out of the process (`_asks_out`)."""
+        if type(need) is StoreCall:
+            assert self.shared_floor is not None
             # Sent at once and shielded: a client that leaves (or a failure here) does not
             # cut a Redis call in half, and the call is made whatever happens next, so the
             # credit an arrival within B takes is always taken — what the decision log's
@@ -214,12 +226,12 @@ class Pool:
                 )
             )
             charge.add_done_callback(_retrieve)
-            await self.edge.checkpoint("store")
+            if self.edge.fault_hook is not None:
+                await self.edge.fault_hook("store")
             return await asyncio.shield(charge)
-        assert type(need) is LearnerAsk
-        if self.edge.http_learner is None:
-            return self.guard.answer(need, self.clock.now())
-        await self.edge.checkpoint("learner")
+        assert type(need) is LearnerAsk and self.edge.http_learner is not None
+        if self.edge.fault_hook is not None:
+            await self.edge.fault_hook("learner")
         return await self.edge.http_learner.ask(self.edge.session, need)
 
     # -- one request ----------------------------------------------------------------------
@@ -276,7 +288,14 @@ class Pool:
                 return refusal(admission, now, limits)
             self.fleet.admitted(entitled=admission.entitled)
             return await self._serve(
-                request, path, work, admission, limits, exchange=exchange, request_id=request_id
+                request,
+                path,
+                work,
+                admission,
+                limits,
+                exchange=exchange,
+                request_id=request_id,
+                admitted_at=now,
             )
         except asyncio.CancelledError:
             self.end(rid, "abort", "drain_deadline" if self.edge.cutting else "client_disconnected")
@@ -297,6 +316,8 @@ class Pool:
         `abort`; a request still queued can only abort."""
         self.fleet.release(rid)
         guard = self.guard
+        if not guard.holds(rid):  # ended already (every exit calls this), or never admitted
+            return
         outcome = kind if guard.in_flight_request(rid) is not None else "abort"
         if not guard.finish(rid, self.clock.now(), outcome, reason):
             return
@@ -314,6 +335,7 @@ class Pool:
         *,
         exchange: Exchange,
         request_id: str,
+        admitted_at: float,
     ) -> web.StreamResponse:
         rid = str(admission.request_id)
         admitted = "entitled" if admission.entitled else "surplus"
@@ -324,10 +346,11 @@ class Pool:
             "x-floorguard-class": str(admission.cls),
             **limits,
         }
-        unreachable, admitted_at = 0, self.clock.now()
+        unreachable, hook = 0, self.edge.fault_hook
+        queue_point = None if hook is None else functools.partial(hook, "queue")
         while True:
             try:
-                decision = await self.pump.turn(rid, lambda: self.edge.checkpoint("queue"))
+                decision = await self.pump.turn(rid, queue_point)
             except CutError:  # the drain deadline, still queued: an answer, not a dropped line
                 self.end(rid, "abort", "drain_deadline")
                 return json_error(

@@ -21,7 +21,7 @@ import re
 import secrets
 import socket
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -52,6 +52,7 @@ from floorguard.proxy.observe.access_log import access_line, error_code
 from floorguard.proxy.observe.decision_log import DecisionLog, LineLog
 from floorguard.proxy.observe.metrics import GuardMetrics
 from floorguard.proxy.observe.tracing import Tracing
+from floorguard.proxy.pool.forward import FaultHook
 from floorguard.proxy.pool.health import BackendHealth
 from floorguard.proxy.pool.learner_http import HttpLearner
 from floorguard.proxy.pool.pool import Pool
@@ -70,11 +71,6 @@ from floorguard.store.shared import SharedFloor
 __all__ = ["SERVER", "FaultHook", "GuardRunner", "GuardServer", "create_admin_app", "create_app"]
 
 log = logging.getLogger("floorguard.proxy")
-
-FaultHook = Callable[[str], Awaitable[None]]
-"""Called at each named await point of the request path (`parse`, `store`, `learner`,
-`queue`, `connect`, `headers`, `stream`): the fault-injection tests raise or cancel there."""
-
 
 _HISTORY_S = 300
 """Seconds of per-second history the status page charts."""
@@ -125,7 +121,7 @@ class GuardServer:
         self.served: Counter[str] = Counter()
         """Requests answered, by status class (`2xx`, `4xx`, …): said at shutdown."""
         self._background: list[asyncio.Task[None]] = []
-        self._fault_hook = fault_hook
+        self.fault_hook = fault_hook
         self.draining = False
         """Set on shutdown (SIGTERM): new requests get 503, in-flight ones finish."""
         self.cutting = False
@@ -235,10 +231,6 @@ class GuardServer:
             self._log.append(event)
         if self._metrics is not None:
             self._metrics.on_event(event)
-
-    async def checkpoint(self, point: str) -> None:
-        if self._fault_hook is not None:
-            await self._fault_hook(point)
 
     async def start(self, _: web.Application) -> None:
         upstream = self.config.upstream
@@ -485,7 +477,7 @@ class GuardServer:
                 request.headers,
                 peercert,
                 request.remote if mode == "header" else None,  # only header mode reads it
-                request.query if request.query_string else None,
+                request.query if "?" in request.raw_path else None,  # a query's parse: rare
             )
         except AuthError as exc:
             if isinstance(exc, UnknownKidError) and self.identity.jwks is not None:
@@ -606,14 +598,13 @@ class GuardServer:
                 raise RefusedError(json_error(exc.status, exc.kind, str(exc))) from exc
         seen["tenant"] = tenant
         raw = await self._read_body(request)
-        await self.checkpoint("parse")
+        if self.fault_hook is not None:
+            await self.fault_hook("parse")
         work = await self._normalize(raw, path, tenant)
-        seen |= {
-            "model": work.model[:_LOGGED_CHARS] if work.model is not None else None,
-            "stream": work.stream,
-            "max_tokens": work.num_output_tokens,
-            "prompt_tokens": work.num_prompt_tokens,
-        }
+        seen["model"] = work.model[:_LOGGED_CHARS] if work.model is not None else None
+        seen["stream"] = work.stream
+        seen["max_tokens"] = work.num_output_tokens
+        seen["prompt_tokens"] = work.num_prompt_tokens
         pool = self.pools.get(None) or self.pools[work.model or ""]
         if not pool.health.any_up():
             retry = str(max(1, math.ceil(self.config.health_interval_s)))
