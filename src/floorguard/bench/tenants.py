@@ -103,11 +103,18 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 SERVE_TENANTS = (10, 1_000, 100_000)
+SERVE_BACKENDS = (1, 16, 256)
 
 
-def _serve_config(tenants: int, backend: str, log: Path) -> dict[str, Any]:
+def _backend_urls(port: int, backends: int) -> list[str]:
+    """`backends` distinct backend URLs that all reach the one emulator on `port`: loopback
+    addresses (Linux answers all of 127.0.0.0/8 on `lo`), one a backend."""
+    return [f"http://127.0.{i // 250}.{i % 250 + 1}:{port}" for i in range(backends)]
+
+
+def _serve_config(tenants: int, backends: list[str], log: Path) -> dict[str, Any]:
     """`serve`'s configuration with `tenants` contracts (half assured with a floor of 1,
-    half opportunistic), one backend, tenants named by a trusted header."""
+    half opportunistic), the backends `backends`, tenants named by a trusted header."""
     contracts: list[dict[str, Any]] = [
         {"tenant": f"t{t}", "class": "assured", "floor": 1, "deadline_ms": 5000}
         if t % 2 == 0
@@ -119,7 +126,7 @@ def _serve_config(tenants: int, backend: str, log: Path) -> dict[str, Any]:
         "port": 0,
         "window_s": 10.0,
         "contracts": contracts,
-        "backends": [{"url": backend, "slots": 4}],
+        "backends": [{"url": url, "slots": 4} for url in backends],
         "identity": {"mode": "header", "header": "x-tenant",
                      "trusted_upstreams": ["127.0.0.1/32"]},
         "decision_log": str(log),
@@ -137,21 +144,28 @@ def _wait_for(stream: Path, text: str, process: subprocess.Popen[bytes], timeout
     deadline = time.monotonic() + timeout_s
     while text not in stream.read_text(errors="replace"):
         if process.poll() is not None:
-            raise RuntimeError(f"serve exited {process.returncode}: {stream.read_text()[-2000:]}")
+            said = "".join(p.read_text(errors="replace") for p in (stream, _other(stream)))
+            raise RuntimeError(f"serve exited {process.returncode}: {said[-2000:]}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"serve did not say {text!r} within {timeout_s:.0f} s")
         time.sleep(0.02)
 
 
-def _serve_cell(tenants: int, backend: str, folder: Path, form: str) -> dict[str, Any]:
-    """One `serve` with `tenants` contracts, its file written as YAML or as JSON (YAML's
-    subset, read without YAML's node graph): seconds from exec to listening, resident
-    memory then, seconds for a SIGHUP reload of the same file to be applied."""
-    config = folder / f"guard-{tenants}-{form}.yaml"
-    data = _serve_config(tenants, backend, folder / f"d{tenants}.jsonl")
+def _other(stream: Path) -> Path:
+    """A cell's other output file (stderr for stdout, and back)."""
+    return stream.with_suffix(".err" if stream.suffix == ".out" else ".out")
+
+
+def _serve_cell(tenants: int, backends: list[str], folder: Path, form: str) -> dict[str, Any]:
+    """One `serve` with `tenants` contracts and `backends`, its file written as YAML or as
+    JSON (YAML's subset, read without YAML's node graph): seconds from exec to listening,
+    resident memory then, seconds for a SIGHUP reload of the same file to be applied."""
+    name = f"{tenants}-{len(backends)}-{form}"
+    config = folder / f"guard-{name}.yaml"
+    data = _serve_config(tenants, backends, folder / f"d{name}.jsonl")
     dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     config.write_text(json.dumps(data) if form == "json" else yaml.dump(data, Dumper=dumper))
-    out, err = folder / f"serve-{tenants}-{form}.out", folder / f"serve-{tenants}-{form}.err"
+    out, err = folder / f"serve-{name}.out", folder / f"serve-{name}.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         started = time.monotonic()
         process = subprocess.Popen(
@@ -174,6 +188,7 @@ def _serve_cell(tenants: int, backend: str, folder: Path, form: str) -> dict[str
             process.kill()
     return {
         "tenants": tenants,
+        "backends": len(backends),
         "format": form,
         "start_s": start_s,
         "reload_s": reload_s,
@@ -184,16 +199,21 @@ def _serve_cell(tenants: int, backend: str, folder: Path, form: str) -> dict[str
 def bench_serve_tenants(
     *,
     tenants: tuple[int, ...] = SERVE_TENANTS,
+    backends: tuple[int, ...] = SERVE_BACKENDS,
     forms: tuple[str, ...] = ("yaml", "json"),
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """`serve` itself as the tenants grow, its configuration written as YAML and as JSON:
-    its start (exec to listening), a SIGHUP reload of the same file, and its resident
-    memory, each beside the smallest cell of its format (and the memory per tenant over
-    that cell's), against an emulated backend."""
+    """`serve` itself as the tenants and backends grow, its configuration written as YAML
+    and as JSON: its start (exec to listening), a SIGHUP reload of the same file, and its
+    resident memory, each beside the smallest cell of its format (its fewest tenants and
+    backends), with the memory per tenant over the cell of its format and backends with
+    the fewest tenants; every backend the one emulator, at its own loopback address."""
     port = free_ports()[0]
+    # on every address, so that each backend has its own (127.0.x.y); a benchmark's
+    # emulator, for as long as the bench runs
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "floorguard", "emulate", "--slots", "4", "--port", str(port)],
+        [sys.executable, "-m", "floorguard", "emulate", "--slots", "4", "--port", str(port),
+         "--host", "0.0.0.0" if max(backends) > 1 else "127.0.0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     rows = []
@@ -201,22 +221,27 @@ def bench_serve_tenants(
         wait_listening(port, emulator)
         with tempfile.TemporaryDirectory(prefix="floorguard-tenants-") as folder:
             for form in forms:
-                for t in tenants:
-                    row = _serve_cell(t, f"http://127.0.0.1:{port}", Path(folder), form)
-                    rows.append(row)
-                    if progress is not None:
-                        progress(
-                            f"{t:,} tenants ({form}): listening after {row['start_s']:.1f} s, "
-                            f"reloaded in {row['reload_s']:.1f} s, {row['rss_mib']:.0f} MiB"
-                        )
+                for b in backends:
+                    for t in tenants:
+                        row = _serve_cell(t, _backend_urls(port, b), Path(folder), form)
+                        rows.append(row)
+                        if progress is not None:
+                            progress(
+                                f"{t:,} tenants, {b} backends ({form}): listening after "
+                                f"{row['start_s']:.1f} s, reloaded in {row['reload_s']:.1f} s, "
+                                f"{row['rss_mib']:.0f} MiB"
+                            )
     finally:
         emulator.terminate()
         emulator.wait(30)
     for row in rows:
         base = next(r for r in rows if r["format"] == row["format"])
         row["start_over_smallest"] = row["start_s"] / base["start_s"]
-        extra = row["tenants"] - base["tenants"]
+        fewest = next(
+            r for r in rows if r["format"] == row["format"] and r["backends"] == row["backends"]
+        )
+        extra = row["tenants"] - fewest["tenants"]
         row["kib_per_tenant"] = (
-            (row["rss_mib"] - base["rss_mib"]) * 1024 / extra if extra > 0 else None
+            (row["rss_mib"] - fewest["rss_mib"]) * 1024 / extra if extra > 0 else None
         )
     return {"core": running(), "rows": rows}

@@ -118,8 +118,9 @@ def register(commands: Any) -> None:
     bench_tenants_cmd.add_argument(
         "--serve",
         action="store_true",
-        help="`serve` itself at 10, 1,000 and 100,000 tenants: its start (exec to listening), a "
-        "SIGHUP reload and its resident memory, against an emulated backend",
+        help="`serve` itself at 10, 1,000 and 100,000 tenants and 1, 16 and 256 backends: its "
+        "start (exec to listening), a SIGHUP reload and its resident memory, against an "
+        "emulated backend (each backend one of its loopback addresses)",
     )
     bench_tenants_cmd.add_argument("--requests", type=int, default=20_000, help="per cell")
     bench_tenants_cmd.add_argument("--repeats", type=int, default=3)
@@ -204,15 +205,16 @@ def _serve_tenants(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print_result(result, True, console)
         return 0
-    table = Table(title=f"serve as tenants grow ({result['core']})")
-    columns = ("tenants", "file", "start (s)", "× smallest", "reload (s)", "RSS (MiB)",
-               "KiB / tenant")  # fmt: skip
+    table = Table(title=f"serve as tenants and backends grow ({result['core']})")
+    columns = ("tenants", "backends", "file", "start (s)", "× smallest", "reload (s)",
+               "RSS (MiB)", "KiB / tenant")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for row in result["rows"]:
         per = row["kib_per_tenant"]
         table.add_row(
             f"{row['tenants']:,}",
+            str(row["backends"]),
             row["format"],
             f"{row['start_s']:.2f}",
             f"{row['start_over_smallest']:.2f}",

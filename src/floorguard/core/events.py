@@ -228,13 +228,18 @@ def to_json(event: TraceEvent) -> str:  # noqa: PLR0912  # one branch a field, o
     """One JSONL line (no newline): the wire names of `_WIRE_NAMES`, absent fields omitted.
     Written out field by field: the guard serializes five of these a request, and this
     costs about half a generic zip over the fields (`test_events.py` holds it to `_WIRE`)."""
-    line: dict[str, Any] = {"t": event.at, "event": event.kind}
-    if event.request_id is not None:
-        line["id"] = event.request_id
-    if event.tenant is not None:
-        line["tenant"] = event.tenant
-    if event.cls is not None:
-        line["class"] = event.cls
+    rid, tenant, cls = event.request_id, event.tenant, event.cls
+    line: dict[str, Any]
+    if rid is not None and tenant is not None and cls is not None:  # a request's: one build
+        line = {"t": event.at, "event": event.kind, "id": rid, "tenant": tenant, "class": cls}
+    else:
+        line = {"t": event.at, "event": event.kind}
+        if rid is not None:
+            line["id"] = rid
+        if tenant is not None:
+            line["tenant"] = tenant
+        if cls is not None:
+            line["class"] = cls
     if event.window is not None:
         line["window"] = event.window
     if event.entitled is not None:

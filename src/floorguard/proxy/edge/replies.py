@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from floorguard.proxy.edge.openai_format import error_body, sse_error
+from floorguard.proxy.observe.tracing import RequestSpan
 from floorguard.proxy.observe.usage import Usage
 
 __all__ = [
@@ -53,15 +54,20 @@ class RefusedError(Exception):
 
 
 class Exchange:
-    """What the request has sent its client so far (a started stream cannot be undone), and
-    what its whole reply said it cost."""
+    """One request's passage through a pool: what it has sent its client so far (a started
+    stream cannot be undone), what its whole reply said it cost, and its trace. Kept here,
+    not in the request's mapping, whose every read and write is interpreted Python."""
 
-    __slots__ = ("response", "usage")
+    __slots__ = ("response", "span", "trace", "usage")
 
     def __init__(self) -> None:
         self.response: web.StreamResponse | None = None
         self.usage: Usage | None = None
         """A non-streamed reply's usage, once read (a stream's is its tap's)."""
+        self.trace: dict[str, str] | None = None
+        """The trace context that goes upstream (tracing.py): the client's, or its span's."""
+        self.span: RequestSpan | None = None
+        """Its span, with `tracing:`."""
 
 
 async def next_chunk(stream: aiohttp.StreamReader, timeout_s: float) -> bytes:

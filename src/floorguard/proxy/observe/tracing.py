@@ -21,12 +21,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
 from floorguard.errors import ConfigError
 from floorguard.proxy.config.sections import TracingSpec
 
-__all__ = ["SPAN", "TRACE_CONTEXT", "RequestSpan", "Tracing", "client_trace_context"]
+__all__ = ["RequestSpan", "Tracing", "client_trace_context"]
 
 _TRACEPARENT = re.compile(
     r"^(?!ff)([0-9a-f]{2})-((?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2})(-.*)?$"
@@ -80,12 +78,6 @@ class RequestSpan:
         if status >= 500:
             self._span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
         self._span.end()
-
-
-SPAN: web.RequestKey[RequestSpan] = web.RequestKey("floorguard.span", RequestSpan)
-"""The request's span, where tracing is on."""
-TRACE_CONTEXT: web.RequestKey[dict[str, str]] = web.RequestKey("floorguard.trace", dict)
-"""The trace context the backend gets: the span's, or the client's as it came."""
 
 
 class Tracing:

@@ -31,7 +31,7 @@ from floorguard.proxy.edge.replies import (
     json_error,
 )
 from floorguard.proxy.observe.metrics import GuardMetrics
-from floorguard.proxy.observe.tracing import TRACE_CONTEXT, Tracing
+from floorguard.proxy.observe.tracing import Tracing
 from floorguard.proxy.observe.usage import (
     USAGE,
     MalformedReplyError,
@@ -157,9 +157,7 @@ class Forwarder:
                 upstream = await self.edge.upstream.post(
                     backend.url.rstrip("/") + path,
                     work.body,
-                    self._upstream_headers(
-                        decision, headers["x-request-id"], request.get(TRACE_CONTEXT)
-                    ),
+                    self._upstream_headers(decision, headers["x-request-id"], exchange.trace),
                 )
         except (TimeoutError, UpstreamBroke) as exc:  # UnreachableError: the caller's
             if retry and isinstance(exc, UpstreamBroke):

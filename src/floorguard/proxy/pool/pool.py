@@ -48,7 +48,7 @@ from floorguard.proxy.edge.replies import (
     json_error,
 )
 from floorguard.proxy.observe.access_log import DECISION
-from floorguard.proxy.observe.tracing import SPAN, TRACE_CONTEXT, client_trace_context
+from floorguard.proxy.observe.tracing import client_trace_context
 from floorguard.proxy.pool.build import pool_guard
 from floorguard.proxy.pool.fleet import PoolFleet
 from floorguard.proxy.pool.forward import (
@@ -241,21 +241,21 @@ class Pool:
     ) -> web.StreamResponse:
         """One request in this pool, traced (tracing.py): the client's trace context goes
         on to the backend, or with `tracing:` the request's span does."""
-        tracing = self.edge.tracing
+        tracing, exchange = self.edge.tracing, Exchange()
         if tracing is None:
-            request[TRACE_CONTEXT] = client_trace_context(request.headers)
+            exchange.trace = client_trace_context(request.headers)
             return await self._handle(
-                request, path, work, tenant=tenant, rid=rid, request_id=request_id
+                request, path, work, exchange, tenant=tenant, rid=rid, request_id=request_id
             )
-        span = request[SPAN] = tracing.start(
+        span = exchange.span = tracing.start(
             request.headers,
             {"floorguard.tenant": tenant, "floorguard.model": self.label, "floorguard.id": rid},
         )
-        request[TRACE_CONTEXT] = span.upstream_context()
+        exchange.trace = span.upstream_context()
         response: web.StreamResponse | None = None
         try:
             response = await self._handle(
-                request, path, work, tenant=tenant, rid=rid, request_id=request_id
+                request, path, work, exchange, tenant=tenant, rid=rid, request_id=request_id
             )
             return response
         finally:
@@ -266,7 +266,15 @@ class Pool:
             span.end(response.status if response is not None else 499)  # 499: the client left
 
     async def _handle(
-        self, request: web.Request, path: str, work: Work, *, tenant: str, rid: str, request_id: str
+        self,
+        request: web.Request,
+        path: str,
+        work: Work,
+        exchange: Exchange,
+        *,
+        tenant: str,
+        rid: str,
+        request_id: str,
     ) -> web.StreamResponse:
         offered = Request(
             rid,
@@ -276,7 +284,6 @@ class Pool:
             work.num_prompt_tokens,
             work.min_prompt_tokens,
         )
-        exchange = Exchange()
         try:
             pending = await self._admit(offered)
             admission = pending.admission
@@ -359,7 +366,7 @@ class Pool:
                     "this guard is shutting down; retry",
                     {**headers, "Connection": "close", "Retry-After": "1"},
                 )
-            if (span := request.get(SPAN)) is not None:
+            if (span := exchange.span) is not None:
                 span.set("floorguard.queue_s", decision.at - admitted_at)
                 if isinstance(decision, Dispatch):
                     span.set("floorguard.backend", self.backends[decision.backend].url)

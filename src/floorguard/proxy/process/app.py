@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import socket
-from collections import Counter, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -39,8 +39,6 @@ from floorguard.proxy.config.guard import GuardServerConfig, load_config, reload
 from floorguard.proxy.edge.identity import AuthError, UnknownKidError, create_identity
 from floorguard.proxy.edge.normalize import (
     BadRequestError,
-    EdgeLimits,
-    Priority,
     TokenCounter,
     Work,
     edge_limits,
@@ -118,7 +116,7 @@ class GuardServer:
         }
         self._log = DecisionLog(config.decision_log, **rotation) if config.decision_log else None
         self._access = LineLog(config.access_log, **rotation) if config.access_log else None
-        self.served: Counter[str] = Counter()
+        self.served: defaultdict[str, int] = defaultdict(int)  # not a Counter: metrics.py
         """Requests answered, by status class (`2xx`, `4xx`, …): said at shutdown."""
         self._background: list[asyncio.Task[None]] = []
         self.fault_hook = fault_hook
@@ -561,13 +559,23 @@ class GuardServer:
 
         return priority
 
-    async def _normalize(self, raw: bytes, path: str, tenant: str) -> Work:
-        run = _bind_normalize(raw, path, self.limits, self._route(tenant), self.tokenizer)
+    async def _normalize_apart(self, raw: bytes, path: str, tenant: str) -> Work:
+        """A large body normalized off the event loop, one at a time per tenant."""
+        async with self._large_bodies.setdefault(tenant, asyncio.Semaphore(1)):
+            return await asyncio.to_thread(self._normalize, raw, path, tenant)
+
+    def _normalize(self, raw: bytes, path: str, tenant: str) -> Work:
+        """The body normalized (`normalize`), or refused (`RefusedError`)."""
+        chat, embedding = path.endswith("/chat/completions"), path.endswith("/embeddings")
         try:
-            if len(raw) > _LARGE_BODY_BYTES:  # off the event loop, one at a time per tenant
-                async with self._large_bodies.setdefault(tenant, asyncio.Semaphore(1)):
-                    return await asyncio.to_thread(run)
-            return run()
+            return normalize(
+                raw,
+                chat=chat,
+                limits=self.limits,
+                priority=self._route(tenant),
+                tokenizer=self.tokenizer,
+                embedding=embedding,
+            )
         except BadRequestError as exc:
             raise RefusedError(
                 json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
@@ -600,7 +608,10 @@ class GuardServer:
         raw = await self._read_body(request)
         if self.fault_hook is not None:
             await self.fault_hook("parse")
-        work = await self._normalize(raw, path, tenant)
+        if len(raw) > _LARGE_BODY_BYTES:  # off the event loop
+            work = await self._normalize_apart(raw, path, tenant)
+        else:
+            work = self._normalize(raw, path, tenant)
         seen["model"] = work.model[:_LOGGED_CHARS] if work.model is not None else None
         seen["stream"] = work.stream
         seen["max_tokens"] = work.num_output_tokens
@@ -622,7 +633,7 @@ class GuardServer:
         """One request, end to end: its `x-request-id` (the client's, if well-formed, else
         a fresh one) goes upstream and back, and it is one access-log line."""
         given = request.headers.get("x-request-id", "")
-        request_id = given if _REQUEST_ID.match(given) else _fresh_request_id()
+        request_id = given if given and _REQUEST_ID.match(given) else _fresh_request_id()
         rid = f"{self.replica}-{next(self._ids)}"
         seen: dict[str, Any] = {}
         response: web.StreamResponse | None = None
@@ -698,15 +709,6 @@ def _model_ids(listing: bytes) -> frozenset[str] | None:
         return frozenset(str(m["id"]) for m in orjson.loads(listing)["data"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return None
-
-
-def _bind_normalize(
-    raw: bytes, path: str, limits: EdgeLimits, priority: Priority, tokenizer: Any
-) -> Callable[[], Work]:
-    chat, embedding = path.endswith("/chat/completions"), path.endswith("/embeddings")
-    return lambda: normalize(
-        raw, chat=chat, limits=limits, priority=priority, tokenizer=tokenizer, embedding=embedding
-    )
 
 
 _ID_PREFIX: Final = secrets.token_hex(8)
