@@ -565,21 +565,16 @@ class GuardServer:
             return await asyncio.to_thread(self._normalize, raw, path, tenant)
 
     def _normalize(self, raw: bytes, path: str, tenant: str) -> Work:
-        """The body normalized (`normalize`), or refused (`RefusedError`)."""
+        """The body normalized (`normalize`); BadRequestError where it is refused."""
         chat, embedding = path.endswith("/chat/completions"), path.endswith("/embeddings")
-        try:
-            return normalize(
-                raw,
-                chat=chat,
-                limits=self.limits,
-                priority=self._route(tenant),
-                tokenizer=self.tokenizer,
-                embedding=embedding,
-            )
-        except BadRequestError as exc:
-            raise RefusedError(
-                json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
-            ) from exc
+        return normalize(
+            raw,
+            chat=chat,
+            limits=self.limits,
+            priority=self._route(tenant),
+            tokenizer=self.tokenizer,
+            embedding=embedding,
+        )
 
     async def _prepare(
         self, request: web.Request, path: str, seen: dict[str, Any]
@@ -608,10 +603,15 @@ class GuardServer:
         raw = await self._read_body(request)
         if self.fault_hook is not None:
             await self.fault_hook("parse")
-        if len(raw) > _LARGE_BODY_BYTES:  # off the event loop
-            work = await self._normalize_apart(raw, path, tenant)
-        else:
-            work = self._normalize(raw, path, tenant)
+        try:
+            if len(raw) > _LARGE_BODY_BYTES:  # off the event loop
+                work = await self._normalize_apart(raw, path, tenant)
+            else:
+                work = self._normalize(raw, path, tenant)
+        except BadRequestError as exc:  # its answer made here, on the loop
+            raise RefusedError(
+                json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
+            ) from exc
         seen["model"] = work.model[:_LOGGED_CHARS] if work.model is not None else None
         seen["stream"] = work.stream
         seen["max_tokens"] = work.num_output_tokens
