@@ -565,16 +565,21 @@ class GuardServer:
             return await asyncio.to_thread(self._normalize, raw, path, tenant)
 
     def _normalize(self, raw: bytes, path: str, tenant: str) -> Work:
-        """The body normalized (`normalize`); BadRequestError where it is refused."""
+        """The body normalized (`normalize`), or refused (`RefusedError`)."""
         chat, embedding = path.endswith("/chat/completions"), path.endswith("/embeddings")
-        return normalize(
-            raw,
-            chat=chat,
-            limits=self.limits,
-            priority=self._route(tenant),
-            tokenizer=self.tokenizer,
-            embedding=embedding,
-        )
+        try:
+            return normalize(
+                raw,
+                chat=chat,
+                limits=self.limits,
+                priority=self._route(tenant),
+                tokenizer=self.tokenizer,
+                embedding=embedding,
+            )
+        except BadRequestError as exc:
+            raise RefusedError(
+                json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
+            ) from exc
 
     async def _prepare(
         self, request: web.Request, path: str, seen: dict[str, Any]
@@ -603,15 +608,10 @@ class GuardServer:
         raw = await self._read_body(request)
         if self.fault_hook is not None:
             await self.fault_hook("parse")
-        try:
-            if len(raw) > _LARGE_BODY_BYTES:  # off the event loop
-                work = await self._normalize_apart(raw, path, tenant)
-            else:
-                work = self._normalize(raw, path, tenant)
-        except BadRequestError as exc:  # its answer made here, on the loop
-            raise RefusedError(
-                json_error(exc.status, exc.kind, str(exc), NO_RETRY, param=exc.param)
-            ) from exc
+        if len(raw) > _LARGE_BODY_BYTES:  # off the event loop
+            work = await self._normalize_apart(raw, path, tenant)
+        else:
+            work = self._normalize(raw, path, tenant)
         seen["model"] = work.model[:_LOGGED_CHARS] if work.model is not None else None
         seen["stream"] = work.stream
         seen["max_tokens"] = work.num_output_tokens
