@@ -42,6 +42,13 @@ def test_a_missing_cap_is_the_default_written_into_the_forwarded_body():
     assert orjson.loads(work.body)["max_tokens"] == 16
 
 
+def test_a_null_sequence_count_is_not_forwarded():
+    """`n: null` or `best_of: null` is removed (absent means one sequence), not handed to
+    the backend's own default."""
+    body = orjson.loads(_work({"model": "m", "prompt": "hi", "n": None, "best_of": None}).body)
+    assert "n" not in body and "best_of" not in body
+
+
 def test_max_completion_tokens_alone_is_the_cap_and_is_forwarded_as_both_on_chat():
     work = _work(
         {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 40}, chat=True

@@ -268,7 +268,7 @@ def normalize(
     if embedding:
         return _embedding_work(body, limits, priority, tokenizer, model)
     forwarded = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, limits)
-    _one_sequence(body)
+    _one_sequence(forwarded)
     _bounded_work(forwarded, limits, chat)
     num_output_tokens = _output_cap(body, limits)
     if chat:
@@ -468,9 +468,13 @@ def _bounded_output(body: dict[str, Any], limits: EdgeLimits, chat: bool) -> Non
 
 
 def _one_sequence(body: dict[str, Any]) -> None:
+    """One sequence (`n`, `best_of` 1 or absent; no beam search). A null count is removed,
+    not forwarded: a backend reads an absent one as 1, a null one as its own default."""
     for key in ("n", "best_of"):
         value = body.get(key)
-        if value is not None and (type(value) is not int or value != 1):
+        if value is None:
+            body.pop(key, None)
+        elif type(value) is not int or value != 1:
             raise BadRequestError(
                 400,
                 "unsupported_n",
