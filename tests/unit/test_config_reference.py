@@ -41,7 +41,7 @@ def test_a_json_configuration_reads_as_its_yaml_would():
 
     import yaml  # noqa: PLC0415
 
-    from floorguard.proxy.config.guard import parse_yaml  # noqa: PLC0415
+    from floorguard.proxy.config.yamlfile import parse_yaml  # noqa: PLC0415
 
     data = {"window_s": 1.5, "contracts": [{"tenant": "t0", "class": "assured", "floor": 2}],
             "store": None, "strict": True}  # fmt: skip
@@ -53,32 +53,32 @@ def test_a_json_configuration_reads_as_its_yaml_would():
 
 
 def test_a_large_yaml_configuration_is_parsed_apart_to_the_same_data():
-    """A YAML document over the size limit is parsed in a child process (its parse's peak
-    is the child's) to what this process's loader gives: a date and a non-string key come
-    back as such, equal strings as one object, and a YAML error is still a YAMLError
-    naming where."""
+    """A YAML document over the size limit that the fast reader leaves to PyYAML (its date
+    does) is parsed in a child process (its parse's peak is the child's) to what this
+    process's loader gives: a date and a non-string key come back as such, equal strings
+    as one object, and a YAML error is still a YAMLError naming where."""
     import yaml  # noqa: PLC0415
 
-    from floorguard.proxy.config import guard  # noqa: PLC0415
+    from floorguard.proxy.config import yamlfile  # noqa: PLC0415
 
     text = "window_s: 1.5\nsince: 2026-12-06\n7: seven\ncontracts:\n" + "".join(
         f"  - {{tenant: t{i}, class: assured, floor: 2}}\n" for i in range(50)
     )
     asked: list[str] = []
-    real = guard._parse_apart
+    real = yamlfile._parse_apart
 
     def watched(what: str):
         asked.append(what)
         return real(what)
 
-    guard._parse_apart = watched
+    yamlfile._parse_apart = watched
     try:
-        apart = guard.parse_yaml(text, apart_over_bytes=100)
+        apart = yamlfile.parse_yaml(text, apart_over_bytes=100)
         assert apart == yaml.safe_load(text) and asked == [text]  # it went to the child
         first, second = (list(c)[1] for c in apart["contracts"][:2])
         assert first == second == "class" and first is second
-        assert guard.parse_yaml(text) == yaml.safe_load(text) and asked == [text]  # small: here
+        assert yamlfile.parse_yaml(text) == yaml.safe_load(text) and asked == [text]  # small
         with pytest.raises(yaml.YAMLError, match="line 2"):
-            guard.parse_yaml("a: 1\nb: [1\n" + "# pad\n" * 40, apart_over_bytes=100)
+            yamlfile.parse_yaml("a: 1\nb: [1\n" + "# pad\n" * 40, apart_over_bytes=100)
     finally:
-        guard._parse_apart = real
+        yamlfile._parse_apart = real

@@ -141,7 +141,7 @@ def _contract_deadlines(args: argparse.Namespace) -> dict[str | None, float]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from floorguard.proxy.config.guard import parse_yaml  # noqa: PLC0415  # see the imports
+    from floorguard.proxy.config.yamlfile import parse_yaml  # noqa: PLC0415  # see the imports
 
     try:
         data = parse_yaml(args.config.read_text())

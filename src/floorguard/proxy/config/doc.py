@@ -23,11 +23,13 @@ Every key of a `floorguard serve` configuration (YAML), generated from the confi
 models in `src/floorguard/proxy/config/guard.py` by `python scripts/config_reference.py`; a test
 fails when this page and the models disagree. `a.b` is key `b` inside mapping `a`; `a[].b`
 is key `b` of each item of list `a`. A value may name an environment variable
-(`${NAME}`, `${NAME:-default}`). A file that is JSON (YAML's subset) is read as JSON:
-at 100,000 tenants `serve` starts in a third of the time YAML takes (PyYAML builds its
-data in Python); a YAML file over 1 MiB is parsed in a child process, so either format
-leaves `serve` the same memory (docs/benchmarks.md). See docs/http.md for how the guard
-uses them.
+(`${NAME}`, `${NAME:-default}`). A file means what PyYAML's safe loader (YAML 1.1) reads
+in it. A file that is JSON (YAML's subset) is read by `json`, and any other by `yaml_rs`
+where it reads what PyYAML reads (no `yes`, `0755`, `1:30`, tag, anchor or block scalar
+anywhere: otherwise PyYAML reads it); a file over 1 MiB is read in a child process. At
+100,000 tenants `serve` starts in under 10 s from either format, with the same memory
+(docs/benchmarks.md; `src/floorguard/proxy/config/yamlfile.py` says how). See
+docs/http.md for how the guard uses them.
 
 | key | type | default | meaning |
 |---|---|---|---|

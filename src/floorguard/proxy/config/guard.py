@@ -7,14 +7,10 @@ A bad file is refused before anything listens, with the key, the value and what 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import pickle
 import re
 import socket
 import ssl
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -54,6 +50,7 @@ from floorguard.proxy.config.sections import (
     TracingSpec,
     UpstreamSpec,
 )
+from floorguard.proxy.config.yamlfile import parse_yaml
 from floorguard.sim.probe import latency_model_for, probe_lengths
 
 __all__ = [
@@ -667,83 +664,6 @@ def _per_worker(path: str | Path | None, index: int) -> Path | None:
         return None
     path = Path(path)
     return path.with_name(f"{path.stem}.w{index}{path.suffix}")
-
-
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's safe loader where PyYAML was built with it (the wheels are): the pure-Python
-one took 20 s of a 22 s start at 100,000 tenants."""
-
-
-def parse_yaml(text: str, *, apart_over_bytes: int | None = None) -> Any:
-    """YAML's safe subset, parsed by libyaml where it is there; a JSON document (YAML's
-    subset, what a tool that writes 100,000 tenants writes) by `json`, without YAML's
-    graph of every node: at 100,000 tenants the YAML parse peaked at 378 MiB and left
-    `serve` 250 MiB larger than the configuration it keeps. A YAML document larger than
-    `apart_over_bytes` (`_APART_OVER_BYTES` by default) is parsed in a child process,
-    whose peak goes with it (`_parse_apart`)."""
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass  # a YAML flow mapping that is not JSON
-    limit = _APART_OVER_BYTES if apart_over_bytes is None else apart_over_bytes
-    if len(text) > limit:
-        parsed = _parse_apart(text)
-        if parsed is not None:
-            ok, value = parsed
-            if not ok:
-                raise yaml.YAMLError(value)
-            return value
-    return yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader, C or not
-
-
-_APART_OVER_BYTES = 1 << 20
-"""A YAML configuration larger than this (about 15,000 tenants) is parsed in a child
-process: the parse's peak (libyaml's node graph, ≈ 3 KiB a tenant, whose arenas a
-process keeps) is the child's, and `serve` keeps only the data (docs/benchmarks.md,
-`bench tenants --serve`)."""
-
-_PARSE_APART = """
-import pickle, sys, yaml
-loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-def shared(value, seen):
-    # one object per distinct string (pickle then sends each once): the keys of 100,000
-    # contracts are four strings, not 400,000
-    if isinstance(value, str):
-        return seen.setdefault(value, value)
-    if isinstance(value, dict):
-        return {shared(k, seen): shared(v, seen) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shared(v, seen) for v in value]
-    return value
-try:
-    out = (True, shared(yaml.load(sys.stdin.buffer.read().decode("utf-8"), Loader=loader), {}))
-except yaml.YAMLError as exc:
-    out = (False, str(exc))
-sys.stdout.buffer.write(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
-"""
-
-
-def _parse_apart(text: str) -> tuple[bool, Any] | None:
-    """`text` parsed by the same safe loader in a child Python (this interpreter, nothing
-    of floorguard imported there): (True, data) or (False, the YAMLError's message); None
-    where the child could not run (the caller parses here instead). The data comes back
-    pickled: this process's own child, and a safe loader's types only (dates and
-    non-string keys included, which JSON would not carry)."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PARSE_APART],
-            input=text.encode("utf-8"),
-            capture_output=True,
-            check=False,
-            timeout=600,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0 or not done.stdout:
-        return None
-    answer: tuple[bool, Any] = pickle.loads(done.stdout)  # our own child's
-    return answer
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GuardServerConfig:
