@@ -104,6 +104,7 @@ def _host(clock, transport, events):
     metrics = GuardMetrics({}, clock.now)  # real: a compiled pool checks its type
     return SimpleNamespace(
         clock=clock,
+        loop=asyncio.get_running_loop(),  # a host holds its loop (edge/deadline.py)
         replica="unit",
         http_learner=None,
         tracing=None,

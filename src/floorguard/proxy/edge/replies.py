@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from floorguard.proxy.edge.deadline import Deadline
 from floorguard.proxy.edge.openai_format import error_body, sse_error
 from floorguard.proxy.observe.tracing import RequestSpan
 from floorguard.proxy.observe.usage import Usage
@@ -70,16 +71,19 @@ class Exchange:
         """Its span, with `tracing:`."""
 
 
-async def next_chunk(stream: aiohttp.StreamReader, timeout_s: float) -> bytes:
+async def next_chunk(
+    stream: aiohttp.StreamReader, loop: asyncio.AbstractEventLoop, timeout_s: float
+) -> bytes:
     """The next piece of `stream` (b"" at its end): what is buffered at once, else the next
-    to arrive within `timeout_s` (TimeoutError). No timer is armed for buffered data: most
-    bodies and replies are in the buffer by the time they are read (the hot path)."""
+    to arrive within `timeout_s` (TimeoutError), on `loop`. No timer is armed for buffered
+    data: most bodies and replies are in the buffer by the time they are read (the hot
+    path)."""
     chunk = stream.read_nowait()
     if chunk or stream.at_eof():
         return chunk
     if timeout_s <= 0:
         raise TimeoutError
-    async with asyncio.timeout(timeout_s):
+    async with Deadline(loop, timeout_s):
         return await stream.readany()
 
 

@@ -22,6 +22,7 @@ from floorguard.core.events import TraceEvent
 from floorguard.core.guard import Guard
 from floorguard.core.surface import Dispatch
 from floorguard.proxy.config.guard import BackendSpec, GuardServerConfig
+from floorguard.proxy.edge.deadline import Deadline
 from floorguard.proxy.edge.normalize import Work
 from floorguard.proxy.edge.replies import (
     JSON,
@@ -78,6 +79,8 @@ class PoolHost(Protocol):
     held-reply budget, the fault hook and the drain's state."""
 
     clock: Clock
+    loop: asyncio.AbstractEventLoop
+    """The loop it serves on (held: `edge/deadline.py` says why)."""
     replica: str
     http_learner: HttpLearner | None
     tracing: Tracing | None
@@ -153,7 +156,7 @@ class Forwarder:
         if fault_hook is not None:
             await fault_hook("connect")
         try:
-            async with asyncio.timeout(upstream_config.first_byte_timeout_s):
+            async with Deadline(self.edge.loop, upstream_config.first_byte_timeout_s):
                 upstream = await self.edge.upstream.post(
                     backend.url.rstrip("/") + path,
                     work.body,
@@ -364,7 +367,7 @@ class Forwarder:
                 if _cannot_wait(request.transport, len(body)):  # no timer (`_client_write`)
                     await _send_whole(request, response)
                 else:
-                    async with asyncio.timeout(self.pool.config.client_write_timeout_s):
+                    async with Deadline(self.edge.loop, self.pool.config.client_write_timeout_s):
                         await _send_whole(request, response)
             except TimeoutError:
                 box.cut("client_too_slow")
@@ -382,7 +385,7 @@ class Forwarder:
         request's instructions, and one per chunk of every stream."""
         if _cannot_wait(request.transport, size):
             return _UNBOUNDED
-        return asyncio.timeout(self.pool.config.client_write_timeout_s)
+        return Deadline(self.edge.loop, self.pool.config.client_write_timeout_s)
 
     async def _to_client(
         self, request: web.Request, response: web.StreamResponse, chunk: bytes

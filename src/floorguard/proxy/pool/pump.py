@@ -37,13 +37,18 @@ class Pump:
         self._waiters: dict[RequestId, asyncio.Future[Dispatch | Drop]] = {}
         self._timer: Timer | None = None
         self._timer_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop of the first wait, held (`get_running_loop` is a `getpid` call)."""
 
     async def turn(
         self, request_id: RequestId, checkpoint: Callable[[], Awaitable[None]] | None = None
     ) -> Dispatch | Drop:
         """Wait until the stack starts (`Dispatch`) or drops (`Drop`) this queued request.
         `checkpoint` is awaited after the pump, before the wait (fault injection)."""
-        waiter: asyncio.Future[Dispatch | Drop] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Dispatch | Drop] = loop.create_future()
         self._waiters[request_id] = waiter
         try:
             self.pump()

@@ -7,6 +7,7 @@ session); a unit test hands a pool a fake one it answers by hand
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -65,16 +66,17 @@ class Upstream(Protocol):
 
 
 class _HttpReply:
-    __slots__ = ("_response", "length", "status")
+    __slots__ = ("_loop", "_response", "length", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, loop: asyncio.AbstractEventLoop) -> None:
         self._response = response
+        self._loop = loop
         self.status = response.status
         self.length = response.content_length
 
     async def chunk(self, timeout_s: float) -> bytes:
         try:
-            return await next_chunk(self._response.content, timeout_s)
+            return await next_chunk(self._response.content, self._loop, timeout_s)
         except aiohttp.ClientError as exc:
             raise UpstreamBroke(str(exc)) from exc
 
@@ -92,8 +94,10 @@ class HttpUpstream:
     """The backends over HTTP: aiohttp's client session (its connection pool and connect
     timeout), redirects never followed."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(self, session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop) -> None:
         self.session = session
+        self.loop = loop
+        """The session's loop (asked once: each `get_running_loop` is a `getpid` call)."""
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamReply:
         try:
@@ -104,7 +108,7 @@ class HttpUpstream:
             raise UnreachableError(str(exc)) from exc
         except aiohttp.ClientError as exc:
             raise UpstreamBroke(str(exc)) from exc
-        return _HttpReply(response)
+        return _HttpReply(response, self.loop)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         try:

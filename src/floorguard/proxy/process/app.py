@@ -84,6 +84,10 @@ class GuardServer:
     _upstream: Upstream | None = None
     """The backends' transport (`HttpUpstream` over `_session`), from startup."""
 
+    loop: asyncio.AbstractEventLoop
+    """The loop it serves on, from startup (asked once: CPython 3.11's `get_running_loop`
+    makes a `getpid` system call each time; `edge/deadline.py`)."""
+
     served_models: frozenset[str] | None = None
     """One pool (`backends:`): the model names its backends list at `/v1/models`, as last
     heard (refreshed every `_MODELS_TTL_S`); another name is refused before admission.
@@ -231,6 +235,7 @@ class GuardServer:
             self._metrics.on_event(event)
 
     async def start(self, _: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
         upstream = self.config.upstream
         slots = sum(pool.guard.config.total_slots for pool in self.pools.values())
         # No cookie jar: the sessions are every tenant's, so a cookie one tenant's reply set
@@ -244,7 +249,7 @@ class GuardServer:
             connector=aiohttp.TCPConnector(limit=slots + 32),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._upstream = HttpUpstream(self._session)
+        self._upstream = HttpUpstream(self._session, self.loop)
         self._side_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2), cookie_jar=aiohttp.DummyCookieJar()
         )
@@ -496,12 +501,12 @@ class GuardServer:
             raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         # for the whole body; a socket read's deadline is the loop's, as asyncio's timeouts are
         deadline = loop.time() + self.config.header_timeout_s
         content = request.content
         try:
-            while chunk := await next_chunk(content, deadline - loop.time()):
+            while chunk := await next_chunk(content, loop, deadline - loop.time()):
                 size += len(chunk)
                 if size > limit:
                     raise _too_large(limit)
