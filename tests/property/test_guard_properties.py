@@ -203,25 +203,28 @@ def test_the_doom_timer_drops_alike_whenever_it_is_first_asked_for(config, scrip
 
 _slot_ops = st.lists(
     st.tuples(
-        st.sampled_from(["acquire", "acquire", "release", "down", "up", "acquire_on", "hold"]),
-        st.integers(0, 15),
+        st.sampled_from(
+            ["acquire", "acquire", "release", "down", "up", "acquire_on", "hold", "resize"]
+        ),
+        st.integers(0, 127),
     ),
     max_size=200,
 )
 
 
 @settings(max_examples=200, deadline=None)
-@given(slots=st.lists(st.integers(0, 4), min_size=2, max_size=16), ops=_slot_ops)
-def test_the_slot_heap_chooses_as_the_scan_of_every_backend_did(slots, ops):
-    """`SlotPool.acquire` keeps its choice in a heap (O(log M)); it must pick what the scan
-    it replaced picked — the available backend with the most free slots, the lowest index
-    on a tie — through any releases, health changes, hold-offs and direct takes, so
-    dispatch order (and every experiment table) is unchanged."""
+@given(slots=st.lists(st.integers(0, 4), min_size=2, max_size=80), ops=_slot_ops)
+def test_the_slot_buckets_choose_as_the_scan_of_every_backend_did(slots, ops):
+    """`SlotPool.acquire` keeps its choice in buckets by free count (it does not grow with
+    the backends); it must pick what the scan it replaced picked — the available backend
+    with the most free slots, the lowest index on a tie — through any releases, health
+    changes, hold-offs, direct takes and reloads that resize (more than 64 backends
+    included), so dispatch order (and every experiment table) is unchanged."""
     from floorguard.core.dispatcher import SlotPool  # noqa: PLC0415  # only this test
 
     pool = SlotPool(tuple(slots))
     for op, at in ops:
-        b = at % len(slots)
+        b = at % len(pool.capacity)
         free, up = pool._free, pool._available
         if op == "acquire" and pool.num_free > 0:
             expected = max(range(len(free)), key=lambda i: free[i] if up[i] else -1)
@@ -236,4 +239,8 @@ def test_the_slot_heap_chooses_as_the_scan_of_every_backend_did(slots, ops):
             pool.hold_off(b, 0.0, 1.0, 1.0)
             if at % 2:
                 pool.lift(2.0)
+        elif op == "resize":  # new capacities, a backend appended on odd `at`
+            grown = tuple((c + at) % 6 for c in pool.capacity)
+            pool.resize(grown + ((at % 4,) if at % 2 else ()))
+            free, up = pool._free, pool._available
         assert pool.num_free == sum(max(0, f) for f, u in zip(free, up, strict=True) if u)
