@@ -364,7 +364,7 @@ class Forwarder:
             # write (one send, one segment for the client to read).
             response = web.Response(body=body, status=200, headers={**headers, **JSON})
             try:
-                if _cannot_wait(request.transport, len(body)):  # no timer (`_client_write`)
+                if _cannot_wait(request.transport, len(body)):  # untimed, as `_to_client`
                     await _send_whole(request, response)
                 else:
                     async with Deadline(self.edge.loop, self.pool.config.client_write_timeout_s):
@@ -376,23 +376,18 @@ class Forwarder:
         finally:
             box.close()
 
-    def _client_write(
-        self, request: web.Request, size: int
-    ) -> contextlib.AbstractAsyncContextManager[object]:
-        """The bound on one write of `size` bytes to the client: `client_write_timeout_s`
-        (TimeoutError), or none where the write cannot wait for the client at all
-        (`_cannot_wait`): a timer armed and cancelled per write was 2 % of a small
-        request's instructions, and one per chunk of every stream."""
-        if _cannot_wait(request.transport, size):
-            return _UNBOUNDED
-        return Deadline(self.edge.loop, self.pool.config.client_write_timeout_s)
-
     async def _to_client(
         self, request: web.Request, response: web.StreamResponse, chunk: bytes
     ) -> None:
-        """One write towards the client, within `client_write_timeout_s` (TimeoutError)."""
-        async with self._client_write(request, len(chunk)):
+        """One write towards the client, within `client_write_timeout_s` (TimeoutError);
+        untimed where it cannot wait for the client at all (`_cannot_wait`): a timer armed
+        and cancelled per write was 2 % of a small request's instructions, and one per
+        chunk of every stream."""
+        if _cannot_wait(request.transport, len(chunk)):
             await response.write(chunk)
+        else:
+            async with Deadline(self.edge.loop, self.pool.config.client_write_timeout_s):
+                await response.write(chunk)
 
     async def _relay(
         self,
@@ -477,9 +472,6 @@ def _cannot_wait(transport: asyncio.WriteTransport | None, size: int) -> bool:
 
 _FRAMING_BYTES = 8192
 """Room for what aiohttp adds to a write: the status line and headers, a chunk's framing."""
-
-_UNBOUNDED = contextlib.nullcontext()
-"""A write that needs no timer (stateless: one instance serves every write)."""
 
 
 async def _rejected(upstream: UpstreamReply, headers: dict[str, str]) -> web.Response:
